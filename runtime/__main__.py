@@ -1,0 +1,5 @@
+"""`python -m runtime ...` (also what `torchrun -m runtime` runs)."""
+
+from runtime.cli.app import main
+
+main()

@@ -1,0 +1,60 @@
+"""The `runtime` command line: one Typer app; each sub-command lives in its own module.
+
+Every module in `COMMAND_MODULES` registers its commands on `app` when imported. A
+`UserError` raised anywhere below is printed as one line (no traceback) and exits 2.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import typer
+
+app = typer.Typer(
+    name="runtime",
+    help="lantern-runtime: fast visual AR image generation with LANTERN++ speculative decoding.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+# Sub-command modules, imported for their side effect of registering on `app`.
+COMMAND_MODULES: list[str] = [
+]
+
+
+def _register() -> None:
+    for module in COMMAND_MODULES:
+        importlib.import_module(module)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point."""
+    from runtime.errors import UserError
+
+    _register()
+    try:
+        app(args=argv, standalone_mode=False)
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
+    except SystemExit:
+        raise
+    except Exception as err:  # click usage errors arrive here in non-standalone mode
+        import click
+
+        if isinstance(err, click.exceptions.ClickException):
+            err.show()
+            raise SystemExit(err.exit_code) from None
+        if isinstance(err, click.exceptions.Abort):
+            print("aborted", file=sys.stderr)
+            raise SystemExit(130) from None
+        raise
+
+
+if __name__ == "__main__":
+    main()

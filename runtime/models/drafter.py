@@ -1,0 +1,129 @@
+"""EAGLE/LANTERN drafter for LlamaGen targets (`cnets_llamagen.Model` layout).
+
+Input at position p is concat(embed(token at p+1), target hidden at p) -> `fc` -> decoder
+layers (layer 0 has no input norm) -> a predicted target hidden state for p+1. There is no
+final norm and no head: logits come from the target's `output` (lm_head).
+
+Positions are the target's sequence positions (slot == position, as in the target cache).
+The RoPE table is offset by cls_token_num - 1 (EAGLE's one-step shift): position p holds
+the token sampled from target position p, which is image token p - (cls_token_num - 1).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from runtime.models.configs import DrafterConfig
+from runtime.models.gpt import ROPE_EXTRA_ROWS
+from runtime.models.kv_cache import StaticKVCache
+from runtime.models.layers import RMSNorm, SwiGLU, attend
+from runtime.models.rope import apply_rope, rope_table_2d
+
+
+class DrafterAttention(nn.Module):
+    def __init__(self, cfg: DrafterConfig) -> None:
+        super().__init__()
+        self.n_head, self.kv_heads, self.head_dim = (cfg.num_attention_heads,
+                                                     cfg.num_key_value_heads, cfg.head_dim)
+        h = cfg.hidden_size
+        self.q_proj = nn.Linear(h, self.n_head * self.head_dim, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(h, self.kv_heads * self.head_dim, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(h, self.kv_heads * self.head_dim, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(self.n_head * self.head_dim, h, bias=False)
+
+    def forward(self, x: torch.Tensor, freqs: torch.Tensor, **attn_kw) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = apply_rope(self.q_proj(x).view(b, t, self.n_head, self.head_dim), freqs)
+        k = apply_rope(self.k_proj(x).view(b, t, self.kv_heads, self.head_dim), freqs)
+        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim)
+        out = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **attn_kw)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class DrafterLayer(nn.Module):
+    def __init__(self, cfg: DrafterConfig, index: int) -> None:
+        super().__init__()
+        if index != 0:  # EAGLE drops the input norm of the first layer: fc output goes straight in
+            self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = DrafterAttention(cfg)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size,
+                          names=("gate_proj", "up_proj", "down_proj"))
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, freqs: torch.Tensor, **attn_kw) -> torch.Tensor:
+        h_in = self.input_layernorm(x) if hasattr(self, "input_layernorm") else x
+        h = x + self.self_attn(h_in, freqs, **attn_kw)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Drafter(nn.Module):
+    """The drafter. `embed_tokens` is frozen (a copy of the target's input embedding)."""
+
+    def __init__(self, config: DrafterConfig) -> None:
+        super().__init__()
+        self.config = config
+        h = config.hidden_size
+        self.embed_tokens = nn.Embedding(config.vocab_size, h)
+        self.embed_tokens.weight.requires_grad_(False)
+        self.fc = nn.Linear(2 * h, h, bias=config.bias)
+        self.layers = nn.ModuleList(DrafterLayer(config, i) for i in range(config.num_hidden_layers))
+        grid = int(round(config.block_size**0.5))
+        self.freqs_cis = rope_table_2d(grid, config.head_dim, config.rope_base,
+                                       max(config.cls_token_num - 1, 0), ROPE_EXTRA_ROWS + 1)
+
+    def rope_rows(self, positions: torch.Tensor) -> torch.Tensor:
+        if self.freqs_cis.device != positions.device:
+            self.freqs_cis = self.freqs_cis.to(positions.device)
+        return self.freqs_cis[positions]
+
+    def _inputs(self, tokens: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        emb = self.embed_tokens(tokens)
+        return self.fc(torch.cat([emb, hidden.to(emb.dtype)], dim=-1))
+
+    def forward_train(self, hidden: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced: hidden (B, S, dim), tokens (B, S) at positions 0..S-1 -> (B, S, dim)."""
+        x = self._inputs(tokens, hidden)
+        freqs = self.rope_rows(torch.arange(x.size(1), device=x.device))
+        for i, layer in enumerate(self.layers):
+            x = layer(x, freqs, layer=i, cache=None, slots=None, mask=None)
+        return x
+
+    def new_cache(self, batch: int, capacity: int, device: torch.device | str,
+                  dtype: torch.dtype | None = None) -> StaticKVCache:
+        cfg = self.config
+        return StaticKVCache(cfg.num_hidden_layers, batch, cfg.num_key_value_heads, cfg.head_dim,
+                             capacity, device, dtype or self.fc.weight.dtype)
+
+    def forward_cached(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+                       block_mask: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
+        """A block of T (token, hidden) pairs at `positions` (T,) through the cache, uncommitted.
+
+        tokens: (B, T) long; hidden: (B, T, dim) (target hidden states, or the drafter's own
+        predictions inside a tree); block_mask: (T, T) bool. Returns (B, T, dim).
+        """
+        x = self._inputs(tokens, hidden)
+        freqs = self.rope_rows(positions)
+        slots = cache.block_slots(x.size(1))
+        mask = cache.attention_mask(block_mask)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, freqs, layer=i, cache=cache, slots=slots, mask=mask)
+        return x
+
+
+def drafter_loss(pred: torch.Tensor, target: torch.Tensor, head: nn.Module, mask: torch.Tensor,
+                 p_weight: float = 0.1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """EAGLE/LANTERN loss: SmoothL1(pred, target) + p_weight * soft cross-entropy.
+
+    pred, target: (B, S, dim); mask: (B, S) float, 1 where a target exists. `head` is the
+    target's frozen lm_head. Returns (loss, vloss, ploss).
+    """
+    m = mask[..., None].float()
+    denom = m.sum() + 1e-5
+    with torch.no_grad():
+        p_t = torch.softmax(head(target).float(), dim=-1)
+    logq = torch.log_softmax(head(pred).float(), dim=-1)
+    ploss = -(m * (p_t * logq).sum(-1, keepdim=True)).sum() / denom
+    vloss = (m * F.smooth_l1_loss(pred.float(), target.float(), reduction="none").mean(-1, keepdim=True)).sum() / denom
+    return vloss + p_weight * ploss, vloss, ploss

@@ -1,0 +1,84 @@
+"""A static, preallocated KV cache shared by the target and the drafter.
+
+Shapes never depend on how many tokens were accepted: capacity is fixed when the cache is
+built, the fill length lives in a 0-d device tensor, new blocks are written at slots
+`length + arange(T)`, and accepted tree paths are compacted into place with index ops. This
+is what lets a decoding step be captured once as a device graph and replayed.
+
+Slot == sequence position for every committed token. Uncommitted slots (a tree that was
+just verified) sit after `length` and are invisible to later blocks until compacted.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class StaticKVCache:
+    """Keys and values for `n_layer` layers.
+
+    k, v: (n_layer, batch, kv_heads, capacity, head_dim), model dtype.
+    length: 0-d int64 tensor on the device; number of committed slots (same for all rows).
+    prefix_valid: (batch, capacity) bool; False only on padded condition positions (t2i
+        captions are left-padded). Slots >= length are masked by `length`, not by this.
+    """
+
+    def __init__(self, n_layer: int, batch: int, kv_heads: int, head_dim: int, capacity: int,
+                 device: torch.device | str, dtype: torch.dtype) -> None:
+        shape = (n_layer, batch, kv_heads, capacity, head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.length = torch.zeros((), device=device, dtype=torch.long)
+        self.prefix_valid = torch.ones(batch, capacity, device=device, dtype=torch.bool)
+        self.slot_ids = torch.arange(capacity, device=device)
+        self.capacity = capacity
+        self.batch = batch
+
+    def reset(self) -> None:
+        """Empty the cache in place (keeps buffers, so captured graphs stay valid)."""
+        self.length.zero_()
+        self.prefix_valid.fill_(True)
+
+    def block_slots(self, block_len: int) -> torch.Tensor:
+        """Slots a block of `block_len` new tokens is written to: length + arange(block_len)."""
+        return self.length + self.slot_ids[:block_len]
+
+    def attention_mask(self, block_mask: torch.Tensor) -> torch.Tensor:
+        """Mask for a block of T new tokens over the whole cache, (batch, 1, T, capacity) bool.
+
+        A query sees every committed slot (< length) that is a valid prefix position, plus the
+        new block's slots where `block_mask` (T, T), or per row (batch, T, T), allows (tree
+        ancestors and itself).
+        """
+        t = block_mask.size(-1)
+        committed = (self.slot_ids < self.length)[None, :] & self.prefix_valid  # (B, cap)
+        mask = committed[:, None, :].expand(self.batch, t, self.capacity).clone()
+        if block_mask.dim() == 2:
+            block_mask = block_mask[None]
+        block = block_mask.expand(self.batch, t, t).to(torch.bool)
+        mask.index_copy_(2, self.block_slots(t), block)
+        return mask[:, None]
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store k, v (batch, kv_heads, T, head_dim) of `layer` at `slots` (T,)."""
+        self.k[layer].index_copy_(2, slots, k.to(self.k.dtype))
+        self.v[layer].index_copy_(2, slots, v.to(self.v.dtype))
+
+    def commit(self, path: torch.Tensor, count: torch.Tensor) -> None:
+        """Keep an accepted path of the block written at `length` and advance `length`.
+
+        path: (M,) long, block-relative indices of the accepted nodes in order (root first);
+            entries at and after `count` are ignored (may be any valid index).
+        count: 0-d long, number of accepted nodes (1 <= count <= M).
+        Slots length + path[j] move to length + j for all j < M; only the first `count`
+        become committed, the rest lie beyond the new length and are never read.
+        """
+        src = self.length + path
+        dst = self.length + self.slot_ids[: path.numel()]
+        self.k.index_copy_(3, dst, self.k.index_select(3, src))
+        self.v.index_copy_(3, dst, self.v.index_select(3, src))
+        self.length.add_(count)
+
+    def advance(self, count: int | torch.Tensor) -> None:
+        """Commit the first `count` slots of the last block as written (prefill, AR)."""
+        self.length.add_(count)
