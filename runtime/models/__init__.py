@@ -1,0 +1,1 @@
+"""Model families: LlamaGen GPT, VQ tokenizer, EAGLE/LANTERN drafter, T5 wrapper, loading."""
