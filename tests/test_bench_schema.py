@@ -1,0 +1,244 @@
+"""The bench result schema: builders produce valid files, files round-trip, and every malformed
+input is rejected with one line naming the file and the field."""
+
+from __future__ import annotations
+
+import copy
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from runtime.bench.schema import (
+    SCHEMA_VERSION,
+    BenchResult,
+    Conditions,
+    DeviceInfo,
+    Env,
+    MethodParams,
+    Phase,
+    Profile,
+    Quality,
+    Sampling,
+    Workload,
+    current_env,
+    load_bench,
+    make_bench,
+    make_run,
+    percentiles,
+    prompts_digest,
+    save_bench,
+    speedup_vs_ar,
+    to_dict,
+)
+from runtime.errors import UserError
+
+NUM_IMAGES = 4
+TOKENS = 16
+
+
+def bench(with_ar: bool = True) -> BenchResult:
+    """A small, fully valid bench: ar, eagle2 and lantern++ on a 4-image, 16-token workload."""
+    workload = Workload(
+        model="GPT-demo", params=1_234_567, tokens_per_image=TOKENS, image_size=64,
+        conditions=Conditions.for_classes([0, 1, 2, 3]), num_images=NUM_IMAGES, seeds=[10, 11, 12, 13],
+        sampling=Sampling(greedy=True, temperature=1.0, top_k=0, top_p=1.0, cfg=1.0),
+    )
+    env = Env(
+        torch="2.13.0+cpu", python="3.11.9", platform="Linux-x86_64", git_commit="abc123",
+        profile=Profile("cpu", {"dtype": "fp32", "graph": False}), command_line=["runtime", "bench"],
+        started_at="2026-01-02T03:04:05+00:00", bench_seconds=12.5, warmup=1, repeats=3, timer="perf_counter",
+    )
+    tokens = NUM_IMAGES * TOKENS
+    runs = [
+        make_run("ar", latencies=[2.0, 2.2, 2.1], num_images=NUM_IMAGES, target_forwards=tokens, tokens=tokens,
+                 mean_accepted_length=1.0, phases={"verify": Phase(1.9, tokens)}, peak_bytes=10_000_000,
+                 quality=Quality.of(class_accuracy=0.75, fd=20.0)),
+        make_run("eagle2", latencies=[1.0, 1.1, 1.05], num_images=NUM_IMAGES, target_forwards=24, tokens=tokens,
+                 mean_accepted_length=2.6, params=MethodParams(depth=4, top_k_draft=8, total_tokens=30),
+                 per_depth_acceptance=[0.8, 0.5, 0.3, 0.1]),
+        make_run("lantern++", latencies=[0.7, 0.75, 0.8], num_images=NUM_IMAGES, target_forwards=20, tokens=tokens,
+                 mean_accepted_length=3.1, params=MethodParams(tree="t7", lantern_k=100, lantern_lambda=2.0),
+                 mean_relaxation_mass=0.12, quality=Quality.not_measured("no FD reference statistics")),
+    ]
+    if not with_ar:
+        runs = runs[1:]
+    device = DeviceInfo(backend="cpu", name="Test CPU", count=1, versions={"torch": "2.13.0+cpu"})
+    return make_bench(device, workload, env, runs)
+
+
+def test_builders_fill_derived_fields() -> None:
+    result = bench()
+    ar, eagle, lantern = result.runs
+    assert ar.latency_s.p50 == 2.1 and eagle.latency_s.p50 == 1.05
+    assert ar.speedup_vs_ar == 1.0
+    assert lantern.speedup_vs_ar == pytest.approx(2.1 / 0.75)
+    assert eagle.images_per_s == pytest.approx(NUM_IMAGES / 1.05)
+    assert lantern.stats.step_compression == pytest.approx(64 / 20)
+
+
+def test_speedup_is_null_without_an_ar_run() -> None:
+    result = bench(with_ar=False)
+    assert [r.speedup_vs_ar for r in result.runs] == [None, None]
+    assert speedup_vs_ar(result.runs) == [None, None]
+
+
+def test_percentiles_interpolate_linearly() -> None:
+    assert percentiles([5.0]) == (5.0, 5.0, 5.0)
+    assert percentiles([4.0, 1.0, 3.0, 2.0, 5.0]) == pytest.approx((1.4, 3.0, 4.6))
+
+
+def test_round_trip_through_a_file(tmp_path: Path) -> None:
+    original = bench()
+    path = save_bench(original, tmp_path / "sub" / "cpu.json")
+    loaded = load_bench(path)
+    assert loaded == original
+    assert json.loads(path.read_text()) == to_dict(original)
+    assert [p.name for p in path.parent.iterdir()] == ["cpu.json"]  # no temp file left behind
+
+
+def test_prompt_conditions_round_trip(tmp_path: Path) -> None:
+    original = bench()
+    original.workload.conditions = Conditions.for_prompts(["a red car", "a cat"])
+    assert original.workload.conditions.prompts_sha256 == prompts_digest(["a red car", "a cat"])
+    assert load_bench(save_bench(original, tmp_path / "t2i.json")) == original
+
+
+def test_current_env_reads_this_process() -> None:
+    started = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    env = current_env(profile=Profile("cpu", {}), started_at=started, bench_seconds=1.0, warmup=0, repeats=1,
+                      timer="perf_counter", command_line=["runtime", "bench", "--device", "cpu"])
+    assert env.started_at == "2026-01-02T03:04:05+00:00"
+    assert env.python.count(".") == 2 and env.torch
+
+
+def mutate(fn: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    def apply(data: dict[str, Any]) -> dict[str, Any]:
+        data = copy.deepcopy(data)
+        fn(data)
+        return data
+
+    return apply
+
+
+def _set(path: str, value: Any) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """Set a dotted path (list indices as integers) to `value`."""
+
+    def fn(data: dict[str, Any]) -> None:
+        *parents, last = [int(p) if p.isdigit() else p for p in path.split(".")]
+        node: Any = data
+        for key in parents:
+            node = node[key]
+        node[last] = value
+
+    return mutate(fn)
+
+
+def _delete(path: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    def fn(data: dict[str, Any]) -> None:
+        *parents, last = [int(p) if p.isdigit() else p for p in path.split(".")]
+        node: Any = data
+        for key in parents:
+            node = node[key]
+        del node[last]
+
+    return mutate(fn)
+
+
+MALFORMED = [
+    (_set("runs.2.latency_s.p50", "fast"), "runs[2].latency_s.p50 must be a number"),
+    (_set("runs.2.latency_s.p50", None), "runs[2].latency_s.p50 must be a number"),
+    (_delete("runs.1.stats.target_forwards"), "runs[1].stats.target_forwards is missing"),
+    (_delete("device"), "device is missing"),
+    (_set("device.backend", "tpu"), "device.backend must be one of cpu, cuda, hpu"),
+    (_set("device.count", 0), "device.count must be >= 1"),
+    (_set("runs.0.stats.tokens", True), "runs[0].stats.tokens must be an integer"),
+    (_set("runs", []), "runs must not be empty"),
+    (_set("runs.1", "eagle2"), "runs[1] must be an object"),
+    (_set("workload.seeds", [1, 2]), "workload.seeds must hold one seed per image (4), got 2"),
+    (_set("workload.conditions.kind", "video"), "workload.conditions.kind must be 'classes' or 'prompts'"),
+    (_set("workload.sampling.greedy", "yes"), "workload.sampling.greedy must be true or false"),
+    (_set("env.started_at", "yesterday"), "env.started_at must be an ISO-8601 time"),
+    (_set("runs.1.stats.tokens", 63), "runs[1].stats.tokens must equal workload.num_images x workload.tokens_per_image"),
+    (_set("runs.1.stats.per_depth_acceptance", [0.5, 1.5]), "runs[1].stats.per_depth_acceptance[1] must be a fraction"),
+    (_set("runs.1.latency_s.p10", 1.09), "runs[1].latency_s must satisfy min(all) <= p10 <= p50 <= p90 <= max(all)"),
+    (_set("runs.1.images_per_s", 10.0), "runs[1].images_per_s must equal workload.num_images / latency_s.p50"),
+    (_set("runs.2.speedup_vs_ar", 3.5), "runs[2].speedup_vs_ar must equal ar latency_s.p50 / this run's latency_s.p50"),
+    (_set("runs.2.speedup_vs_ar", None), "runs[2].speedup_vs_ar must be a number (the file has an 'ar' run)"),
+    (_set("runs.0.method", "sd"), "runs[0].speedup_vs_ar must be null: the file has no 'ar' run"),
+    (_delete("runs.2.quality.reason"), "runs[2].quality.reason is missing"),
+    (_set("runs.0.quality", {"measured": True}), "runs[0].quality must name at least one metric"),
+    (_set("runs.0.quality.fd", "low"), "runs[0].quality.fd must be a number"),
+    (_set("runs.0.phases.verify.count", -1), "runs[0].phases.verify.count must be >= 0"),
+    (_set("runs.0.memory.peak_bytes", 1.5), "runs[0].memory.peak_bytes must be an integer"),
+    (_set("runs.1.params.graph", None), "runs[1].params.graph must be true or false"),
+    (_set("runs.1.method", "Eagle 2"), "runs[1].method must be a lowercase method name"),
+    (_delete("schema_version"), "schema_version is missing"),
+    (_set("schema_version", 2), "schema_version 2 is not supported (this lantern-runtime reads version 1)"),
+    (_set("schema_version", "1"), 'schema_version "1" is not supported'),
+]
+
+
+@pytest.mark.parametrize(("corrupt", "message"), MALFORMED, ids=[m for _, m in MALFORMED])
+def test_malformed_field_is_named_with_the_file(tmp_path: Path, corrupt: Callable[..., Any], message: str) -> None:
+    path = tmp_path / "x.json"
+    path.write_text(json.dumps(corrupt(to_dict(bench()))))
+    with pytest.raises(UserError) as err:
+        load_bench(path)
+    text = str(err.value)
+    assert text.startswith(f"{path}: "), text
+    assert message in text, text
+    assert "\n" not in text
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"schema_version": 1, "device": ', "not valid JSON (line 1, column 33: Expecting value)"),
+        ('{"schema_version": NaN}', "not valid JSON (NaN is not a number JSON allows)"),
+        ("[1, 2]", "the top level must be a JSON object"),
+        (b"\xff\xfe\x00", "cannot read"),
+    ],
+)
+def test_unparseable_files_are_one_line(tmp_path: Path, content: str | bytes, message: str) -> None:
+    path = tmp_path / "bad.json"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
+    with pytest.raises(UserError) as err:
+        load_bench(path)
+    assert str(err.value).startswith(f"{path}: ") and message in str(err.value), str(err.value)
+
+
+def test_missing_and_unreadable_paths(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match=r"nope\.json: no such file"):
+        load_bench(tmp_path / "nope.json")
+    with pytest.raises(UserError, match="cannot read"):
+        load_bench(tmp_path)  # a directory
+
+
+def test_make_bench_rejects_inconsistent_pieces() -> None:
+    good = bench()
+    bad_run = make_run("sd", latencies=[1.0], num_images=NUM_IMAGES, target_forwards=10, tokens=7,
+                       mean_accepted_length=2.0)
+    with pytest.raises(UserError, match=r"runs\[3\]\.stats\.tokens must equal"):
+        make_bench(good.device, good.workload, good.env, [*good.runs, bad_run])
+
+
+def test_save_refuses_invalid_results_and_keeps_the_old_file(tmp_path: Path) -> None:
+    path = save_bench(bench(), tmp_path / "r.json")
+    before = path.read_bytes()
+    broken = bench()
+    broken.runs[1].latency_s.p50 = float("nan")
+    with pytest.raises(UserError, match=r"r\.json: (runs\[1\]\.latency_s\.p50 must be a number|not JSON)"):
+        save_bench(broken, path)
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
+def test_schema_version_constant() -> None:
+    assert SCHEMA_VERSION == 1
+    assert to_dict(bench())["schema_version"] == 1
