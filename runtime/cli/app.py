@@ -22,6 +22,7 @@ app = typer.Typer(
 # Sub-command modules, imported for their side effect of registering on `app`.
 COMMAND_MODULES: list[str] = [
     "runtime.cli.models_cmd",
+    "runtime.cli.devices_cmd",
 ]
 
 

@@ -1,0 +1,335 @@
+"""The backend interface: everything that differs between CPU, CUDA and Gaudi (HPU) lives here.
+
+The decoding core is handed a :class:`Backend` and never asks which device it runs on. A backend
+owns placement and the dtype policy, synchronisation, per-phase timing, memory statistics, the
+profiler, and graph capture of fixed-shape steps.
+
+Graph-capture contract (:meth:`Backend.capture`): ``fn(*static_args)`` updates tensors in place
+and returns nothing. Every tensor it reads or writes is device-resident with a fixed shape, given
+as an argument or closed over; no host sync (``.item()``, ``.cpu()``, ``bool(tensor)``) happens
+inside. The returned callable applies ``fn`` once to the same buffers each time it is called.
+Capturing may run ``fn`` a few times (warm-up, compilation), so buffer contents after
+``capture`` are unspecified: write the real inputs into the buffers before the first replay.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import os
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, ClassVar, Protocol, TypeVar
+
+import torch
+from torch import Tensor, nn
+
+from runtime.errors import UserError
+
+DTYPES: dict[str, torch.dtype] = {
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "fp32": torch.float32,
+}
+DTYPE_ALIASES: dict[str, str] = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
+
+
+def parse_dtype(value: str | torch.dtype) -> torch.dtype:
+    """Turn ``"bf16" | "fp16" | "fp32"`` (or a long alias such as ``"bfloat16"``, or a dtype) into a dtype."""
+    if isinstance(value, torch.dtype):
+        if value not in DTYPES.values():
+            raise UserError(f"unsupported dtype {value} (choose {', '.join(DTYPES)})")
+        return value
+    key = DTYPE_ALIASES.get(value.lower(), value.lower())
+    if key not in DTYPES:
+        raise UserError(f"unknown dtype '{value}' (choose {', '.join(DTYPES)})")
+    return DTYPES[key]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The short name (``bf16``/``fp16``/``fp32``) of a supported dtype."""
+    for name, candidate in DTYPES.items():
+        if candidate == dtype:
+            return name
+    raise ValueError(f"unsupported dtype {dtype}")
+
+
+class TimingEvent(Protocol):
+    """What :class:`PhaseTimer` needs of a device event (``torch.cuda.Event``, ``torch.hpu.Event``)."""
+
+    def record(self) -> None: ...
+
+    def query(self) -> bool: ...
+
+    def elapsed_time(self, end: Any) -> float: ...
+
+
+class PhaseTimer:
+    """Accumulates wall time and call count per named phase, correctly for the device.
+
+    Two clocks:
+
+    * **events** (``event_factory`` given; CUDA, HPU): each phase records a start and a stop event
+      on the current stream and never waits. Elapsed times are resolved in :meth:`summary`, after
+      a single ``synchronize``. Pairs whose stop event has already completed are folded in as the
+      run goes, so a long run does not hold an unbounded number of events.
+    * **host clock** (no factory; CPU): ``time.perf_counter`` around the phase. If ``synchronize``
+      is given it is called at both ends, so queued device work is charged to its own phase.
+
+    Phases are meant to be disjoint (``prefill``, ``draft``, ``verify``, ``accept``, ``decode``);
+    re-entering a phase that is still open is a programming error.
+    """
+
+    _FOLD_EVERY = 256
+
+    def __init__(
+        self,
+        *,
+        event_factory: Callable[[], TimingEvent] | None = None,
+        synchronize: Callable[[], None] | None = None,
+    ) -> None:
+        self._event_factory = event_factory
+        self._synchronize = synchronize
+        self._seconds: dict[str, float] = {}
+        self._counts: dict[str, int] = {}
+        self._pending: list[tuple[str, TimingEvent, TimingEvent]] = []
+        self._open: set[str] = set()
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Time the body as one occurrence of phase ``name``."""
+        if name in self._open:
+            raise RuntimeError(f"phase '{name}' is already open; phases must not nest in themselves")
+        self._open.add(name)
+        self._counts[name] = self._counts.get(name, 0) + 1
+        self._seconds.setdefault(name, 0.0)
+        try:
+            if self._event_factory is not None:
+                start, stop = self._event_factory(), self._event_factory()
+                start.record()
+                try:
+                    yield
+                finally:
+                    stop.record()
+                    self._pending.append((name, start, stop))
+                    if len(self._pending) >= self._FOLD_EVERY:
+                        self._fold(wait=False)
+            else:
+                if self._synchronize is not None:
+                    self._synchronize()
+                began = time.perf_counter()
+                try:
+                    yield
+                finally:
+                    if self._synchronize is not None:
+                        self._synchronize()
+                    self._seconds[name] += time.perf_counter() - began
+        finally:
+            self._open.discard(name)
+
+    def _fold(self, *, wait: bool) -> None:
+        if wait and self._pending and self._synchronize is not None:
+            self._synchronize()
+        still_pending = []
+        for name, start, stop in self._pending:
+            if wait or stop.query():
+                self._seconds[name] += start.elapsed_time(stop) / 1000.0  # events report ms
+            else:
+                still_pending.append((name, start, stop))
+        self._pending = still_pending
+
+    def summary(self) -> dict[str, dict[str, float | int]]:
+        """``{phase: {"seconds": float, "count": int}}`` for every phase entered so far.
+
+        With device events this synchronises once, so call it after the timed work, not inside.
+        """
+        self._fold(wait=True)
+        return {name: {"seconds": self._seconds[name], "count": self._counts[name]} for name in self._counts}
+
+    def total_seconds(self) -> float:
+        """Sum of all phases' seconds (synchronises like :meth:`summary`)."""
+        return sum(float(entry["seconds"]) for entry in self.summary().values())
+
+    def reset(self) -> None:
+        """Forget every phase (e.g. after warm-up)."""
+        if self._open:
+            raise RuntimeError(f"cannot reset while phases are open: {sorted(self._open)}")
+        self._seconds.clear()
+        self._counts.clear()
+        self._pending.clear()
+
+
+ModuleOrTensor = TypeVar("ModuleOrTensor", nn.Module, Tensor)
+
+
+class Backend(abc.ABC):
+    """One accelerator kind: placement, dtype policy, sync, timing, memory, profiler, graphs.
+
+    Attributes:
+        name: ``"cpu" | "cuda" | "hpu"``.
+        device: the ``torch.device`` all tensors of a run live on.
+        dtype: floating-point dtype for weights and activations (``default_dtype`` unless overridden).
+        graph_mode: whether :meth:`capture` compiles/captures (True) or returns an eager closure.
+        capture_count: how many times each named step was compiled or captured; a step that is
+            captured once and replayed N times reads 1. Missing names read 0.
+        dist_backend: the ``torch.distributed`` process-group backend for this device.
+    """
+
+    name: ClassVar[str]
+    default_dtype: ClassVar[torch.dtype]
+    dist_backend: ClassVar[str]
+
+    def __init__(self, *, dtype: str | torch.dtype | None = None, graph_mode: bool = True) -> None:
+        available, reason = self.availability()
+        if not available:
+            raise UserError(f"{self.name} is not available: {reason}")
+        self.dtype: torch.dtype = self.default_dtype if dtype is None else parse_dtype(dtype)
+        self.graph_mode = graph_mode
+        self.capture_count: Counter[str] = Counter()
+
+    # -- availability and identity -------------------------------------------------------------
+
+    @classmethod
+    @abc.abstractmethod
+    def availability(cls) -> tuple[bool, str]:
+        """``(True, "")`` if this backend can run here, else ``(False, reason)``: one line naming the fix."""
+
+    @property
+    @abc.abstractmethod
+    def device(self) -> torch.device:
+        """The device every tensor of a run lives on."""
+
+    @abc.abstractmethod
+    def info(self) -> dict[str, Any]:
+        """Facts for logs and result files: ``backend``, ``name``, ``count``, ``torch``, versions, ``dtype``."""
+
+    def _common_info(self) -> dict[str, Any]:
+        return {
+            "backend": self.name,
+            "torch": torch.__version__,
+            "dtype": dtype_name(self.dtype),
+            "graph_mode": self.graph_mode,
+        }
+
+    # -- placement -----------------------------------------------------------------------------
+
+    def to_device(self, obj: ModuleOrTensor, *, cast: bool = True) -> ModuleOrTensor:
+        """Move a module or tensor to :attr:`device`.
+
+        With ``cast`` (default), floating-point parameters, buffers and tensors take :attr:`dtype`;
+        integer and boolean tensors (token ids, masks, indices) keep their dtype. A module is moved
+        in place and returned; a tensor is returned as a new tensor (or itself if already there).
+        """
+        if isinstance(obj, nn.Module):
+            return obj.to(device=self.device, dtype=self.dtype) if cast else obj.to(device=self.device)
+        if isinstance(obj, Tensor):
+            if cast and obj.is_floating_point():
+                return obj.to(device=self.device, dtype=self.dtype)
+            return obj.to(device=self.device)
+        raise TypeError(f"to_device expects an nn.Module or a Tensor, got {type(obj).__name__}")
+
+    # -- synchronisation and timing -----------------------------------------------------------
+
+    @abc.abstractmethod
+    def synchronize(self) -> None:
+        """Block the host until all queued device work has finished."""
+
+    def mark_step(self) -> None:
+        """End of one decoding step. Flushes the accumulated graph in HPU lazy mode; a no-op elsewhere."""
+
+    def timer(self) -> PhaseTimer:
+        """A fresh :class:`PhaseTimer` using this device's clock."""
+        return PhaseTimer(synchronize=self.synchronize)
+
+    # -- memory --------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def memory_stats(self) -> dict[str, int]:
+        """``{"current_bytes": int, "peak_bytes": int}`` since the last :meth:`reset_peak_memory`."""
+
+    @abc.abstractmethod
+    def reset_peak_memory(self) -> None:
+        """Start a new peak-memory window."""
+
+    # -- profiler ------------------------------------------------------------------------------
+
+    def profiler_activities(self) -> list[torch.profiler.ProfilerActivity]:
+        """The ``torch.profiler`` activities that cover this device."""
+        return [torch.profiler.ProfilerActivity.CPU]
+
+    @contextlib.contextmanager
+    def profiler(self, path: str | os.PathLike[str]) -> Iterator[torch.profiler.profile]:
+        """Profile the body with ``torch.profiler`` and write a Chrome trace JSON to ``path``.
+
+        The trace opens in Perfetto (ui.perfetto.dev) or chrome://tracing. Device work is
+        synchronised before the profiler stops so it lands in the trace. The file is written to a
+        temporary name and renamed, so a failure never leaves a half-written trace; if the body
+        raises, no trace is written.
+        """
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with torch.profiler.profile(activities=self.profiler_activities(), record_shapes=True) as prof:
+            yield prof
+            self.synchronize()
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        os.close(fd)
+        try:
+            prof.export_chrome_trace(tmp)
+            os.replace(tmp, target)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+
+    # -- graph capture -------------------------------------------------------------------------
+
+    def capture(self, fn: Callable[..., None], *static_args: Tensor, name: str) -> Callable[[], None]:
+        """Capture the fixed-shape in-place step ``fn(*static_args)``; return a replay callable.
+
+        See the module docstring for the contract. Each call of the result applies ``fn`` once to
+        the same buffers, under ``torch.no_grad()``. With :attr:`graph_mode` off the result is a
+        plain eager closure and nothing is counted in :attr:`capture_count`.
+        """
+        for index, arg in enumerate(static_args):
+            if not isinstance(arg, Tensor):
+                raise TypeError(f"capture '{name}': static argument {index} is a {type(arg).__name__}, not a Tensor")
+            if arg.device != self.device:
+                raise ValueError(f"capture '{name}': static argument {index} is on {arg.device}, not {self.device}")
+        if not self.graph_mode:
+            return _eager_replay(fn, static_args)
+        return self._capture(fn, static_args, name)
+
+    @abc.abstractmethod
+    def _capture(self, fn: Callable[..., None], static_args: tuple[Tensor, ...], name: str) -> Callable[[], None]:
+        """Device-specific capture; increments ``capture_count[name]`` once per compile/capture."""
+
+    def _compile_counted(
+        self, fn: Callable[..., None], static_args: tuple[Tensor, ...], name: str, dynamo_backend: str
+    ) -> Callable[[], None]:
+        """``torch.compile`` ``fn`` through ``dynamo_backend``, counting each graph dynamo hands over.
+
+        A recompilation (a guard failed, e.g. a shape changed) shows as a count above 1. The step
+        is compiled here by one warm-up call, so compile time is not charged to the first replay.
+        """
+        inner = torch._dynamo.lookup_backend(dynamo_backend)
+        counts = self.capture_count
+
+        def counting_backend(graph_module: torch.fx.GraphModule, example_inputs: list[Tensor]) -> Callable[..., Any]:
+            counts[name] += 1
+            return inner(graph_module, example_inputs)
+
+        compiled = torch.compile(fn, backend=counting_backend, fullgraph=True, dynamic=False)
+        replay = _eager_replay(compiled, static_args)
+        replay()
+        return replay
+
+
+def _eager_replay(fn: Callable[..., None], static_args: tuple[Tensor, ...]) -> Callable[[], None]:
+    def replay() -> None:
+        with torch.no_grad():
+            fn(*static_args)
+
+    return replay

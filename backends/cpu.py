@@ -1,0 +1,115 @@
+"""The CPU backend: fp32 by default, ``torch.compile`` (inductor) as its graph mode."""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import sys
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from backends.base import Backend
+
+
+def _read_proc_status_kib(field: str) -> int | None:
+    """A ``kB`` field of /proc/self/status (e.g. ``VmRSS``, ``VmHWM``), or None off Linux."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _cpu_model_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
+            for line in cpuinfo:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+class CpuBackend(Backend):
+    """Runs everything on the host.
+
+    Graph mode compiles each step with ``torch.compile(fullgraph=True, dynamic=False)`` through
+    inductor; a counting wrapper around inductor records every graph dynamo compiles, so
+    ``capture_count`` shows recompilations. The phase timer is ``time.perf_counter``.
+    """
+
+    name: ClassVar[str] = "cpu"
+    default_dtype: ClassVar[torch.dtype] = torch.float32
+    dist_backend: ClassVar[str] = "gloo"
+
+    def __init__(self, *, dtype: str | torch.dtype | None = None, graph_mode: bool = True, index: int | None = None) -> None:
+        super().__init__(dtype=dtype, graph_mode=graph_mode)
+        # One host device; `index` is accepted so every backend takes the same arguments.
+        del index
+        self._peak_resettable = True
+
+    @classmethod
+    def availability(cls) -> tuple[bool, str]:
+        return True, ""
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    def info(self) -> dict[str, Any]:
+        return {
+            **self._common_info(),
+            "name": _cpu_model_name(),
+            "count": 1,
+            "cores": os.cpu_count(),
+            "threads": torch.get_num_threads(),
+        }
+
+    def synchronize(self) -> None:
+        """Nothing to wait for: CPU ops complete before they return."""
+
+    def memory_stats(self) -> dict[str, int]:
+        """Resident set size of the whole process, in bytes.
+
+        CPU memory is not attributable to tensors, so both figures are **process-wide**: the
+        current RSS (``/proc/self/statm``) and the peak RSS (``VmHWM`` in ``/proc/self/status``,
+        which :meth:`reset_peak_memory` restarts). Where ``VmHWM`` cannot be reset or read, the peak
+        is ``getrusage(RUSAGE_SELF).ru_maxrss``, the peak since the process started.
+        """
+        current = self._current_rss_bytes()
+        peak_kib = _read_proc_status_kib("VmHWM") if self._peak_resettable else None
+        if peak_kib is None:
+            max_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            peak = max_rss if sys.platform == "darwin" else max_rss * 1024  # bytes on macOS, KiB on Linux
+        else:
+            peak = peak_kib * 1024
+        return {"current_bytes": current, "peak_bytes": max(peak, current)}
+
+    def reset_peak_memory(self) -> None:
+        """Restart the peak-RSS window (Linux: writing 5 to /proc/self/clear_refs resets VmHWM)."""
+        try:
+            with open("/proc/self/clear_refs", "w", encoding="ascii") as clear_refs:
+                clear_refs.write("5")
+        except OSError:
+            self._peak_resettable = False
+
+    @staticmethod
+    def _current_rss_bytes() -> int:
+        try:
+            with open("/proc/self/statm", encoding="ascii") as statm:
+                resident_pages = int(statm.read().split()[1])
+            return resident_pages * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            max_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            return max_rss if sys.platform == "darwin" else max_rss * 1024
+
+    def _capture(self, fn: Callable[..., None], static_args: tuple[Tensor, ...], name: str) -> Callable[[], None]:
+        return self._compile_counted(fn, static_args, name, "inductor")

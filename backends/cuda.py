@@ -1,0 +1,134 @@
+"""The CUDA backend: bf16 by default, CUDA graphs as its graph mode, CUDA events as its clock."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from backends.base import Backend, PhaseTimer
+from runtime.errors import UserError
+
+CONTAINER_HINT = "use --device cpu or the CUDA container (docker/Dockerfile.cuda)"
+
+
+def _driver_version() -> str | None:
+    """The NVIDIA driver version (NVML if installed, else ``nvidia-smi``); None if neither answers."""
+    try:
+        import pynvml  # type: ignore[import-not-found]
+
+        pynvml.nvmlInit()
+        try:
+            version = pynvml.nvmlSystemGetDriverVersion()
+            return version.decode() if isinstance(version, bytes) else str(version)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - NVML is optional; any failure falls through to nvidia-smi
+        pass
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        out = subprocess.run(
+            [smi, "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=10, check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    first = out.strip().splitlines()
+    return first[0].strip() if first else None
+
+
+class CudaBackend(Backend):
+    """One NVIDIA GPU (``cuda:index``).
+
+    Graph mode captures each step as a ``torch.cuda.CUDAGraph``: a few eager warm-up calls on a
+    side stream (lazy initialisations, cuBLAS workspaces and allocator pools happen outside the
+    capture), then one capture with ``torch.cuda.graph``; replay is ``graph.replay()``. Random
+    ops inside a captured step use the default generator, which PyTorch makes graph-safe (each
+    replay advances the Philox offset). A host sync inside the step fails the capture.
+    """
+
+    name: ClassVar[str] = "cuda"
+    default_dtype: ClassVar[torch.dtype] = torch.bfloat16
+    dist_backend: ClassVar[str] = "nccl"
+    warmup_calls: ClassVar[int] = 3
+
+    def __init__(self, *, dtype: str | torch.dtype | None = None, graph_mode: bool = True, index: int | None = None) -> None:
+        super().__init__(dtype=dtype, graph_mode=graph_mode)
+        count = torch.cuda.device_count()
+        index = torch.cuda.current_device() if index is None else index
+        if not 0 <= index < count:
+            raise UserError(f"cuda:{index} does not exist ({count} CUDA device(s) visible); pick an index below {count}")
+        self._device = torch.device("cuda", index)
+        torch.cuda.set_device(self._device)
+        # Graphs hold device memory; keep them alive as long as the backend.
+        self._graphs: list[torch.cuda.CUDAGraph] = []
+
+    @classmethod
+    def availability(cls) -> tuple[bool, str]:
+        if torch.version.cuda is None:
+            return False, f"torch was built without CUDA (torch {torch.__version__}); {CONTAINER_HINT}"
+        if not torch.cuda.is_available():
+            return False, (
+                f"no CUDA device is visible (torch {torch.__version__}, CUDA {torch.version.cuda}); "
+                f"check the driver and CUDA_VISIBLE_DEVICES, or {CONTAINER_HINT}"
+            )
+        return True, ""
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    def info(self) -> dict[str, Any]:
+        props = torch.cuda.get_device_properties(self._device)
+        return {
+            **self._common_info(),
+            "name": props.name,
+            "count": torch.cuda.device_count(),
+            "index": self._device.index,
+            "cuda": torch.version.cuda,
+            "driver": _driver_version(),
+            "capability": f"sm_{props.major}{props.minor}",
+            "memory_bytes": int(props.total_memory),
+        }
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self._device)
+
+    def timer(self) -> PhaseTimer:
+        """Events on the current stream; elapsed times are resolved after one sync in ``summary()``."""
+        return PhaseTimer(event_factory=lambda: torch.cuda.Event(enable_timing=True), synchronize=self.synchronize)
+
+    def memory_stats(self) -> dict[str, int]:
+        """Bytes held by tensors on this GPU (caching-allocator ``allocated`` figures)."""
+        return {
+            "current_bytes": int(torch.cuda.memory_allocated(self._device)),
+            "peak_bytes": int(torch.cuda.max_memory_allocated(self._device)),
+        }
+
+    def reset_peak_memory(self) -> None:
+        torch.cuda.reset_peak_memory_stats(self._device)
+
+    def profiler_activities(self) -> list[torch.profiler.ProfilerActivity]:
+        return [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+
+    def _capture(self, fn: Callable[..., None], static_args: tuple[Tensor, ...], name: str) -> Callable[[], None]:
+        current = torch.cuda.current_stream(self._device)
+        side = torch.cuda.Stream(self._device)
+        side.wait_stream(current)
+        with torch.cuda.stream(side), torch.no_grad():
+            for _ in range(self.warmup_calls):
+                fn(*static_args)
+        current.wait_stream(side)
+
+        graph = torch.cuda.CUDAGraph()
+        with torch.no_grad(), torch.cuda.graph(graph):
+            fn(*static_args)
+        self._graphs.append(graph)
+        self.capture_count[name] += 1
+        return graph.replay
