@@ -21,6 +21,7 @@ app = typer.Typer(
 
 # Sub-command modules, imported for their side effect of registering on `app`.
 COMMAND_MODULES: list[str] = [
+    "runtime.cli.report_cmd",
     "runtime.cli.models_cmd",
     "runtime.cli.devices_cmd",
 ]

@@ -1,0 +1,635 @@
+"""Hardware comparison report from bench result files: `report.md` + self-contained `report.html`.
+
+The report is built once as a list of blocks (headings, paragraphs, tables, figures) and rendered
+twice: markdown (figures as `plots/*.png` next to it) and HTML (figures embedded as base64 PNG, no
+external references). Numbers come straight from the files; the only derived quantities are
+
+    speedup     = ar.latency_s.p50 / run.latency_s.p50            (ar from the same file)
+                = tau x step ratio, exactly, where
+    tau         = ar.stats.target_forwards / run.stats.target_forwards
+    step ratio  = AR step time / iteration time
+    AR step     = ar.latency_s.p50 / ar.stats.target_forwards      (seconds per AR forward)
+    iteration   = run.latency_s.p50 / run.stats.target_forwards    (seconds per draft+verify step)
+
+so a speedup that differs between devices is split into what acceptance bought (tau, a property
+of the algorithm and the workload) and what an iteration costs relative to an AR step on that
+device (the step ratio, a property of the hardware and kernels).
+
+Files are grouped by workload; only files with identical workloads share a section and a
+cross-device table. Every other group is reported separately with the differing fields named.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import math
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence, Union
+
+from runtime.bench.schema import (
+    BenchResult,
+    RunResult,
+    ar_baseline,
+    iter_differences,
+    load_bench,
+    to_dict,
+)
+from runtime.errors import UserError
+
+REPORT_MD = "report.md"
+REPORT_HTML = "report.html"
+PLOTS_DIR = "plots"
+# Lower is better for these quality metrics; higher for the rest (accuracy, CLIP score).
+LOWER_IS_BETTER = frozenset({"fd", "fid"})
+
+
+# --------------------------------------------------------------------------------------------
+# Blocks
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Heading:
+    level: int
+    text: str
+
+
+@dataclass
+class Paragraph:
+    text: str
+
+
+@dataclass
+class Table:
+    headers: list[str]
+    rows: list[list[str]]
+
+
+@dataclass
+class Figure:
+    """A rendered plot: `name` is its file stem under `plots/`, `png` the image bytes."""
+
+    name: str
+    png: bytes
+    caption: str
+
+
+Block = Union[Heading, Paragraph, Table, Figure]
+
+
+@dataclass
+class BenchFile:
+    """A loaded bench file and how the report names it."""
+
+    path: str
+    result: BenchResult
+    label: str = ""
+
+
+# --------------------------------------------------------------------------------------------
+# Formatting
+# --------------------------------------------------------------------------------------------
+
+
+def fmt_speedup(value: float | None) -> str:
+    """`2.31x`; `n/a` when there is no ar baseline."""
+    return "n/a" if value is None else f"{value:.2f}x"
+
+
+def fmt_tau(value: float) -> str:
+    """`3.07`."""
+    return f"{value:.2f}"
+
+
+def _sig(value: float, digits: int = 3) -> str:
+    """`digits` significant digits without scientific notation for ordinary magnitudes."""
+    if value == 0 or not math.isfinite(value):
+        return f"{value:g}"
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(value))))
+    return f"{value:.{decimals}f}"
+
+
+def _seconds(value: float) -> str:
+    """Millisecond resolution for ordinary latencies, 3 significant digits below 0.1 s."""
+    return f"{value:.3f}" if value >= 0.1 else _sig(value, 3)
+
+
+def _bytes(value: int | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value / 1e6:.0f} MB" if value < 1e9 else f"{value / 1e9:.2f} GB"
+
+
+def _quality(run: RunResult) -> str:
+    if not run.quality.measured:
+        return f"not measured: {run.quality.reason}"
+    return ", ".join(f"{name} {_sig(value, 3)}" for name, value in run.quality.metrics.items())
+
+
+def run_label(run: RunResult) -> str:
+    """`method` or `method [params]`: the key a run is matched by across devices."""
+    params = run.params.label()
+    return run.method if params == "-" else f"{run.method} [{params}]"
+
+
+def device_label(result: BenchResult) -> str:
+    d = result.device
+    return f"{d.backend}: {d.name} x{d.count}"
+
+
+def _compact(value: Any) -> str:
+    if isinstance(value, list) and len(value) > 6:
+        return f"[{len(value)} items: {', '.join(json.dumps(v) for v in value[:3])}, ...]"
+    return json.dumps(value)
+
+
+def workload_differences(a: BenchResult, b: BenchResult) -> list[str]:
+    """`field a vs b` for every workload field that differs (empty when the workloads are equal)."""
+    wa, wb = to_dict(a)["workload"], to_dict(b)["workload"]
+    return [f"{path} {_compact(x)} vs {_compact(y)}" for path, x, y in iter_differences(wa, wb)]
+
+
+def _workload_summary(result: BenchResult) -> str:
+    w = result.workload
+    s = w.sampling
+    if w.conditions.kind == "classes":
+        assert w.conditions.classes is not None
+        cond = f"classes {_compact(w.conditions.classes)}"
+    else:
+        cond = f"prompts sha256 {w.conditions.prompts_sha256[:12] if w.conditions.prompts_sha256 else '?'}"
+    sampling = "greedy" if s.greedy else f"temperature {s.temperature:g}, top_k {s.top_k}, top_p {s.top_p:g}"
+    return (
+        f"model {w.model} ({w.params / 1e6:.1f}M params), {w.image_size}px = {w.tokens_per_image} tokens/image, "
+        f"{w.num_images} images, {cond}, seeds {_compact(w.seeds)}, {sampling}, cfg {s.cfg:g}"
+    )
+
+
+def _env_summary(bench: BenchFile) -> str:
+    e = bench.result.env
+    versions = ", ".join(f"{k} {v}" for k, v in bench.result.device.versions.items())
+    commit = e.git_commit[:12] if e.git_commit else "unknown"
+    return (
+        f"File `{bench.path}`. {versions or 'torch ' + e.torch}; python {e.python}; profile "
+        f"`{e.profile.name}`; timer {e.timer}; {e.warmup} warm-up + {e.repeats} measured repeats per "
+        f"method; started {e.started_at}; bench took {e.bench_seconds:.0f} s; commit {commit}."
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Decomposition
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Decomposition:
+    """`speedup == tau * step_ratio` (exactly, by construction)."""
+
+    speedup: float
+    tau: float
+    ar_step_s: float
+    iteration_s: float
+
+    @property
+    def step_ratio(self) -> float:
+        return self.ar_step_s / self.iteration_s
+
+
+def decompose(run: RunResult, ar: RunResult) -> Decomposition:
+    """Split `run`'s speedup over `ar` into forward-count reduction and per-step cost ratio."""
+    ar_step = ar.latency_s.p50 / ar.stats.target_forwards
+    iteration = run.latency_s.p50 / run.stats.target_forwards
+    return Decomposition(
+        speedup=ar.latency_s.p50 / run.latency_s.p50,
+        tau=ar.stats.target_forwards / run.stats.target_forwards,
+        ar_step_s=ar_step,
+        iteration_s=iteration,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Plots (matplotlib, Agg canvas; no pyplot global state)
+# --------------------------------------------------------------------------------------------
+
+
+def _png(fig: Any) -> bytes:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight", metadata={"Software": None})
+    return buffer.getvalue()
+
+
+def _new_figure(width: float, height: float) -> Any:
+    from matplotlib.figure import Figure as MplFigure
+
+    return MplFigure(figsize=(width, height), layout="constrained")
+
+
+def plot_speedups(benches: Sequence[BenchFile]) -> bytes | None:
+    """Grouped bars: x = run label, one bar per device; None when no file has an ar baseline."""
+    labels: list[str] = []
+    for bench in benches:
+        for run in bench.result.runs:
+            if run.speedup_vs_ar is not None and run_label(run) not in labels:
+                labels.append(run_label(run))
+    if not labels:
+        return None
+    fig = _new_figure(max(5.0, 0.9 * len(labels) * max(1, len(benches)) ** 0.5 + 2), 3.6)
+    ax = fig.subplots()
+    width = 0.8 / len(benches)
+    for j, bench in enumerate(benches):
+        by_label = {run_label(r): r.speedup_vs_ar for r in bench.result.runs if r.speedup_vs_ar is not None}
+        xs = [i + (j - (len(benches) - 1) / 2) * width for i in range(len(labels))]
+        heights = [by_label.get(label, 0.0) or 0.0 for label in labels]
+        bars = ax.bar(xs, heights, width, label=bench.label)
+        ax.bar_label(bars, labels=[f"{h:.2f}x" if h else "" for h in heights], fontsize=7)
+    ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+    ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel("speedup over ar (p50 latency)")
+    ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def plot_phases(bench: BenchFile) -> bytes | None:
+    """Stacked bars of seconds per repeat by phase, one bar per run; the part of p50 latency no
+    phase covers is stacked as `other`. None when no run recorded phases."""
+    runs = [r for r in bench.result.runs if r.phases]
+    if not runs:
+        return None
+    names: list[str] = []
+    for run in runs:
+        names.extend(n for n in run.phases if n not in names)
+    fig = _new_figure(max(5.0, 0.8 * len(runs) + 2.5), 3.6)
+    ax = fig.subplots()
+    bottoms = [0.0] * len(runs)
+    for name in names + ["other"]:
+        if name == "other":
+            values = [max(0.0, r.latency_s.p50 - sum(p.seconds for p in r.phases.values())) for r in runs]
+        else:
+            values = [r.phases[name].seconds if name in r.phases else 0.0 for r in runs]
+        if name == "other" and not any(values):
+            continue
+        ax.bar(range(len(runs)), values, 0.6, bottom=bottoms, label=name)
+        bottoms = [b + v for b, v in zip(bottoms, values)]
+    ax.set_xticks(range(len(runs)), [run_label(r) for r in runs], rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel("seconds per repeat")
+    ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def sweep_methods(result: BenchResult) -> list[str]:
+    """Methods with more than one run (a parameter sweep), in file order."""
+    counts: dict[str, int] = {}
+    for run in result.runs:
+        counts[run.method] = counts.get(run.method, 0) + 1
+    return [m for m, n in counts.items() if n > 1]
+
+
+def _varying_params(runs: Sequence[RunResult]) -> list[str]:
+    """Per run, `key=value` of only the parameters that differ between `runs` (a sweep's axis)."""
+    if len(runs) < 2:
+        return ["" for _ in runs]
+    splits = [dict(part.split("=", 1) if "=" in part else (part, "on") for part in r.params.label().split()
+                   if part != "-") for r in runs]
+    keys = [k for k in dict.fromkeys(k for split in splits for k in split)
+            if len({split.get(k) for split in splits}) > 1]
+    return [" ".join(f"{k}={split.get(k, '-')}" for k in keys) for split in splits]
+
+
+def plot_speed_quality(bench: BenchFile) -> bytes | None:
+    """One panel per quality metric: speedup (x) against the metric (y), one line per swept
+    method, ar as a reference point. None without a sweep that has speedups and quality."""
+    swept = sweep_methods(bench.result)
+    runs = [r for r in bench.result.runs if r.method in swept or r.method == "ar"]
+    runs = [r for r in runs if r.quality.measured and r.speedup_vs_ar is not None]
+    if not any(r.method in swept for r in runs):
+        return None
+    metrics: list[str] = []
+    for run in runs:
+        metrics.extend(m for m in run.quality.metrics if m not in metrics)
+    fig = _new_figure(4.2 * len(metrics), 3.6)
+    axes = fig.subplots(1, len(metrics), squeeze=False)[0]
+    for ax, metric in zip(axes, metrics):
+        for method in ["ar", *swept]:
+            mine = [r for r in runs if r.method == method and metric in r.quality.metrics]
+            names = _varying_params(mine)
+            points = sorted(
+                (r.speedup_vs_ar, r.quality.metrics[metric], name) for r, name in zip(mine, names)
+            )
+            if not points:
+                continue
+            xs, ys, _ = zip(*points)
+            ax.plot(xs, ys, marker="o", linestyle="-" if len(points) > 1 else "", label=method)
+            for x, y, name in points:
+                if name:
+                    ax.annotate(name, (x, y), fontsize=6, textcoords="offset points", xytext=(3, 3))
+        better = "lower is better" if metric in LOWER_IS_BETTER else "higher is better"
+        ax.set_xlabel("speedup over ar")
+        ax.set_ylabel(f"{metric} ({better})")
+        ax.legend(fontsize=8)
+    return _png(fig)
+
+
+# --------------------------------------------------------------------------------------------
+# Report structure
+# --------------------------------------------------------------------------------------------
+
+
+def group_by_workload(benches: Sequence[BenchFile]) -> list[list[BenchFile]]:
+    """Files with identical workloads, grouped in order of first appearance."""
+    groups: list[list[BenchFile]] = []
+    for bench in benches:
+        for group in groups:
+            if not workload_differences(group[0].result, bench.result):
+                group.append(bench)
+                break
+        else:
+            groups.append([bench])
+    return groups
+
+
+def _label_devices(benches: Sequence[BenchFile]) -> None:
+    """Device labels, with the file name added where two files in `benches` share a device."""
+    labels = [device_label(b.result) for b in benches]
+    for bench, label in zip(benches, labels):
+        bench.label = label if labels.count(label) == 1 else f"{label} ({Path(bench.path).name})"
+
+
+def _device_section(bench: BenchFile, slug: str) -> list[Block]:
+    result = bench.result
+    blocks: list[Block] = [Heading(3, bench.label), Paragraph(_env_summary(bench))]
+    rows = []
+    for run in result.runs:
+        rows.append([
+            run.method,
+            run.params.label(),
+            fmt_tau(run.stats.mean_accepted_length),
+            fmt_speedup(run.speedup_vs_ar),
+            _sig(run.images_per_s),
+            _seconds(run.latency_s.p50),
+            _seconds(run.latency_s.p90),
+            _bytes(run.memory.peak_bytes),
+            _quality(run),
+        ])
+    blocks.append(Table(
+        ["method", "params", "tau", "speedup", "images/s", "p50 s", "p90 s", "peak memory", "quality"], rows
+    ))
+    ar = ar_baseline(result.runs)
+    if ar is None:
+        blocks.append(Paragraph(
+            "Speedup n/a: this file has no `ar` run, and speedups are only computed against an ar "
+            "baseline measured in the same bench (re-run `runtime bench` with `ar` in `--methods`)."
+        ))
+        return blocks
+    blocks.append(Paragraph(
+        "Speedup decomposition: speedup = tau x (AR step time / iteration time), with tau = ar "
+        "target forwards / method target forwards (tokens per target forward relative to ar; it "
+        "matches the mean accepted length up to the prefill forward), AR step time = ar p50 / ar "
+        "target forwards, iteration time = method p50 / method target forwards."
+    ))
+    drows = []
+    for run in result.runs:
+        d = decompose(run, ar)
+        drows.append([
+            run.method,
+            run.params.label(),
+            fmt_speedup(d.speedup),
+            fmt_tau(d.tau),
+            fmt_tau(d.step_ratio),
+            _sig(d.ar_step_s * 1e3),
+            _sig(d.iteration_s * 1e3),
+        ])
+    blocks.append(Table(
+        ["method", "params", "speedup", "= tau (AR fwd / fwd)", "x step ratio", "AR step ms", "iteration ms"], drows
+    ))
+    phases = plot_phases(bench)
+    if phases is not None:
+        blocks.append(Figure(f"{slug}-phases", phases, f"Phase breakdown per method, {bench.label}"))
+    swept = sweep_methods(result)
+    if swept:
+        curve = plot_speed_quality(bench)
+        if curve is not None:
+            blocks.append(Figure(f"{slug}-speed-quality", curve, f"Speed vs quality, {bench.label}"))
+        else:
+            blocks.append(Paragraph(
+                f"Sweep of {', '.join(swept)} present but no measured quality for it: speed-quality curve omitted."
+            ))
+    return blocks
+
+
+def _cross_device_section(group: Sequence[BenchFile], slug: str) -> list[Block]:
+    blocks: list[Block] = [
+        Heading(3, "Across devices"),
+        Paragraph(
+            "Same workload on every device below. tau (forward reduction) is a property of the "
+            "method and workload; the step ratio is what one draft+verify iteration costs relative "
+            "to one AR step on that device."
+        ),
+    ]
+    order: dict[str, str] = {}
+    for bench in group:
+        for run in bench.result.runs:
+            order.setdefault(run_label(run), run.method)
+    rows = []
+    explained: list[str] = []
+    for label, method in order.items():
+        points: list[tuple[BenchFile, Decomposition]] = []
+        for bench in group:
+            ar = ar_baseline(bench.result.runs)
+            for run in bench.result.runs:
+                if run_label(run) != label:
+                    continue
+                d = decompose(run, ar) if ar is not None else None
+                rows.append([
+                    label,
+                    bench.label,
+                    fmt_tau(run.stats.mean_accepted_length),
+                    fmt_speedup(run.speedup_vs_ar),
+                    fmt_tau(d.tau) if d else "n/a",
+                    fmt_tau(d.step_ratio) if d else "n/a",
+                    _sig(run.images_per_s),
+                    _seconds(run.latency_s.p50),
+                    _sig(d.iteration_s * 1e3) if d else "-",
+                ])
+                if d is not None:
+                    points.append((bench, d))
+        if len(points) >= 2 and method != "ar":
+            explained.append(_explain(label, points))
+    blocks.append(Table(
+        ["method", "device", "tau", "speedup", "= tau (AR fwd / fwd)", "x step ratio", "images/s", "p50 s",
+         "iteration ms"],
+        rows,
+    ))
+    blocks.extend(Paragraph(text) for text in explained)
+    bars = plot_speedups(group)
+    if bars is not None:
+        blocks.append(Figure(f"{slug}-speedup", bars, "Speedup over ar per method and device"))
+    return blocks
+
+
+def _explain(label: str, points: Sequence[tuple[BenchFile, Decomposition]]) -> str:
+    low = min(points, key=lambda p: p[1].speedup)
+    high = max(points, key=lambda p: p[1].speedup)
+    tau_factor = high[1].tau / low[1].tau
+    step_factor = high[1].step_ratio / low[1].step_ratio
+    cause = "the step ratio (per-iteration cost on the device)" if abs(math.log(step_factor)) >= abs(
+        math.log(tau_factor)
+    ) else "tau (how many tokens each verification accepts)"
+    return (
+        f"`{label}`: {fmt_speedup(low[1].speedup)} on {low[0].label} to {fmt_speedup(high[1].speedup)} on "
+        f"{high[0].label}; tau differs by {tau_factor:.2f}x and the step ratio by {step_factor:.2f}x, "
+        f"so the difference comes mainly from {cause}."
+    )
+
+
+def build_report(benches: Sequence[BenchFile]) -> list[Block]:
+    """The report's blocks for already-loaded files (at least one)."""
+    groups = group_by_workload(benches)
+    for group in groups:
+        _label_devices(group)
+    blocks: list[Block] = [
+        Heading(1, "lantern-runtime bench report"),
+        Paragraph(
+            f"{len(benches)} file(s), {len(groups)} workload(s). Speedup = ar p50 latency / method p50 "
+            "latency, both from the same file; tau = mean accepted length (tokens per verification step); "
+            "latency is wall time to generate the whole workload once."
+        ),
+    ]
+    reference = groups[0][0].result
+    for g, group in enumerate(groups):
+        letter = chr(ord("A") + g) if g < 26 else str(g + 1)
+        w = group[0].result.workload
+        blocks.append(Heading(2, f"Workload {letter}: {w.model}, {w.num_images} images x {w.tokens_per_image} tokens"))
+        blocks.append(Paragraph(_workload_summary(group[0].result)))
+        if g > 0:
+            diffs = workload_differences(reference, group[0].result)
+            blocks.append(Paragraph(
+                f"workload differs from workload A: {'; '.join(diffs)}. Not compared with workload A."
+            ))
+        for i, bench in enumerate(group):
+            blocks.extend(_device_section(bench, f"w{g + 1}-d{i + 1}"))
+        if len(group) > 1:
+            blocks.extend(_cross_device_section(group, f"w{g + 1}"))
+        else:
+            bars = plot_speedups(group)
+            if bars is not None:
+                blocks.append(Figure(f"w{g + 1}-speedup", bars, f"Speedup over ar per method, {group[0].label}"))
+    return blocks
+
+
+# --------------------------------------------------------------------------------------------
+# Rendering
+# --------------------------------------------------------------------------------------------
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(blocks: Sequence[Block]) -> str:
+    """Markdown with figures linked as `plots/<name>.png`."""
+    out: list[str] = []
+    for block in blocks:
+        if isinstance(block, Heading):
+            out.append(f"{'#' * block.level} {block.text}")
+        elif isinstance(block, Paragraph):
+            out.append(block.text)
+        elif isinstance(block, Table):
+            lines = ["| " + " | ".join(_md_cell(h) for h in block.headers) + " |"]
+            lines.append("|" + "|".join("---" for _ in block.headers) + "|")
+            lines.extend("| " + " | ".join(_md_cell(c) for c in row) + " |" for row in block.rows)
+            out.append("\n".join(lines))
+        else:
+            out.append(f"![{block.caption}]({PLOTS_DIR}/{block.name}.png)")
+    return "\n\n".join(out) + "\n"
+
+
+_CSS = (
+    "body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}"
+    "table{border-collapse:collapse;margin:1em 0;font-size:0.9em}"
+    "th,td{border:1px solid #ccc;padding:3px 8px;text-align:left}th{background:#f3f3f3}"
+    "img{max-width:100%}code{background:#f3f3f3;padding:0 3px}figcaption{font-size:0.85em;color:#555}"
+)
+
+
+def _inline(text: str) -> str:
+    """HTML-escape and turn `code` spans into <code>."""
+    parts = html.escape(text, quote=False).split("`")
+    return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
+
+
+def render_html(blocks: Sequence[Block]) -> str:
+    """One self-contained HTML page: inline CSS, figures as `data:image/png;base64` URIs."""
+    title = next((b.text for b in blocks if isinstance(b, Heading)), "bench report")
+    out = [
+        "<!DOCTYPE html>",
+        f'<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>',
+        f"<style>{_CSS}</style></head><body>",
+    ]
+    for block in blocks:
+        if isinstance(block, Heading):
+            out.append(f"<h{block.level}>{_inline(block.text)}</h{block.level}>")
+        elif isinstance(block, Paragraph):
+            out.append(f"<p>{_inline(block.text)}</p>")
+        elif isinstance(block, Table):
+            head = "".join(f"<th>{_inline(h)}</th>" for h in block.headers)
+            body = "".join("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in row) + "</tr>" for row in block.rows)
+            out.append(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
+        else:
+            data = base64.b64encode(block.png).decode("ascii")
+            out.append(
+                f'<figure><img alt="{html.escape(block.caption)}" src="data:image/png;base64,{data}">'
+                f"<figcaption>{_inline(block.caption)}</figcaption></figure>"
+            )
+    out.append("</body></html>")
+    return "\n".join(out) + "\n"
+
+
+# --------------------------------------------------------------------------------------------
+# Writing
+# --------------------------------------------------------------------------------------------
+
+
+def load_benches(paths: Sequence[str | os.PathLike[str]]) -> list[BenchFile]:
+    """Load and validate every file first; the first bad one raises its one-line UserError."""
+    if not paths:
+        raise UserError("no bench files given; pass one or more files written by `runtime bench --out`")
+    return [BenchFile(path=str(p), result=load_bench(p)) for p in paths]
+
+
+def write_report(paths: Sequence[str | os.PathLike[str]], out_dir: str | os.PathLike[str]) -> list[Path]:
+    """Validate `paths`, render everything in a temporary directory, then move `report.md`,
+    `report.html` and `plots/` into `out_dir`. Nothing is written when any input is bad."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out}: exists and is not a directory; choose a directory path")
+    benches = load_benches(paths)
+    blocks = build_report(benches)
+    markdown = render_markdown(blocks)
+    page = render_html(blocks)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"--out {out}: cannot create directory ({err.strerror}); choose a writable path") from None
+    staging = Path(tempfile.mkdtemp(prefix=".report-", dir=out))
+    try:
+        (staging / PLOTS_DIR).mkdir()
+        for block in blocks:
+            if isinstance(block, Figure):
+                (staging / PLOTS_DIR / f"{block.name}.png").write_bytes(block.png)
+        (staging / REPORT_MD).write_text(markdown, encoding="utf-8")
+        (staging / REPORT_HTML).write_text(page, encoding="utf-8")
+        old_plots = out / PLOTS_DIR
+        if old_plots.exists():
+            os.replace(old_plots, staging / "old-plots")
+        os.replace(staging / PLOTS_DIR, old_plots)
+        os.replace(staging / REPORT_MD, out / REPORT_MD)
+        os.replace(staging / REPORT_HTML, out / REPORT_HTML)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return [out / REPORT_MD, out / REPORT_HTML, out / PLOTS_DIR]

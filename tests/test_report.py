@@ -1,0 +1,235 @@
+"""`runtime report`: numbers in the report are the JSON's numbers, workloads that differ are never
+compared, the HTML stands alone, and bad inputs stop everything before a file is written."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runtime.bench.report import decompose, write_report
+from runtime.bench.schema import (
+    Conditions,
+    DeviceInfo,
+    Env,
+    MethodParams,
+    Phase,
+    Profile,
+    Quality,
+    Sampling,
+    Workload,
+    load_bench,
+    make_bench,
+    make_run,
+    save_bench,
+)
+
+TOKENS = 16
+
+
+def write_bench(
+    path: Path,
+    backend: str,
+    name: str,
+    runs: list[tuple[str, dict[str, Any], float, int, Quality | None]],
+    num_images: int = 4,
+) -> Path:
+    """A bench file; `runs` = (method, params, p50 seconds, target forwards, quality)."""
+    workload = Workload(
+        model="GPT-demo", params=2_000_000, tokens_per_image=TOKENS, image_size=64,
+        conditions=Conditions.for_classes(list(range(num_images))), num_images=num_images,
+        seeds=list(range(100, 100 + num_images)),
+        sampling=Sampling(greedy=False, temperature=1.0, top_k=0, top_p=1.0, cfg=1.0),
+    )
+    env = Env(
+        torch="2.13.0", python="3.11.9", platform="Linux", git_commit=None, profile=Profile(backend, {}),
+        command_line=["runtime", "bench"], started_at="2026-01-01T00:00:00+00:00", bench_seconds=3.0,
+        warmup=1, repeats=3, timer="perf_counter",
+    )
+    tokens = num_images * TOKENS
+    built = [
+        make_run(method, latencies=[p50 * 0.95, p50, p50 * 1.1], num_images=num_images, target_forwards=forwards,
+                 tokens=tokens, mean_accepted_length=tokens / forwards * 0.97, params=MethodParams(**params),
+                 phases={"draft": Phase(p50 * 0.3, forwards), "verify": Phase(p50 * 0.6, forwards)},
+                 quality=quality)
+        for method, params, p50, forwards, quality in runs
+    ]
+    device = DeviceInfo(backend=backend, name=name, count=1, versions={"torch": "2.13.0"})
+    return save_bench(make_bench(device, workload, env, built), path)
+
+
+@pytest.fixture(scope="module")
+def cpu_and_gpu(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    tmp_path = tmp_path_factory.mktemp("benches")
+    lpp = {"tree": "t7", "lantern_k": 100, "lantern_lambda": 2.0}
+    cpu = write_bench(tmp_path / "cpu.json", "cpu", "Xeon", [
+        ("ar", {}, 3.3, 64, Quality.of(class_accuracy=0.8)),
+        ("eagle2", {"depth": 4}, 1.7, 26, None),
+        ("lantern++", lpp, 1.37, 20, Quality.of(class_accuracy=0.78)),
+    ])
+    gpu = write_bench(tmp_path / "gpu.json", "cuda", "RTX 3090", [
+        ("ar", {}, 0.41, 64, None),
+        ("eagle2", {"depth": 4}, 0.29, 26, None),
+        ("lantern++", lpp, 0.23, 20, None),
+    ])
+    return cpu, gpu
+
+
+@pytest.fixture(scope="module")
+def rendered(cpu_and_gpu: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The report of the cpu and gpu files, rendered once for the tests that only read it."""
+    out = tmp_path_factory.mktemp("report")
+    write_report(cpu_and_gpu, out)
+    return out
+
+
+def md_tables(markdown: str) -> list[list[dict[str, str]]]:
+    """Every markdown table as a list of {header: cell} rows."""
+    tables, lines = [], markdown.splitlines()
+    i = 0
+    while i < len(lines):
+        if lines[i].startswith("| ") and i + 1 < len(lines) and lines[i + 1].startswith("|---"):
+            headers = [h.strip() for h in lines[i].strip("|").split("|")]
+            rows, i = [], i + 2
+            while i < len(lines) and lines[i].startswith("| "):
+                rows.append(dict(zip(headers, (c.strip() for c in lines[i].strip("|").split("|")))))
+                i += 1
+            tables.append(rows)
+        else:
+            i += 1
+    return tables
+
+
+def section(markdown: str, heading: str) -> str:
+    """The text from `heading` to the next heading of the same or a higher level."""
+    level = heading.split(" ")[0]
+    start = markdown.index(heading)
+    rest = markdown[start + len(heading):]
+    ends = [m.start() for m in re.finditer(rf"^#{{1,{len(level)}}} ", rest, flags=re.M)]
+    return heading + (rest[: ends[0]] if ends else rest)
+
+
+def test_speedups_and_tau_in_the_report_are_the_json_ratios(rendered: Path, cpu_and_gpu: tuple[Path, Path]) -> None:
+    markdown = (rendered / "report.md").read_text()
+    for path in cpu_and_gpu:
+        result = load_bench(path)
+        table = md_tables(section(markdown, f"### {result.device.backend}: {result.device.name} x1"))[0]
+        ar_p50 = next(r.latency_s.p50 for r in result.runs if r.method == "ar")
+        assert [row["method"] for row in table] == [r.method for r in result.runs]
+        for row, run in zip(table, result.runs):
+            assert row["speedup"] == f"{ar_p50 / run.latency_s.p50:.2f}x"
+            assert row["tau"] == f"{run.stats.mean_accepted_length:.2f}"
+            assert float(row["p50 s"]) == pytest.approx(run.latency_s.p50, abs=5e-4)
+    assert "| lantern++ | tree=t7 k=100 lambda=2 | 2.41x |" in markdown  # 3.3 / 1.37
+
+
+def test_decomposition_multiplies_back_to_the_speedup(rendered: Path, cpu_and_gpu: tuple[Path, Path]) -> None:
+    result = load_bench(cpu_and_gpu[0])
+    ar, _, lantern = result.runs
+    d = decompose(lantern, ar)
+    assert d.tau == pytest.approx(64 / 20)
+    assert d.ar_step_s == pytest.approx(3.3 / 64) and d.iteration_s == pytest.approx(1.37 / 20)
+    assert d.tau * d.step_ratio == pytest.approx(d.speedup) == pytest.approx(lantern.speedup_vs_ar)
+    markdown = (rendered / "report.md").read_text()
+    rows = [row for table in md_tables(markdown) for row in table if "x step ratio" in row]
+    assert rows, "no decomposition table"
+    for row in rows:
+        product = float(row["= tau (AR fwd / fwd)"]) * float(row["x step ratio"])
+        assert product == pytest.approx(float(row["speedup"].rstrip("x")), abs=0.03)
+
+
+def test_same_workload_is_compared_side_by_side_with_the_cause_named(rendered: Path) -> None:
+    markdown = (rendered / "report.md").read_text()
+    across = section(markdown, "### Across devices")
+    devices = {row["device"] for row in md_tables(across)[0] if row["method"].startswith("lantern++")}
+    assert devices == {"cpu: Xeon x1", "cuda: RTX 3090 x1"}
+    # Same tau on both devices, so the speedup gap must be attributed to the step ratio.
+    assert re.search(r"`lantern\+\+ \[tree=t7 k=100 lambda=2\]`: 1\.78x on cuda: RTX 3090 x1 to 2\.41x on cpu: "
+                     r"Xeon x1; tau differs by 1\.00x .* mainly from the step ratio", across)
+
+
+def test_different_workloads_go_to_separate_sections_with_the_difference_named(
+    tmp_path: Path, cpu_and_gpu: tuple[Path, Path]
+) -> None:
+    bigger = write_bench(tmp_path / "cpu8.json", "cpu", "Xeon", [("ar", {}, 6.0, 128, None)], num_images=8)
+    write_report([*cpu_and_gpu, bigger], tmp_path / "out")
+    markdown = (tmp_path / "out" / "report.md").read_text()
+    first = section(markdown, "## Workload A")
+    second = section(markdown, "## Workload B")
+    assert "cpu8.json" not in first and "cpu8.json" in second
+    assert "workload differs from workload A:" in second and "num_images 4 vs 8" in second
+    assert "### Across devices" in first and "### Across devices" not in second
+
+
+def test_html_is_self_contained(rendered: Path) -> None:
+    page = (rendered / "report.html").read_text()
+    sources = re.findall(r'\bsrc="([^"]*)"', page)
+    assert sources and all(s.startswith("data:image/png;base64,") for s in sources)
+    assert not re.search(r"<link\b|<script\b|url\(|https?://", page)
+    assert "2.41x" in page
+    plots = sorted(p.name for p in (rendered / "plots").iterdir())
+    assert len(sources) == len(plots) and "w1-speedup.png" in plots
+
+
+def test_sweep_gets_a_speed_quality_curve_only_when_quality_was_measured(tmp_path: Path) -> None:
+    def sweep(quality: bool) -> Path:
+        return write_bench(tmp_path / f"sweep-{quality}.json", "cpu", "Xeon", [
+            ("ar", {}, 3.0, 64, Quality.of(fd=10.0) if quality else None),
+            *[("lantern++", {"lantern_lambda": lam}, 3.0 / (1 + lam / 2), 64 // (1 + int(lam)),
+               Quality.of(fd=10.0 + lam) if quality else None) for lam in (1.0, 2.0, 4.0)],
+        ])
+
+    write_report([sweep(True)], tmp_path / "with")
+    assert "w1-d1-speed-quality.png" in (tmp_path / "with" / "report.md").read_text()
+    write_report([sweep(False)], tmp_path / "without")
+    assert "Sweep of lantern++ present but no measured quality" in (tmp_path / "without" / "report.md").read_text()
+
+
+def test_a_file_without_ar_reports_why_speedup_is_missing(tmp_path: Path) -> None:
+    lone = write_bench(tmp_path / "lone.json", "cpu", "Xeon", [("lantern++", {}, 1.0, 20, None)])
+    write_report([lone], tmp_path / "out")
+    markdown = (tmp_path / "out" / "report.md").read_text()
+    assert md_tables(markdown)[0][0]["speedup"] == "n/a"
+    assert "this file has no `ar` run" in markdown
+
+
+def test_cli_writes_the_report(run_cli: Any, tmp_path: Path, cpu_and_gpu: tuple[Path, Path]) -> None:
+    result = run_cli("report", *map(str, cpu_and_gpu), "--out", str(tmp_path / "out"))
+    assert result.exit_code == 0, result.stderr
+    assert str(tmp_path / "out" / "report.html") in result.stdout
+    assert (tmp_path / "out" / "report.md").is_file()
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{ not json", "not valid JSON (line 1, column 3"),
+        ('{"schema_version": 9}', "schema_version 9 is not supported"),
+        (None, "runs[1].latency_s.p50 must be a number"),
+    ],
+)
+def test_a_bad_file_stops_the_report_before_anything_is_written(
+    run_cli: Any, tmp_path: Path, cpu_and_gpu: tuple[Path, Path], content: str | None, message: str
+) -> None:
+    bad = tmp_path / "bad.json"
+    if content is None:
+        bad.write_text(cpu_and_gpu[0].read_text().replace('"p50": 1.7,', '"p50": "1.7",', 1))
+    else:
+        bad.write_text(content)
+    out = tmp_path / "out"
+    result = run_cli("report", *map(str, cpu_and_gpu), str(bad), "--out", str(out))
+    assert result.exit_code != 0
+    assert result.stderr.strip() == f"error: {bad}: " + result.stderr.strip().split(f"{bad}: ", 1)[1]
+    assert message in result.stderr and result.stderr.count("\n") == 1
+    assert not out.exists()
+
+
+def test_a_bad_file_leaves_an_earlier_report_untouched(run_cli: Any, tmp_path: Path, cpu_and_gpu: tuple[Path, Path]) -> None:
+    out = tmp_path / "out"
+    write_report(cpu_and_gpu[:1], out)
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    result = run_cli("report", str(cpu_and_gpu[1]), str(tmp_path / "missing.json"), "--out", str(out))
+    assert result.exit_code == 2 and "missing.json: no such file" in result.stderr
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
