@@ -85,11 +85,15 @@ def _torch_load(path: Path, *, trust: bool) -> Any:
                 raise
             return load(mmap=False)  # legacy (non-zip) torch.save format
     except pickle.UnpicklingError as err:
-        if not trust and "weights only" in str(err).lower():
+        # The safe unpickler names the first non-tensor object it met ("Unsupported global: GLOBAL
+        # argparse.Namespace ..."); anything else it rejects is a damaged or foreign file.
+        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(err))
+        if not trust and found:
             raise UserError(
-                f"{path} contains pickled Python objects beyond tensors (e.g. training args) and is "
+                f"{path} contains pickled Python objects ({found.group(1)}) besides tensors and is "
                 f"refused by the safe loader; if you trust its source, pass {TRUST_FLAG}") from None
-        raise UserError(f"cannot read checkpoint {path}: {_first_line(err)}") from None
+        raise UserError(f"cannot read checkpoint {path}: not a PyTorch checkpoint "
+                        f"(UnpicklingError)") from None
     except Exception as err:
         raise UserError(f"cannot read checkpoint {path}: not a PyTorch checkpoint "
                         f"({type(err).__name__}: {_first_line(err)})") from None

@@ -257,7 +257,8 @@ class VectorQuantizer(nn.Module):
     def forward(self, z: Tensor) -> tuple[Tensor, tuple[Tensor | None, Tensor | None, Tensor | None, float], Tensor]:
         """Quantise z (B, e_dim, h, w).
 
-        Returns (z_q (B, e_dim, h, w) with straight-through gradients,
+        Returns (z_q (B, e_dim, h, w): the selected codebook rows, with straight-through gradients
+        to z when z requires grad,
         (vq_loss, commit_loss, entropy_loss, codebook_usage) -- the losses are None in eval mode,
         indices (B*h*w,) int64 in (b, h, w) row-major order).
         """
@@ -288,8 +289,13 @@ class VectorQuantizer(nn.Module):
             commit_loss = self.beta * torch.mean((z_q.detach() - z) ** 2)
             ent_loss = self.entropy_loss_ratio * entropy_loss(-d)
 
-        z_q = z + (z_q - z).detach()
-        z_q = torch.einsum("b h w c -> b c h w", z_q)
+        if z.requires_grad:
+            # Straight-through estimator. Skipped without autograd so that inference returns the
+            # codebook rows exactly (z + (z_q - z) is off by rounding), equal to decode_code's input.
+            z_q = z + (z_q - z).detach()
+        # contiguous: a permuted (channels-last) view would send the decoder convs down another
+        # kernel path and make decode(quant) differ in rounding from decode_code(indices).
+        z_q = torch.einsum("b h w c -> b c h w", z_q).contiguous()
         return z_q, (vq_loss, commit_loss, ent_loss, usage), indices
 
     def get_codebook_entry(self, indices: Tensor, shape: Sequence[int] | None = None,

@@ -1,0 +1,71 @@
+"""Shared test fixtures: tiny model configs and a CLI runner. Keep this small and generic."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import pytest
+import torch
+
+from runtime.models.configs import GPTConfig, VQConfig, gpt_config
+
+
+def tiny_gpt_config(model_type: str = "c2i") -> GPTConfig:
+    """GPT-tiny: 2 layers, dim 64, a 4x4 token grid, 32 codes, 5 classes, 6 caption tokens."""
+    return gpt_config("GPT-tiny", model_type=model_type, image_size=64, vocab_size=32, num_classes=5,
+                      caption_dim=16, cls_token_num=1 if model_type == "c2i" else 6)
+
+
+TINY_VQ_CONFIG = VQConfig(
+    codebook_size=512, codebook_embed_dim=8, encoder_ch_mult=(1, 1, 2, 2, 4),
+    decoder_ch_mult=(1, 1, 2, 2, 4), z_channels=32, ch=32, num_res_blocks=1, norm_groups=8)
+
+
+@pytest.fixture
+def tiny_vq_config() -> VQConfig:
+    """A 16x-downsampling VQ with the official structure at toy width (ch 32, 512 codes)."""
+    return TINY_VQ_CONFIG
+
+
+@pytest.fixture
+def make_tiny_gpt() -> Callable[..., torch.nn.Module]:
+    """Factory: make_tiny_gpt(model_type="c2i", seed=0) -> an initialised GPT-tiny in eval mode."""
+
+    def make(model_type: str = "c2i", seed: int = 0) -> torch.nn.Module:
+        from runtime.models.gpt import Transformer
+
+        torch.manual_seed(seed)
+        model = Transformer(tiny_gpt_config(model_type))
+        model.init_weights()
+        torch.nn.init.normal_(model.output.weight, std=0.02)  # a zero head would hide errors
+        return model.eval()
+
+    return make
+
+
+@dataclass
+class CliResult:
+    exit_code: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def run_cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Callable[..., CliResult]:
+    """run_cli("models", ...) runs `runtime` in-process; returns exit code, stdout, stderr."""
+    from runtime.cli.app import main
+
+    monkeypatch.setenv("COLUMNS", "200")  # rich wraps table cells to the terminal width
+
+    def run(*argv: str) -> CliResult:
+        capsys.readouterr()
+        try:
+            main(list(argv))
+            code = 0
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+        out = capsys.readouterr()
+        return CliResult(code, out.out, out.err)
+
+    return run
