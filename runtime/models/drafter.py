@@ -97,7 +97,7 @@ class Drafter(nn.Module):
                              capacity, device, dtype or self.fc.weight.dtype)
 
     def forward_cached(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
-                       block_mask: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
+                       block_mask: torch.Tensor, cache: StaticKVCache, offset: int = 0) -> torch.Tensor:
         """A block of T (token, hidden) pairs at `positions` (T,) through the cache, uncommitted.
 
         tokens: (B, T) long; hidden: (B, T, dim) (target hidden states, or the drafter's own
@@ -105,8 +105,8 @@ class Drafter(nn.Module):
         """
         x = self._inputs(tokens, hidden)
         freqs = self.rope_rows(positions)
-        slots = cache.block_slots(x.size(1))
-        mask = cache.attention_mask(block_mask)
+        slots = cache.block_slots(x.size(1), offset)
+        mask = cache.attention_mask(block_mask, offset)
         for i, layer in enumerate(self.layers):
             x = layer(x, freqs, layer=i, cache=cache, slots=slots, mask=mask)
         return x

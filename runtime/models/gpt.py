@@ -220,7 +220,7 @@ class Transformer(nn.Module):
         return hidden
 
     def forward_cached(self, x: torch.Tensor, positions: torch.Tensor, block_mask: torch.Tensor,
-                       cache: StaticKVCache) -> torch.Tensor:
+                       cache: StaticKVCache, offset: int = 0) -> torch.Tensor:
         """Run a block of T new inputs through the cache without committing it.
 
         x: (B, T, dim) input embeddings (see `tok_embeddings`), written at slots
@@ -229,8 +229,8 @@ class Transformer(nn.Module):
         Returns post-norm hidden states (B, T, dim). The caller commits with `cache.commit`.
         """
         freqs = self.rope_rows(positions)
-        slots = cache.block_slots(x.size(1))
-        mask = cache.attention_mask(block_mask)
+        slots = cache.block_slots(x.size(1), offset)
+        mask = cache.attention_mask(block_mask, offset)
         for i, layer in enumerate(self.layers):
             x = layer(x, freqs, layer=i, cache=cache, slots=slots, mask=mask)
         return self.norm(x)

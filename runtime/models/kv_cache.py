@@ -39,24 +39,25 @@ class StaticKVCache:
         self.length.zero_()
         self.prefix_valid.fill_(True)
 
-    def block_slots(self, block_len: int) -> torch.Tensor:
-        """Slots a block of `block_len` new tokens is written to: length + arange(block_len)."""
-        return self.length + self.slot_ids[:block_len]
+    def block_slots(self, block_len: int, offset: int = 0) -> torch.Tensor:
+        """Slots of a block of `block_len` new tokens: length + offset + arange(block_len)."""
+        return self.length + offset + self.slot_ids[:block_len]
 
-    def attention_mask(self, block_mask: torch.Tensor) -> torch.Tensor:
+    def attention_mask(self, block_mask: torch.Tensor, offset: int = 0) -> torch.Tensor:
         """Mask for a block of T new tokens over the whole cache, (batch, 1, T, capacity) bool.
 
         A query sees every committed slot (< length) that is a valid prefix position, plus the
-        new block's slots where `block_mask` (T, T), or per row (batch, T, T), allows (tree
-        ancestors and itself).
+        uncommitted slots length .. length+offset+T-1 where `block_mask` allows: shape
+        (T, offset+T) or per row (batch, T, offset+T). `offset` > 0 is used when a tree is
+        written level by level: earlier levels sit at length .. length+offset-1.
         """
-        t = block_mask.size(-1)
+        t, w = block_mask.shape[-2:]
         committed = (self.slot_ids < self.length)[None, :] & self.prefix_valid  # (B, cap)
         mask = committed[:, None, :].expand(self.batch, t, self.capacity).clone()
         if block_mask.dim() == 2:
             block_mask = block_mask[None]
-        block = block_mask.expand(self.batch, t, t).to(torch.bool)
-        mask.index_copy_(2, self.block_slots(t), block)
+        block = block_mask.expand(self.batch, t, w).to(torch.bool)
+        mask.index_copy_(2, self.length + self.slot_ids[:w], block)
         return mask[:, None]
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:

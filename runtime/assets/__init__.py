@@ -1,0 +1,1 @@
+"""Package data: draft-tree presets and the embedded demo bundle."""

@@ -1,0 +1,208 @@
+"""Acceptance rules for a verified draft tree, vectorised on the device.
+
+All functions take a leading batch dimension B (the decoder uses B = 1; tests use large B to
+measure output distributions). No function reads a tensor back to the host, and every loop
+has a bound fixed by the tree shape, so a step using them can be captured as a graph.
+
+Inputs shared by the rules:
+    tokens  (B, N+1)    long   node tokens (node 0 = root, its token is not judged)
+    p       (B, N+1, V) float  target distribution *after* each node (for its children)
+    tree    TreeBuffers        parent / children / ancestor_mask / path_table / depth
+
+Result (`Accepted`):
+    path    (B, D+1) long  accepted nodes root-first; entries at and past `count` repeat
+    count   (B,)     long  accepted nodes including the root (1 .. D+1)
+    bonus   (B,)     long  the token the target adds after the accepted path
+    depth_accepted (B, D) bool  whether a node at depth d+1 was accepted
+    relax_mass (B,)  float sum over accepted drafts of the relaxation mass c they used
+
+Relaxation (LANTERN / LANTERN++). For draft x and the current target r, the proximity set
+is x plus the longest prefix n_1..n_j of x's nearest codebook neighbours whose cumulative
+target mass c_j = r(n_1)+...+r(n_j) stays within the bound:
+    LANTERN   (additive):        c_j <= delta_remaining      (delta for the first sibling)
+    LANTERN++ (multiplicative):  c_j <= (lambda - 1) * r(x), i.e. r~(x) <= lambda * r(x)
+The relaxed target r~ moves that mass onto x: r~(x) = r(x) + c_j, r~(n_i) = 0 for i <= j.
+TVD(r, r~) = c_j exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from runtime.core.rng import CounterRNG
+from runtime.core.tree import TreeBuffers
+
+_EPS = 1e-12
+
+
+@dataclass(frozen=True)
+class Relaxation:
+    """kind: "none" (exact), "delta" (LANTERN, additive) or "lambda" (LANTERN++).
+
+    neighbours: (V, k) long nearest-codebook table (see proximity.py); None when exact.
+    """
+
+    kind: str = "none"
+    delta: float = 0.0
+    lam: float = 1.0
+    neighbours: torch.Tensor | None = None
+
+    @property
+    def active(self) -> bool:
+        return (self.kind == "delta" and self.delta > 0) or (self.kind == "lambda" and self.lam > 1)
+
+
+@dataclass
+class Accepted:
+    path: torch.Tensor
+    count: torch.Tensor
+    bonus: torch.Tensor
+    depth_accepted: torch.Tensor
+    relax_mass: torch.Tensor
+
+
+def relaxed_target(r: torch.Tensor, x: torch.Tensor, relax: Relaxation,
+                   budget: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Move the proximity-set mass of neighbours onto x.
+
+    r: (B, V) target; x: (B,) drafts; budget: (B,) additive bound (kind "delta"; defaults to
+    relax.delta). Returns (r~ (B, V), c (B,)) with TVD(r, r~) = c <= the bound.
+    """
+    if not relax.active:
+        return r, torch.zeros(r.size(0), device=r.device, dtype=r.dtype)
+    nb = relax.neighbours[x]  # (B, k)
+    mass = r.gather(1, nb)  # (B, k)
+    cum = mass.cumsum(1)
+    if relax.kind == "delta":
+        bound = budget if budget is not None else torch.full_like(cum[:, 0], relax.delta)
+    else:
+        bound = (relax.lam - 1.0) * r.gather(1, x[:, None]).squeeze(1)
+    inside = cum <= bound[:, None]  # a prefix, since masses are >= 0
+    c = (mass * inside).sum(1)
+    r_t = r.scatter(1, nb, torch.where(inside, torch.zeros_like(mass), mass))
+    r_t = r_t.scatter_add(1, x[:, None], c[:, None])
+    return r_t, c
+
+
+def _parent_dists(p: torch.Tensor, tree: TreeBuffers) -> torch.Tensor:
+    """(B, N+1, V): the distribution each node's token is judged against (its parent's)."""
+    return p[:, tree.parent]
+
+
+def accept_greedy(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers,
+                  relax: Relaxation = Relaxation()) -> Accepted:
+    """Greedy verification.
+
+    Exact: a node is accepted if its token is the target argmax after its parent; the
+    accepted path is the deepest node whose ancestors are all accepted (lowest index on
+    ties), and the bonus is the argmax after it. With relaxation a node is also accepted if
+    its relaxed probability r(x) + c is the maximum of the relaxed distribution, i.e.
+    >= max_y r(y) (neighbours' own probabilities are not lowered, as in the reference).
+    Guarantee (exact): the output equals AR greedy decoding token for token.
+    """
+    b, n1 = tokens.shape
+    par = _parent_dists(p, tree)  # (B, N+1, V)
+    best_tok = par.argmax(-1)
+    ok = tokens == best_tok
+    mass_used = torch.zeros_like(tokens, dtype=p.dtype)
+    if relax.active:
+        flat = par.reshape(b * n1, -1)
+        x = tokens.reshape(-1)
+        _, c = relaxed_target(flat, x, relax)
+        px = flat.gather(1, x[:, None]).squeeze(1)
+        relaxed_ok = (px + c >= flat.max(-1).values).view(b, n1)
+        mass_used = torch.where(ok, torch.zeros_like(mass_used), c.view(b, n1))
+        ok = ok | relaxed_ok
+    ok[:, 0] = True
+    all_ok = ~(tree.ancestor_mask[None] & ~ok[:, None, :]).any(-1)  # (B, N+1)
+    score = torch.where(all_ok, tree.depth[None] + 1, torch.zeros_like(tree.depth)[None])
+    best = score.argmax(-1)  # first (lowest index) of the deepest
+    count = tree.depth[best] + 1
+    path = tree.path_table[best]
+    bonus = p[torch.arange(b, device=p.device), best].argmax(-1)
+    d = torch.arange(1, tree.max_depth + 1, device=p.device)
+    depth_accepted = count[:, None] > d[None]
+    on_path = tree.ancestor_mask[best]  # (B, N+1)
+    relax_mass = (mass_used * on_path).sum(-1)
+    return Accepted(path, count, bonus, depth_accepted, relax_mass)
+
+
+def accept_sampling(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers, rng: CounterRNG,
+                    q: torch.Tensor | None = None, relax: Relaxation = Relaxation()) -> Accepted:
+    """Multi-draft recursive rejection sampling over the tree, depth by depth.
+
+    At the current node with target r (p after the node) the children are tried in rank
+    order. Child x, drawn from proposal q_i, is accepted with probability
+    min(1, r~(x) / q_i(x)) where r~ is the relaxed target (r~ = r when exact). On rejection
+    r <- norm(max(r~ - q_i, 0)) and, for sampled drafts, x leaves the proposal:
+    q_{i+1} = norm(q_i with x removed). On acceptance the walk moves to x with r = p after x.
+    When no child is accepted (or the node is a leaf) the bonus token is sampled from r.
+
+    q: (B, N+1, V) the drafter distribution each node's children were sampled from without
+    replacement, or None for deterministic drafts (top-k / EAGLE-2), which behave as
+    q_i = one-hot(x): acceptance r~(x), residual r~ with x removed.
+
+    Guarantees. Exact (no relaxation): the bonus-or-accepted token at every step is
+    distributed exactly as p — lossless, for sampled and deterministic drafts alike.
+    Relaxed: each sibling stage is an exact speculative step toward its relaxed target r~,
+    so with deterministic drafts a stage outputs exactly r~ (TVD <= c). For LANTERN the
+    additive budget is shared by the siblings of a node: after a rejection with probability
+    beta the remaining budget becomes (budget - c) / beta, so the whole node's output stays
+    within TVD delta of p. For LANTERN++ each stage obeys r~(x) <= lambda * r(x).
+    """
+    b = tokens.size(0)
+    dev = p.device
+    rows = torch.arange(b, device=dev)
+    depth_max, k_max = tree.max_depth, tree.max_children
+    node = torch.zeros(b, dtype=torch.long, device=dev)
+    r = p[:, 0]
+    qcur = q[:, 0] if q is not None else None
+    done = torch.zeros(b, dtype=torch.bool, device=dev)
+    count = torch.ones(b, dtype=torch.long, device=dev)
+    path = torch.zeros(b, depth_max + 1, dtype=torch.long, device=dev)
+    depth_accepted = torch.zeros(b, depth_max, dtype=torch.bool, device=dev)
+    relax_mass = torch.zeros(b, dtype=p.dtype, device=dev)
+    budget = torch.full((b,), float(relax.delta), dtype=p.dtype, device=dev)
+    for d in range(depth_max):
+        level_ok = torch.zeros(b, dtype=torch.bool, device=dev)
+        for s in range(k_max):
+            child = tree.children[node, s]
+            valid = (child >= 0) & ~done & ~level_ok
+            child_c = child.clamp(min=0)
+            x = tokens[rows, child_c]
+            r_t, c = relaxed_target(r, x, relax, budget)
+            rx = r_t[rows, x]
+            if qcur is None:
+                qx = torch.ones_like(rx)
+            else:
+                qx = qcur[rows, x]
+            accept_prob = torch.clamp(rx / qx.clamp(min=_EPS), max=1.0)
+            u = rng.uniform(b)
+            valid = valid & (qx > 0)  # a sample past the proposal's support is not a draft
+            acc = valid & (u < accept_prob)
+            rej = valid & ~acc
+            if qcur is None:
+                residual = r_t.scatter(1, x[:, None], torch.zeros_like(rx)[:, None])
+            else:
+                residual = (r_t - qcur).clamp(min=0)
+            residual = residual / residual.sum(-1, keepdim=True).clamp(min=_EPS)
+            r = torch.where(rej[:, None], residual, torch.where(acc[:, None], p[rows, child_c], r))
+            if qcur is not None:
+                q_rm = qcur.scatter(1, x[:, None], torch.zeros_like(qx)[:, None])
+                q_rm = q_rm / q_rm.sum(-1, keepdim=True).clamp(min=_EPS)
+                qcur = torch.where(rej[:, None], q_rm, torch.where(acc[:, None], q[rows, child_c], qcur))
+            if relax.kind == "delta":
+                beta = (1.0 - accept_prob).clamp(min=_EPS)
+                budget = torch.where(rej, ((budget - c) / beta).clamp(min=0.0),
+                                     torch.where(acc, torch.full_like(budget, relax.delta), budget))
+            relax_mass = relax_mass + torch.where(acc, c, torch.zeros_like(c))
+            node = torch.where(acc, child_c, node)
+            level_ok = level_ok | acc
+        done = done | ~level_ok
+        depth_accepted[:, d] = level_ok
+        count = count + level_ok.long()
+        path[:, d + 1] = node
+    bonus = torch.argmax(torch.log(r) + rng.gumbel(*r.shape), dim=-1)
+    return Accepted(path, count, bonus, depth_accepted, relax_mass)

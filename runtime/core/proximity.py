@@ -1,0 +1,66 @@
+"""Latent proximity: each code's nearest codebook neighbours, built once and cached on disk.
+
+LANTERN's proximity set for a draft x is a prefix of x's k nearest codebook entries (L2 over
+the codebook vectors, x itself excluded). The table depends only on the codebook, so it is
+computed once, stored under the cache directory keyed by a SHA-256 of the codebook bytes and
+k, and reused; a changed codebook hashes differently and is rebuilt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+def cache_dir() -> Path:
+    """`$LANTERN_RUNTIME_CACHE` or `~/.cache/lantern-runtime`, subfolder `proximity`."""
+    root = os.environ.get("LANTERN_RUNTIME_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "lantern-runtime")
+    return Path(root) / "proximity"
+
+
+def codebook_hash(codebook: torch.Tensor) -> str:
+    data = codebook.detach().to("cpu", torch.float32).contiguous().numpy().tobytes()
+    shape = "x".join(map(str, codebook.shape)).encode()
+    return hashlib.sha256(shape + b"|" + data).hexdigest()[:24]
+
+
+def compute_neighbours(codebook: torch.Tensor, k: int, chunk: int = 2048) -> torch.Tensor:
+    """(V, k) long: for each code, the k nearest other codes by L2 distance, nearest first.
+
+    Ties are broken by code index (stable), so the table is deterministic.
+    """
+    cb = codebook.detach().to("cpu", torch.float32)
+    v = cb.size(0)
+    if not 1 <= k < v:
+        raise ValueError(f"k must be in [1, {v - 1}], got {k}")
+    rows = []
+    for start in range(0, v, chunk):
+        block = cb[start:start + chunk]
+        dist = torch.cdist(block, cb)  # (c, V)
+        dist[torch.arange(block.size(0)), torch.arange(start, start + block.size(0))] = float("inf")
+        order = torch.sort(dist, dim=1, stable=True).indices[:, :k]
+        rows.append(order)
+    return torch.cat(rows, 0)
+
+
+def neighbour_table(codebook: torch.Tensor, k: int, directory: Path | None = None) -> tuple[torch.Tensor, bool]:
+    """Cached `compute_neighbours`. Returns (table (V, k) long on CPU, built_now)."""
+    directory = directory or cache_dir()
+    path = directory / f"{codebook_hash(codebook)}_k{k}.npy"
+    if path.is_file():
+        try:
+            return torch.from_numpy(np.load(path).astype(np.int64)), False
+        except (OSError, ValueError):
+            pass  # a damaged cache file is rebuilt below
+    table = compute_neighbours(codebook, k)
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}.npy")
+    dtype = np.uint16 if codebook.size(0) <= 65536 else np.int32
+    np.save(tmp, table.numpy().astype(dtype))
+    os.replace(tmp, path)
+    return table, True

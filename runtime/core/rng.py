@@ -1,0 +1,73 @@
+"""Counter-based random numbers: deterministic, device-independent, and graph-safe.
+
+Every random draw in the decoding loop is a pure function of (seed, counter, index):
+splitmix64 over int64 tensors. Nothing is read back to the host, the state is a pair of 0-d
+device tensors updated in place (so a captured graph replays correctly), and the same seed
+gives the same numbers on CPU, CUDA and HPU. Only 24-bit floats are produced so no fp64 is
+needed (Gaudi has none).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+_MASK64 = (1 << 64) - 1
+
+
+def _signed(c: int) -> int:
+    c &= _MASK64
+    return c - (1 << 64) if c >= 1 << 63 else c
+
+
+_GOLDEN = _signed(0x9E3779B97F4A7C15)
+_MUL1 = _signed(0xBF58476D1CE4E5B9)
+_MUL2 = _signed(0x94D049BB133111EB)
+
+
+def _shr(z: torch.Tensor, s: int) -> torch.Tensor:
+    """Logical right shift of int64 (torch's >> is arithmetic)."""
+    return (z >> s) & ((1 << (64 - s)) - 1)
+
+
+def splitmix64(x: torch.Tensor) -> torch.Tensor:
+    z = x + _GOLDEN
+    z = (z ^ _shr(z, 30)) * _MUL1
+    z = (z ^ _shr(z, 27)) * _MUL2
+    return z ^ _shr(z, 31)
+
+
+def derive_seed(seed: int, *keys: int | str) -> int:
+    """A 63-bit seed from a run seed and keys (e.g. the image index): stable across runs."""
+    h = hashlib.sha256(repr((int(seed),) + tuple(keys)).encode()).digest()
+    return int.from_bytes(h[:8], "little") & ((1 << 63) - 1)
+
+
+class CounterRNG:
+    """Stream of uniforms in (0, 1) keyed by a seed tensor and an advancing counter.
+
+    seed, counter: 0-d int64 device tensors. `uniform(shape)` returns float32 of `shape` and
+    advances the counter by numel(shape), so successive draws never overlap.
+    """
+
+    def __init__(self, device: torch.device | str, seed: int = 0) -> None:
+        self.seed = torch.tensor(seed, dtype=torch.long, device=device)
+        self.counter = torch.zeros((), dtype=torch.long, device=device)
+
+    def reset(self, seed: int) -> None:
+        """Restart the stream at `seed` in place (buffers keep their identity for graphs)."""
+        self.seed.fill_(seed)
+        self.counter.zero_()
+
+    def uniform(self, *shape: int) -> torch.Tensor:
+        n = 1
+        for s in shape:
+            n *= s
+        idx = self.counter + torch.arange(n, device=self.counter.device)
+        bits = splitmix64(splitmix64(self.seed) ^ idx)
+        self.counter.add_(n)
+        return ((_shr(bits, 40).float() + 0.5) * (1.0 / (1 << 24))).view(shape)
+
+    def gumbel(self, *shape: int) -> torch.Tensor:
+        return -torch.log(-torch.log(self.uniform(*shape)))

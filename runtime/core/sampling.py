@@ -1,0 +1,75 @@
+"""Logit processing and sampling without host synchronisation.
+
+Order follows LlamaGen: classifier-free guidance, then logits / temperature, then top-k,
+then top-p, then softmax. Sampling uses the Gumbel-max trick with `CounterRNG` draws, so a
+categorical sample (or k samples without replacement) is an argmax/topk on the device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from runtime.core.rng import CounterRNG
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """greedy=True ignores temperature/top_k/top_p for token choice (argmax)."""
+
+    greedy: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    cfg: float = 1.0
+
+    @property
+    def uses_cfg(self) -> bool:
+        return self.cfg > 1.0
+
+
+def apply_cfg(logits: torch.Tensor, cfg: float) -> torch.Tensor:
+    """Rows are [cond (B), uncond (B)] -> uncond + cfg * (cond - uncond), (B, ..., V).
+
+    With cfg <= 1 the batch is not doubled and logits are returned unchanged.
+    """
+    if cfg <= 1.0:
+        return logits
+    cond, uncond = logits.chunk(2, dim=0)
+    return uncond + (cond - uncond) * cfg
+
+
+def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Target/drafter distribution over the vocabulary (..., V) after temperature/top-k/top-p.
+
+    Greedy decoding uses the plain softmax (argmax is unchanged by the filters).
+    """
+    logits = logits.float()
+    if params.greedy:
+        return torch.softmax(logits, dim=-1)
+    logits = logits / max(params.temperature, 1e-5)
+    if params.top_k > 0:
+        k = min(params.top_k, logits.size(-1))
+        kth = torch.topk(logits, k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+        cum = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
+        # drop tokens once the mass *before* them already exceeds top_p (keeps the first above it)
+        drop_sorted = (cum - torch.softmax(sorted_logits, dim=-1)) > params.top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return torch.softmax(logits, dim=-1)
+
+
+def sample(probs: torch.Tensor, rng: CounterRNG) -> torch.Tensor:
+    """One categorical sample per row of probs (..., V) -> (...) long, on the device."""
+    g = rng.gumbel(*probs.shape)
+    return torch.argmax(torch.log(probs) + g, dim=-1)
+
+
+def sample_without_replacement(probs: torch.Tensor, k: int, rng: CounterRNG) -> torch.Tensor:
+    """k distinct samples per row, in draw order (Gumbel-top-k), (..., k) long."""
+    g = rng.gumbel(*probs.shape)
+    return torch.topk(torch.log(probs) + g, k, dim=-1).indices

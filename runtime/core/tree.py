@@ -1,0 +1,184 @@
+"""Draft trees: static presets (TOML), user tree files, and the fixed-shape tree buffers.
+
+A tree is a list of node paths; each path lists the drafter's top-k rank chosen at each
+depth (`[0, 1]` = rank-1 child of the rank-0 child of the root). Node 0 is the root (the
+token the target sampled last); nodes 1..N are the paths sorted by (depth, lexicographic),
+so parents always precede children and each depth is a contiguous range.
+
+`TreeBuffers` holds everything the decoding core needs, built once per tree:
+
+    parent          (N+1,)      long  parent node (root points at itself)
+    depth           (N+1,)      long  0 for the root
+    rank            (N+1,)      long  rank among siblings = which top-k/sample it takes
+    ancestor_mask   (N+1, N+1)  bool  [i, j] = j is i or an ancestor of i (tree attention)
+    children        (N+1, K)    long  child node with rank r at [i, r], -1 if none
+    path_table      (N+1, D+1)  long  [i, d] = ancestor of i at depth d (i itself past depth(i))
+
+The same tensors, built on the device from parent pointers, describe EAGLE-2's dynamic
+trees (`buffers_from_parents`), so acceptance and KV commit never care which kind it is.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from runtime.errors import UserError
+
+
+@dataclass(frozen=True)
+class StaticTree:
+    name: str
+    paths: tuple[tuple[int, ...], ...]
+
+    @property
+    def num_nodes(self) -> int:
+        """Draft nodes, excluding the root."""
+        return len(self.paths)
+
+    @property
+    def max_depth(self) -> int:
+        return max(len(p) for p in self.paths)
+
+    @property
+    def widths(self) -> list[int]:
+        return [sum(1 for p in self.paths if len(p) == d) for d in range(1, self.max_depth + 1)]
+
+
+def preset_names() -> list[str]:
+    root = resources.files("runtime.assets") / "trees"
+    return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".toml"))
+
+
+def chain_tree(depth: int) -> StaticTree:
+    if depth < 1:
+        raise UserError(f"--depth must be >= 1, got {depth}")
+    return StaticTree(f"chain{depth}", tuple((0,) * d for d in range(1, depth + 1)))
+
+
+def load_tree(spec: str) -> StaticTree:
+    """A preset name (see `preset_names()`), `chainN`, or a path to a TOML file with `paths`."""
+    if spec.startswith("chain") and spec[5:].isdigit():
+        return chain_tree(int(spec[5:]))
+    if spec in preset_names():
+        text = (resources.files("runtime.assets") / "trees" / f"{spec}.toml").read_text()
+        return _parse_tree(spec, text, source=f"preset {spec}")
+    path = Path(spec)
+    if path.suffix == ".toml" or path.exists():
+        if not path.is_file():
+            raise UserError(f"tree file {spec} does not exist; give a preset "
+                            f"({', '.join(preset_names())}) or a TOML file with `paths = [[0], [1], [0, 0]]`")
+        return _parse_tree(path.stem, path.read_text(), source=str(path))
+    raise UserError(f"unknown tree {spec!r}; choose a preset ({', '.join(preset_names())}), "
+                    "chainN, or a TOML file with `paths = [[0], [1], [0, 0]]`")
+
+
+def _parse_tree(name: str, text: str, source: str) -> StaticTree:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise UserError(f"{source}: not valid TOML ({err}); expected `paths = [[0], [1], [0, 0]]`") from None
+    unknown = set(data) - {"paths", "description"}
+    if unknown:
+        raise UserError(f"{source}: unknown key {sorted(unknown)[0]!r} (known: paths, description)")
+    raw = data.get("paths")
+    if not isinstance(raw, list) or not raw:
+        raise UserError(f"{source}: `paths` must be a non-empty list of node paths like [[0], [1], [0, 0]]")
+    paths = []
+    for i, p in enumerate(raw):
+        if (not isinstance(p, list) or not p
+                or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in p)):
+            raise UserError(f"{source}: paths[{i}] = {p!r} must be a non-empty list of ranks >= 0")
+        paths.append(tuple(p))
+    return validate_paths(name, paths, source)
+
+
+def validate_paths(name: str, paths: list[tuple[int, ...]], source: str = "tree") -> StaticTree:
+    seen = set()
+    for p in paths:
+        if p in seen:
+            raise UserError(f"{source}: path {list(p)} appears twice")
+        seen.add(p)
+    for p in paths:
+        if len(p) > 1 and p[:-1] not in seen:
+            raise UserError(f"{source}: path {list(p)} has no parent {list(p[:-1])}; every prefix must be listed")
+    ordered = tuple(sorted(paths, key=lambda p: (len(p), p)))
+    return StaticTree(name, ordered)
+
+
+@dataclass
+class TreeBuffers:
+    parent: torch.Tensor
+    depth: torch.Tensor
+    rank: torch.Tensor
+    ancestor_mask: torch.Tensor
+    children: torch.Tensor
+    path_table: torch.Tensor
+    max_depth: int
+    max_children: int
+
+    @property
+    def size(self) -> int:
+        """Nodes including the root."""
+        return self.parent.numel()
+
+    def level(self, d: int) -> tuple[int, int]:
+        """[start, end) node range of depth d (static trees only: depths are contiguous)."""
+        depth = self.depth.tolist()
+        idx = [i for i, x in enumerate(depth) if x == d]
+        return idx[0], idx[-1] + 1
+
+    def to(self, device: torch.device | str) -> "TreeBuffers":
+        return TreeBuffers(self.parent.to(device), self.depth.to(device), self.rank.to(device),
+                           self.ancestor_mask.to(device), self.children.to(device),
+                           self.path_table.to(device), self.max_depth, self.max_children)
+
+
+def static_buffers(tree: StaticTree) -> TreeBuffers:
+    """Tree buffers of a static tree (CPU; move them with `.to(device)` once)."""
+    index = {(): 0}
+    for i, p in enumerate(tree.paths, start=1):
+        index[p] = i
+    parent = torch.tensor([0] + [index[p[:-1]] for p in tree.paths])
+    rank = torch.tensor([0] + [p[-1] for p in tree.paths])
+    k = max(p[-1] for p in tree.paths) + 1
+    return buffers_from_parents(parent, rank, tree.max_depth, k)
+
+
+def buffers_from_parents(parent: torch.Tensor, rank: torch.Tensor, max_depth: int,
+                         max_children: int) -> TreeBuffers:
+    """Build every buffer from parent pointers with fixed-shape device ops (no host sync).
+
+    parent: (N+1,) long with parent[0] == 0 and parent[i] < i; rank: (N+1,) rank among
+    siblings (< max_children, distinct per parent). Works on any device and under capture.
+    """
+    n = parent.numel()
+    dev = parent.device
+    ar = torch.arange(n, device=dev)
+    is_root = ar == 0
+    anc = torch.eye(n, dtype=torch.bool, device=dev)
+    depth = torch.zeros(n, dtype=torch.long, device=dev)
+    cur = ar.clone()
+    # Walk up max_depth times: after step s, cur = ancestor s levels up (stuck at root).
+    for _ in range(max_depth):
+        nxt = parent[cur]
+        moved = cur != 0
+        depth = depth + moved.long()
+        anc[ar, nxt] = True
+        cur = nxt
+    # path_table[i, d] = ancestor of i at depth d: walk up, writing each ancestor at its depth.
+    path_table = ar[:, None].expand(n, max_depth + 1).clone()
+    cur = ar.clone()
+    for _ in range(max_depth + 1):
+        path_table.scatter_(1, depth[cur][:, None], cur[:, None])
+        cur = parent[cur]
+    # children[parent, rank] = node; the root's entry lands in a spare slot that is dropped.
+    flat = torch.full((n * max_children + 1,), -1, dtype=torch.long, device=dev)
+    slot = torch.where(is_root, n * max_children, parent * max_children + rank)
+    flat.scatter_(0, slot, ar)
+    children = flat[: n * max_children].view(n, max_children)
+    return TreeBuffers(parent, depth, rank, anc, children, path_table, max_depth, max_children)
