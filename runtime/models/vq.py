@@ -14,13 +14,15 @@ Shapes (D = 2**(len(ch_mult) - 1) downsample, C = codebook_embed_dim, h = H/D, w
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from runtime.models.configs import VQConfig
+from runtime.errors import UserError
+from runtime.models.configs import VQ_CONFIGS, VQConfig
 
 # Length of the ring buffer of recent code indices kept for the usage statistic; the official
 # checkpoints store it as the float buffer `quantize.codebook_used`.
@@ -394,11 +396,6 @@ class VQModel(nn.Module):
 
 def vq_model(name: str = "VQ-16", **overrides: object) -> VQModel:
     """Build a named VQ tokenizer (`VQ-16`, `VQ-8`) with optional config overrides."""
-    from dataclasses import replace
-
-    from runtime.models.configs import VQ_CONFIGS
-    from runtime.errors import UserError
-
     if name not in VQ_CONFIGS:
         raise UserError(f"unknown VQ model {name!r}; choose one of {', '.join(VQ_CONFIGS)}")
     return VQModel(replace(VQ_CONFIGS[name], **overrides))
