@@ -12,7 +12,7 @@ from runtime.cli.app import app
 @app.command("report")
 def report(
     files: list[Path] = typer.Argument(
-        ..., metavar="FILE...", help="Bench result files written by `runtime bench --out`.", show_default=False
+        ..., metavar="FILE", help="Bench result files written by `runtime bench --out`.", show_default=False
     ),
     out: Path = typer.Option(
         ..., "--out", help="Directory for report.md, report.html (self-contained) and plots/.", show_default=False
