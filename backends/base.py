@@ -323,7 +323,12 @@ class Backend(abc.ABC):
 
         compiled = torch.compile(fn, backend=counting_backend, fullgraph=True, dynamic=False)
         replay = _eager_replay(compiled, static_args)
-        replay()
+        # Dynamo caches compiled graphs per code object, so closures made by one `def` (e.g. one
+        # step per tree level) share a cache whose default limit of 8 entries would fail the 9th
+        # capture. Each capture is meant, so lift the limit while compiling it; a later
+        # unexpected recompile still meets the default limit (and shows in capture_count).
+        with torch._dynamo.config.patch(recompile_limit=1_000_000, accumulated_recompile_limit=1_000_000):
+            replay()
         return replay
 
 

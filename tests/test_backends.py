@@ -220,6 +220,28 @@ def test_cpu_graph_mode_compiles_once_and_replays_like_eager() -> None:
     assert_capture_replays_like_eager(backend)
 
 
+def test_more_than_eight_steps_from_one_def_can_be_captured() -> None:
+    """Dynamo caches per code object (default limit 8): steps built by one factory must still compile.
+
+    Uses dynamo's "eager" backend to keep the test fast; the limit handling is the same for inductor.
+    """
+    backend = get_backend("cpu", graph_mode=True)
+
+    def make_scale(factor: float) -> Callable[[torch.Tensor], None]:
+        def scale(buffer: torch.Tensor) -> None:
+            buffer.mul_(factor).add_(1.0)
+
+        return scale
+
+    for level in range(9):
+        buffer = torch.ones(2 + level)
+        replay = backend._compile_counted(make_scale(float(level)), (buffer,), f"level{level}", "eager")
+        buffer.fill_(1.0)
+        replay()
+        assert torch.equal(buffer, torch.full_like(buffer, level + 1.0))
+    assert dict(backend.capture_count) == {f"level{level}": 1 for level in range(9)}
+
+
 def test_graph_off_returns_an_eager_closure_and_captures_nothing() -> None:
     backend = get_backend("cpu", graph_mode=False)
     state, inputs, counter = make_buffers(backend.device)
