@@ -22,6 +22,15 @@ TINY_VQ_CONFIG = VQConfig(
     decoder_ch_mult=(1, 1, 2, 2, 4), z_channels=32, ch=32, num_res_blocks=1, norm_groups=8)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _one_thread():
+    """Tiny models gain nothing from threads; one thread keeps timings stable on shared CPUs."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 @pytest.fixture
 def tiny_vq_config() -> VQConfig:
     """A 16x-downsampling VQ with the official structure at toy width (ch 32, 512 codes)."""

@@ -108,14 +108,16 @@ class Decoder:
 
     target: the LlamaGen GPT (eval mode, on its device). drafter: required unless method is
     "ar". neighbours: (V, k) nearest-codebook table for the relaxed methods. backend: an
-    object with `capture(fn, name=...)`, `timer.phase(name)` and `mark_step()` (see
-    backends/); without one, steps run eagerly and are not timed.
+    object with `capture(fn, name=...)` and `mark_step()` (see backends/); without one,
+    steps run eagerly. Set `timer` (an object with `.phase(name)`, e.g. `backend.timer()`)
+    to time the phases prefill / draft / verify / accept.
     """
 
     def __init__(self, target: Transformer, drafter: Drafter | None, spec: MethodSpec, *,
                  neighbours: torch.Tensor | None = None, backend: Any = None) -> None:
         self.target, self.drafter, self.spec = target, drafter, spec
         self.backend = backend
+        self.timer: Any = None
         cfg = target.config
         self.device = target.tok_embeddings.weight.device
         self.dtype = target.tok_embeddings.weight.dtype
@@ -196,7 +198,7 @@ class Decoder:
         return self.backend.capture(fn, name=f"{self.spec.method}.{name}")
 
     def _timer(self):
-        return getattr(self.backend, "timer", None) or _NullTimer()
+        return self.timer if self.timer is not None else _NullTimer()
 
     def _dist(self, logits: torch.Tensor) -> torch.Tensor:
         """(rows, T, V) logits -> (T, V) processed distribution (CFG, temperature, top-k/p)."""

@@ -1,0 +1,79 @@
+"""Python API: `generate(...)` -> tokens + statistics, for any method.
+
+    from runtime.core import MethodSpec, SamplingParams, generate
+    result = generate(target, drafter, MethodSpec("lantern++", SamplingParams(cfg=4.0)),
+                      conditions=[3, 7], seed=0, vq=vq)
+    result.tokens      # (2, block_size) long
+    result.stats       # {"mean_accepted_length", "target_forwards", "tokens", ...}
+
+Image i is generated with seed `derive_seed(seed, index_i)`, so its tokens depend only on
+the run seed and its index: not on batching, order, or how images are split across ranks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+
+from runtime.core.decoder import Decoder, RunStats
+from runtime.core.methods import MethodSpec
+from runtime.core.proximity import neighbour_table
+from runtime.core.rng import derive_seed
+from runtime.models.drafter import Drafter
+from runtime.models.gpt import Transformer
+
+
+@dataclass
+class GenerationResult:
+    tokens: torch.Tensor  # (num_images, block_size) long, CPU
+    stats: dict[str, Any]
+    seeds: list[int]
+
+
+def neighbours_for(vq: Any, spec: MethodSpec, vocab_size: int) -> torch.Tensor | None:
+    """The proximity table a relaxed method needs, from the VQ codebook (raw vectors, as LANTERN)."""
+    if spec.relaxation_kind == "none":
+        return None
+    k = min(spec.lantern_k, vocab_size - 1)
+    table, _ = neighbour_table(vq.codebook_vectors(normalized=False), k)
+    return table
+
+
+def generate(target: Transformer, drafter: Drafter | None, spec: MethodSpec,
+             conditions: Sequence[int] | torch.Tensor, *, cond_masks: torch.Tensor | None = None,
+             seed: int = 0, indices: Sequence[int] | None = None, vq: Any = None,
+             neighbours: torch.Tensor | None = None, backend: Any = None,
+             decoder: Decoder | None = None,
+             on_image: Callable[[int, torch.Tensor], None] | None = None) -> GenerationResult:
+    """Generate one image per condition.
+
+    conditions: class ids (c2i) or caption features (n, cls, caption_dim) (t2i, with
+    `cond_masks` (n, cls) bool). indices: the global image index of each condition (defaults
+    to 0..n-1), used to derive per-image seeds. Pass `decoder` to reuse one across calls
+    (state and captured graphs are kept). `on_image(i, tokens)` is called after each image.
+    """
+    dev = target.tok_embeddings.weight.device
+    if decoder is None:
+        if neighbours is None and vq is not None:
+            neighbours = neighbours_for(vq, spec, target.config.vocab_size)
+        decoder = Decoder(target, drafter, spec, neighbours=neighbours, backend=backend)
+    n = len(conditions)
+    indices = list(range(n)) if indices is None else list(indices)
+    seeds = [derive_seed(seed, i) for i in indices]
+    stats = RunStats()
+    out = torch.zeros(n, target.config.block_size, dtype=torch.long)
+    for j in range(n):
+        if isinstance(conditions, torch.Tensor) and conditions.dim() == 3:
+            cond = conditions[j:j + 1].to(dev)
+            mask = cond_masks[j:j + 1].to(dev) if cond_masks is not None else None
+        else:
+            cond = torch.tensor([int(conditions[j])], device=dev)
+            mask = None
+        tokens, image_stats = decoder.generate_one(cond, mask, seeds[j])
+        out[j] = tokens.cpu()
+        stats.add(image_stats)
+        if on_image is not None:
+            on_image(j, out[j])
+    return GenerationResult(out, stats.summary(), seeds)
