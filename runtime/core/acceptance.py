@@ -129,28 +129,68 @@ def accept_greedy(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers,
     return Accepted(path, count, bonus, depth_accepted, relax_mass)
 
 
+def relaxed_mixture(r: torch.Tensor, q: torch.Tensor, relax: Relaxation,
+                    budget: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The relaxed target for a draft *sampled* from q: M = E_{x~q}[ r~_x ].
+
+    r, q: (B, V). Every token x gets its own proximity set and mass c_x (as in
+    `relaxed_target`, computed for all V tokens at once); M averages the per-draft relaxed
+    targets under q. Returns (M (B, V), tvd (B,)) with tvd = TVD(r, M) <= E_q[c_x], which is
+    <= delta (LANTERN) or <= (lambda - 1) * E_q[r(x)] (LANTERN++).
+    A deterministic draft (q = one-hot x) gives M = r~_x, i.e. `relaxed_target`.
+    """
+    nb = relax.neighbours  # (V, k)
+    b, v = r.shape
+    mass = r[:, nb]  # (B, V, k): mass of each token's neighbours, nearest first
+    cum = mass.cumsum(-1)
+    if relax.kind == "delta":
+        bound = (budget if budget is not None else torch.full((b,), relax.delta, device=r.device,
+                                                               dtype=r.dtype))[:, None].expand(b, v)
+    else:
+        bound = (relax.lam - 1.0) * r
+    moved = mass * (cum <= bound[..., None])  # (B, V, k) mass moved from neighbour j onto x
+    c = moved.sum(-1)  # (B, V)
+    taken = torch.zeros_like(r).scatter_add_(1, nb.reshape(1, -1).expand(b, -1),
+                                             (q[..., None] * moved).reshape(b, -1))
+    m = r + q * c - taken
+    tvd = 0.5 * (m - r).abs().sum(-1)
+    return m, tvd
+
+
 def accept_sampling(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers, rng: CounterRNG,
                     q: torch.Tensor | None = None, relax: Relaxation = Relaxation()) -> Accepted:
     """Multi-draft recursive rejection sampling over the tree, depth by depth.
 
     At the current node with target r (p after the node) the children are tried in rank
     order. Child x, drawn from proposal q_i, is accepted with probability
-    min(1, r~(x) / q_i(x)) where r~ is the relaxed target (r~ = r when exact). On rejection
-    r <- norm(max(r~ - q_i, 0)) and, for sampled drafts, x leaves the proposal:
+    min(1, t(x) / q_i(x)) where t is the stage's target; on rejection
+    r <- norm(max(t - q_i, 0)) and, for sampled drafts, x leaves the proposal:
     q_{i+1} = norm(q_i with x removed). On acceptance the walk moves to x with r = p after x.
     When no child is accepted (or the node is a leaf) the bonus token is sampled from r.
 
     q: (B, N+1, V) the drafter distribution each node's children were sampled from without
     replacement, or None for deterministic drafts (top-k / EAGLE-2), which behave as
-    q_i = one-hot(x): acceptance r~(x), residual r~ with x removed.
+    q_i = one-hot(x).
 
-    Guarantees. Exact (no relaxation): the bonus-or-accepted token at every step is
-    distributed exactly as p — lossless, for sampled and deterministic drafts alike.
-    Relaxed: each sibling stage is an exact speculative step toward its relaxed target r~,
-    so with deterministic drafts a stage outputs exactly r~ (TVD <= c). For LANTERN the
-    additive budget is shared by the siblings of a node: after a rejection with probability
-    beta the remaining budget becomes (budget - c) / beta, so the whole node's output stays
-    within TVD delta of p. For LANTERN++ each stage obeys r~(x) <= lambda * r(x).
+    The stage target t. Exact: t = r. Relaxed, deterministic draft: t = r~_x (mass of x's
+    proximity set moved onto x, `relaxed_target`). Relaxed, sampled draft: t = M =
+    E_{x~q_i}[r~_x] (`relaxed_mixture`): the relaxation may not depend on which sample came
+    out, or the output would drift from any fixed target.
+
+    Guarantees. Every stage is an exact speculative-sampling step toward t, so its output
+    (accepted draft, or what the remaining siblings and the residual produce) is distributed
+    exactly as t. Exact mode is therefore lossless, for sampled and deterministic drafts. In
+    relaxed mode TVD(t, r) = c_x (deterministic) or <= E_q[c_x] (sampled), with c bounded by
+    delta (LANTERN) or (lambda - 1) * r(x) (LANTERN++). For LANTERN the additive budget is
+    shared by the siblings of a node: after a stage with rejection probability beta the next
+    stage may use (budget - TVD) / beta, so each node's output stays within TVD delta of p.
+
+    Where this differs from the reference code (jadohu/LANTERN): the reference accepts a
+    sampled draft with min(1, r~_x(x) / q(x)) using the per-draft target r~_x, whose output is
+    not bounded by delta (measured here: TVD 0.15-0.29 at delta 0.1); its residuals also
+    differ between model files (dynamic trees zero p on x's k+1 nearest neighbours; static
+    trees subtract a q masked on those neighbours; Lumina-mGPT zeroes p before subtracting).
+    Here one residual, norm(max(t - q_i, 0)), serves every model and keeps the stage exact.
     """
     b = tokens.size(0)
     dev = p.device
@@ -172,21 +212,27 @@ def accept_sampling(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers, rn
             valid = (child >= 0) & ~done & ~level_ok
             child_c = child.clamp(min=0)
             x = tokens[rows, child_c]
-            r_t, c = relaxed_target(r, x, relax, budget)
-            rx = r_t[rows, x]
             if qcur is None:
-                qx = torch.ones_like(rx)
+                target, shift = relaxed_target(r, x, relax, budget)
+                qx = torch.ones(b, device=dev, dtype=p.dtype)
             else:
+                if relax.active:
+                    target, shift = relaxed_mixture(r, qcur, relax, budget)
+                else:
+                    target, shift = r, torch.zeros(b, device=dev, dtype=p.dtype)
                 qx = qcur[rows, x]
-            accept_prob = torch.clamp(rx / qx.clamp(min=_EPS), max=1.0)
+            tx = target[rows, x]
+            accept_prob = torch.clamp(tx / qx.clamp(min=_EPS), max=1.0)
             u = rng.uniform(b)
             valid = valid & (qx > 0)  # a sample past the proposal's support is not a draft
             acc = valid & (u < accept_prob)
             rej = valid & ~acc
             if qcur is None:
-                residual = r_t.scatter(1, x[:, None], torch.zeros_like(rx)[:, None])
+                residual = target.scatter(1, x[:, None], torch.zeros_like(tx)[:, None])
+                reject_prob = 1.0 - accept_prob
             else:
-                residual = (r_t - qcur).clamp(min=0)
+                residual = (target - qcur).clamp(min=0)
+                reject_prob = residual.sum(-1)  # = TV(target, q) = P(reject) averaged over x ~ q
             residual = residual / residual.sum(-1, keepdim=True).clamp(min=_EPS)
             r = torch.where(rej[:, None], residual, torch.where(acc[:, None], p[rows, child_c], r))
             if qcur is not None:
@@ -194,10 +240,9 @@ def accept_sampling(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers, rn
                 q_rm = q_rm / q_rm.sum(-1, keepdim=True).clamp(min=_EPS)
                 qcur = torch.where(rej[:, None], q_rm, torch.where(acc[:, None], q[rows, child_c], qcur))
             if relax.kind == "delta":
-                beta = (1.0 - accept_prob).clamp(min=_EPS)
-                budget = torch.where(rej, ((budget - c) / beta).clamp(min=0.0),
-                                     torch.where(acc, torch.full_like(budget, relax.delta), budget))
-            relax_mass = relax_mass + torch.where(acc, c, torch.zeros_like(c))
+                left = ((budget - shift) / reject_prob.clamp(min=_EPS)).clamp(min=0.0)
+                budget = torch.where(rej, left, torch.where(acc, torch.full_like(budget, relax.delta), budget))
+            relax_mass = relax_mass + torch.where(acc, shift, torch.zeros_like(shift))
             node = torch.where(acc, child_c, node)
             level_ok = level_ok | acc
         done = done | ~level_ok

@@ -1,0 +1,53 @@
+"""The decoding loop reads the device at most once per iteration (the stop check).
+
+A TorchDispatchMode counts every op that copies a device value to the host
+(`_local_scalar_dense`: .item(), int(), bool()) or whose output shape depends on data
+(nonzero & co., which synchronise on accelerators). Inside draft/verify/accept there must
+be none; over a whole image, one per iteration plus a constant for prefill and statistics.
+"""
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from runtime.core import Decoder, MethodSpec, SamplingParams
+from runtime.core.proximity import compute_neighbours
+from tiny_models import tiny_pair
+
+SYNC_OPS = {"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique2", "item"}
+
+
+class SyncCounter(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.__name__.split(".")[0] in SYNC_OPS:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("method", ["ar", "sd", "eagle2", "lantern", "lantern++"])
+@pytest.mark.parametrize("greedy", [True, False])
+def test_steps_never_read_the_device(method, greedy):
+    target, drafter = tiny_pair(vocab=8)
+    nb = compute_neighbours(torch.randn(8, 2), 4)
+    spec = MethodSpec(method=method, sampling=SamplingParams(greedy=greedy, cfg=2.0), tree="small_12",
+                      depth=3, top_k_draft=3, total_tokens=10, lantern_k=4, lantern_lambda=3.0,
+                      lantern_delta=0.2)
+    dec = Decoder(target, drafter, spec, neighbours=nb)
+    with torch.no_grad():
+        dec.prefill(torch.tensor([1]), None, seed=0)
+        with SyncCounter() as counter:
+            for _ in range(3):
+                if dec._draft is not None:
+                    dec._draft()
+                dec._verify()
+                dec._accept()
+    assert counter.count == 0
+
+    with SyncCounter() as counter:
+        _, stats = dec.generate_one(torch.tensor([2]), None, seed=1)
+    iterations = stats.target_forwards - 1
+    assert iterations <= counter.count <= iterations + 1 + 8  # stop checks + prefill + statistics
