@@ -24,6 +24,7 @@ COMMAND_MODULES: list[str] = [
     "runtime.cli.report_cmd",
     "runtime.cli.models_cmd",
     "runtime.cli.devices_cmd",
+    "runtime.cli.run_cmd",
 ]
 
 
@@ -47,13 +48,13 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(130) from None
     except SystemExit:
         raise
-    except Exception as err:  # click usage errors arrive here in non-standalone mode
-        import click
-
-        if isinstance(err, click.exceptions.ClickException):
+    except Exception as err:
+        # Usage errors arrive here in non-standalone mode. typer may vendor its own click, so
+        # recognise them by shape (show + exit_code) rather than by class.
+        if hasattr(err, "show") and isinstance(getattr(err, "exit_code", None), int):
             err.show()
             raise SystemExit(err.exit_code) from None
-        if isinstance(err, click.exceptions.Abort):
+        if type(err).__name__ == "Abort":
             print("aborted", file=sys.stderr)
             raise SystemExit(130) from None
         raise

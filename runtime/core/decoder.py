@@ -186,16 +186,26 @@ class Decoder:
             k, d = spec.top_k_draft, spec.depth
             self.n_cand = k + (d - 1) * k * k
 
-        # -- steps, captured once when the backend does graphs ------------------------------
-        self._draft = self._capture(self._draft_step, "draft") if spec.drafting != "none" else None
-        self._verify = self._capture(self._verify_step, "verify")
-        self._accept = self._capture(self._accept_step, "accept")
+        # -- steps: eager until `_capture_steps` swaps in captured replays ------------------
+        self._draft: Callable[[], None] | None = self._draft_step if spec.drafting != "none" else None
+        self._verify: Callable[[], None] = self._verify_step
+        self._accept: Callable[[], None] = self._accept_step
+        self.captured = backend is None or not getattr(backend, "graph_mode", False)
 
     # ------------------------------------------------------------------------------------
-    def _capture(self, fn: Callable[[], None], name: str) -> Callable[[], None]:
-        if self.backend is None:
-            return fn
-        return self.backend.capture(fn, name=f"{self.spec.method}.{name}")
+    def _capture_steps(self, cond: torch.Tensor, cond_mask: torch.Tensor | None) -> None:
+        """Capture draft/verify/accept once, on state from a throwaway prefill.
+
+        Capturing runs each step a few times (warm-up, compilation), which advances the
+        caches; the real image's prefill resets all state afterwards.
+        """
+        self.prefill(cond, cond_mask, seed=0)
+        name = self.spec.method
+        if self._draft is not None:
+            self._draft = self.backend.capture(self._draft_step, name=f"{name}.draft")
+        self._verify = self.backend.capture(self._verify_step, name=f"{name}.verify")
+        self._accept = self.backend.capture(self._accept_step, name=f"{name}.accept")
+        self.captured = True
 
     def _timer(self):
         return self.timer if self.timer is not None else _NullTimer()
@@ -387,6 +397,9 @@ class Decoder:
                      seed: int = 0) -> tuple[torch.Tensor, ImageStats]:
         """Tokens (block_size,) long on the device and the image's statistics."""
         timer = self._timer()
+        if not self.captured:
+            with timer.phase("capture"):
+                self._capture_steps(cond, cond_mask)
         with timer.phase("prefill"):
             self.prefill(cond, cond_mask, seed)
         mark = getattr(self.backend, "mark_step", None)

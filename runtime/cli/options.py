@@ -1,0 +1,82 @@
+"""Options shared by `runtime run` and `runtime bench` (model, device, method and sampling flags).
+
+Method and sampling options default to None: unset flags fall back to the hardware profile,
+then to the model bundle's recommended settings (see runtime.pipeline.resolve_spec).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any, Optional
+
+import typer
+
+Model = Annotated[Optional[str], typer.Option("--model", help="'demo' (default) or a bundle directory from 'runtime train demo'.")]
+GptModel = Annotated[Optional[str], typer.Option("--gpt-model", help="Official LlamaGen config: GPT-B, GPT-L, GPT-XL, GPT-XXL, GPT-3B.")]
+GptCkpt = Annotated[Optional[str], typer.Option("--gpt-ckpt", help="Official GPT checkpoint (.pt/.pth/.safetensors) or an HF LlamaGen folder.")]
+GptType = Annotated[str, typer.Option("--gpt-type", help="c2i or t2i (for --gpt-ckpt files).")]
+VqCkpt = Annotated[Optional[str], typer.Option("--vq-ckpt", help="Official VQ checkpoint, e.g. vq_ds16_c2i.pt.")]
+ImageSize = Annotated[Optional[int], typer.Option("--image-size", help="Image size the GPT checkpoint was trained for (256, 384, 512).")]
+DrafterDir = Annotated[Optional[str], typer.Option("--drafter", help="LANTERN drafter folder (config.json + weights).")]
+Trust = Annotated[bool, typer.Option("--trust-checkpoint", help="Allow checkpoints that contain pickled Python objects (only for files you trust).")]
+Device = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or hpu.")]
+ProfileName = Annotated[Optional[str], typer.Option("--profile-name", help="Hardware profile name (cpu, rtx3090, h100, gaudi2) or a TOML file.")]
+Graph = Annotated[Optional[bool], typer.Option("--graph/--no-graph", help="Capture the fixed-shape steps as device graphs (default: the profile's).")]
+Dtype = Annotated[Optional[str], typer.Option("--dtype", help="bf16, fp16 or fp32 (default: the profile's).")]
+Method = Annotated[Optional[str], typer.Option("--method", help="ar, sd, eagle2, lantern or lantern++.")]
+Greedy = Annotated[Optional[bool], typer.Option("--greedy/--sample", help="Greedy decoding instead of sampling.")]
+Temperature = Annotated[Optional[float], typer.Option("--temperature")]
+TopK = Annotated[Optional[int], typer.Option("--top-k", help="Target top-k filter (0 = off).")]
+TopP = Annotated[Optional[float], typer.Option("--top-p", help="Target nucleus filter (1 = off).")]
+Cfg = Annotated[Optional[float], typer.Option("--cfg", help="Classifier-free guidance scale (<= 1 = off).")]
+Tree = Annotated[Optional[str], typer.Option("--tree", help="Static tree: a preset (naive_extend_57, mc_sim_7b_63, chain, small_12), chainN, or a TOML file.")]
+LanternK = Annotated[Optional[int], typer.Option("--lantern-k", help="Nearest codebook neighbours considered for the proximity set.")]
+LanternDelta = Annotated[Optional[float], typer.Option("--lantern-delta", help="LANTERN total-variation budget (0 = exact).")]
+LanternLambda = Annotated[Optional[float], typer.Option("--lantern-lambda", help="LANTERN++ multiplicative bound (1 = exact).")]
+Depth = Annotated[Optional[int], typer.Option("--depth", help="Chain length (sd) or EAGLE-2 tree depth.")]
+TopKDraft = Annotated[Optional[int], typer.Option("--top-k-draft", help="EAGLE-2 children per expanded node.")]
+TotalTokens = Annotated[Optional[int], typer.Option("--total-tokens", help="EAGLE-2 verified tokens per step (root included).")]
+Classes = Annotated[Optional[str], typer.Option("--classes", help="Comma-separated class ids, cycled over the images (c2i).")]
+Prompts = Annotated[Optional[str], typer.Option("--prompts", help="Text file, one prompt per line (t2i; needs --t5-path).")]
+T5Path = Annotated[Optional[str], typer.Option("--t5-path", help="Local T5 encoder directory (flan-t5-xl for LlamaGen t2i).")]
+NumImages = Annotated[Optional[int], typer.Option("--num-images", help="Images to generate (default: one per class or prompt).")]
+Seed = Annotated[int, typer.Option("--seed", help="Run seed; image i uses a seed derived from (seed, i).")]
+
+
+@dataclass
+class MethodFlags:
+    """The method/sampling flags as given (None = not given)."""
+
+    greedy: bool | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    cfg: float | None = None
+    tree: str | None = None
+    lantern_k: int | None = None
+    lantern_delta: float | None = None
+    lantern_lambda: float | None = None
+    depth: int | None = None
+    top_k_draft: int | None = None
+    total_tokens: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def open_backend(device: str, profile_name: str | None, graph: bool | None, dtype: str | None,
+                 index: int | None = None):
+    """(backend, profile): the backend for --device and the profile for it (or --profile-name)."""
+    from backends import get_backend
+    from runtime.profiles import default_profile_for, load_profile
+
+    given = load_profile(profile_name) if profile_name else None
+    # Gaudi's lazy/eager mode is fixed when habana_frameworks is first imported, which probing
+    # does: choose it from the profile (gaudi2 is the only HPU profile) before probing.
+    lazy = (given or load_profile("gaudi2")).device.hpu_lazy_mode if device in ("hpu", "auto") else None
+    probe = get_backend(device, graph_mode=False, index=index, hpu_lazy_mode=lazy)
+    profile = given or default_profile_for(probe.name, str(probe.info().get("name", "")))
+    graph_mode = profile.device.graph if graph is None else graph
+    backend = get_backend(probe.name, dtype=dtype or profile.device.dtype, graph_mode=graph_mode,
+                          index=index, hpu_lazy_mode=profile.device.hpu_lazy_mode)
+    return backend, profile

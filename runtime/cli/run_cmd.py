@@ -1,0 +1,302 @@
+"""`runtime run`: generate images with any method and write them, their tokens and result.json.
+
+Output is written atomically: everything goes to a hidden staging folder beside `--out` and is
+moved into place only after every file is complete, so an error or Ctrl-C leaves nothing
+half-written. Under `torchrun` images are sharded across ranks and rank 0 writes one folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+import typer
+
+from runtime.cli import options as opt
+from runtime.cli.app import app
+from runtime.errors import UserError
+
+RESULT_SCHEMA_VERSION = 1
+
+
+@app.command("run")
+def run(
+    out: str = typer.Option("out", "--out", help="Output folder (created; existing files with the same names are replaced)."),
+    model: opt.Model = None,
+    gpt_model: opt.GptModel = None,
+    gpt_ckpt: opt.GptCkpt = None,
+    gpt_type: opt.GptType = "c2i",
+    vq_ckpt: opt.VqCkpt = None,
+    image_size: opt.ImageSize = None,
+    drafter: opt.DrafterDir = None,
+    trust_checkpoint: opt.Trust = False,
+    device: opt.Device = "auto",
+    profile_name: opt.ProfileName = None,
+    graph: opt.Graph = None,
+    dtype: opt.Dtype = None,
+    method: opt.Method = None,
+    greedy: opt.Greedy = None,
+    temperature: opt.Temperature = None,
+    top_k: opt.TopK = None,
+    top_p: opt.TopP = None,
+    cfg: opt.Cfg = None,
+    tree: opt.Tree = None,
+    lantern_k: opt.LanternK = None,
+    lantern_delta: opt.LanternDelta = None,
+    lantern_lambda: opt.LanternLambda = None,
+    depth: opt.Depth = None,
+    top_k_draft: opt.TopKDraft = None,
+    total_tokens: opt.TotalTokens = None,
+    classes: opt.Classes = None,
+    prompts: opt.Prompts = None,
+    t5_path: opt.T5Path = None,
+    num_images: opt.NumImages = None,
+    seed: opt.Seed = 0,
+    profile: bool = typer.Option(False, "--profile", help="Write a torch.profiler trace (trace.json) beside the images."),
+) -> None:
+    """Generate images (default: the embedded demo with LANTERN++ sampling) into --out."""
+    from runtime.distributed import destroy, gather_objects, init_distributed, merge_indexed, shard
+    from runtime.pipeline import load_model, make_decoder, parse_classes, resolve_spec, run_generation
+
+    flags = opt.MethodFlags(greedy, temperature, top_k, top_p, cfg, tree, lantern_k, lantern_delta,
+                            lantern_lambda, depth, top_k_draft, total_tokens)
+    if num_images is not None and num_images < 1:
+        raise UserError(f"--num-images must be >= 1, got {num_images}")
+    out_dir = Path(out)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError(f"--out {out}: exists and is not a folder")
+
+    ctx = init_distributed(_backend_name(device))
+    try:
+        backend, prof = opt.open_backend(device, profile_name, graph, dtype, index=ctx.device_index)
+        loaded = load_model(model=model, gpt_model=gpt_model, gpt_ckpt=gpt_ckpt, vq_ckpt=vq_ckpt,
+                            image_size=image_size, drafter=drafter, gpt_type=gpt_type,
+                            trust=trust_checkpoint, device=backend.device, dtype=backend.dtype)
+        spec = resolve_spec(method, flags.as_dict(), prof, loaded.recommended)
+        conditions, cond_masks, labels = _conditions(loaded, classes, prompts, t5_path, num_images, backend)
+        n = len(labels)
+        decoder = make_decoder(loaded, spec, backend)
+
+        mine = shard(list(range(n)), ctx)
+        my_conditions = _select(conditions, mine)
+        my_masks = cond_masks[mine] if cond_masks is not None else None
+        backend.reset_peak_memory()
+        staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=_parent(out_dir))) if ctx.is_main else None
+        try:
+            trace = staging / "trace.json" if (profile and staging is not None) else None
+            with _progress(len(mine), spec.method, enabled=ctx.is_main) as advance:
+                result = _maybe_profiled(backend, trace, lambda: run_generation(
+                    loaded, spec, my_conditions, seed=seed, backend=backend, indices=mine,
+                    cond_masks=my_masks, decoder=decoder, on_image=lambda j, t: advance()))
+            part = {"rank": ctx.rank, "indices": mine, "tokens": result.tokens.numpy(), "images": result.images,
+                    "seeds": result.seeds, "stats": result.stats, "total_s": result.total_s,
+                    "phases": result.phases, "memory": backend.memory_stats(), "device": backend.info()}
+            parts = gather_objects(part, ctx)
+            if ctx.is_main:
+                summary = _write_outputs(staging, parts, n, labels, loaded, spec, prof, backend, seed)
+                _move_into_place(staging, out_dir)
+                staging = None
+                _print_summary(summary, out_dir)
+        finally:
+            if staging is not None:
+                shutil.rmtree(staging, ignore_errors=True)
+    finally:
+        destroy(ctx)
+
+
+def _backend_name(device: str) -> str:
+    from backends import resolve_backend_name
+
+    if os.environ.get("WORLD_SIZE", "1") == "1":
+        return "cpu"  # single process: no process group; the name is unused
+    return resolve_backend_name(device)
+
+
+def _parent(path: Path) -> Path:
+    parent = path.absolute().parent
+    parent.mkdir(parents=True, exist_ok=True)
+    return parent
+
+
+def _select(conditions: Any, idx: list[int]) -> Any:
+    if isinstance(conditions, torch.Tensor):
+        return conditions[idx]
+    return [conditions[i] for i in idx]
+
+
+def _conditions(loaded, classes, prompts, t5_path, num_images, backend):
+    """(conditions, cond_masks, labels): class ids, or caption features for t2i prompts."""
+    from runtime.pipeline import parse_classes
+
+    if loaded.config.model_type == "c2i":
+        if prompts is not None:
+            raise UserError("--prompts is for text-to-image models; this model is class-conditional (use --classes)")
+        labels = parse_classes(classes, num_images, loaded)
+        return labels, None, labels
+    if prompts is None:
+        raise UserError("this is a text-to-image model: give --prompts FILE (one prompt per line) and --t5-path DIR")
+    if t5_path is None:
+        raise UserError("--prompts needs --t5-path DIR, a local T5 encoder (flan-t5-xl for LlamaGen)")
+    path = Path(prompts)
+    if not path.is_file():
+        raise UserError(f"--prompts {prompts}: file not found")
+    lines = [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    if not lines:
+        raise UserError(f"--prompts {prompts}: no prompts in the file")
+    n = num_images or len(lines)
+    texts = [lines[i % len(lines)] for i in range(n)]
+    from runtime.models.t5 import T5Encoder
+
+    encoder = T5Encoder(t5_path, device=backend.device, dtype=backend.dtype,
+                        max_length=loaded.config.cls_token_num)
+    emb, mask = encoder.encode(texts)
+    return emb.to(backend.dtype), mask, texts
+
+
+class _progress:
+    """A rich progress bar over images (silent on non-zero ranks)."""
+
+    def __init__(self, total: int, label: str, enabled: bool) -> None:
+        self.total, self.label, self.enabled = total, label, enabled
+
+    def __enter__(self):
+        if not self.enabled:
+            return lambda: None
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                            transient=False)
+        self.bar.__enter__()
+        task = self.bar.add_task(f"{self.label}", total=self.total)
+        return lambda: self.bar.advance(task)
+
+    def __exit__(self, *exc):
+        if self.enabled:
+            self.bar.__exit__(*exc)
+        return False
+
+
+def _maybe_profiled(backend, trace: Path | None, fn):
+    if trace is None:
+        return fn()
+    with backend.profiler(trace):
+        return fn()
+
+
+def _write_outputs(staging: Path, parts: list[dict], n: int, labels: list, loaded, spec, prof, backend, seed: int) -> dict:
+    from PIL import Image
+
+    from runtime.distributed import merge_indexed
+
+    tokens = np.stack(merge_indexed([list(zip(p["indices"], p["tokens"])) for p in parts], n))
+    images = np.stack(merge_indexed([list(zip(p["indices"], p["images"])) for p in parts], n))
+    seeds = merge_indexed([list(zip(p["indices"], p["seeds"])) for p in parts], n)
+    records = []
+    for i in range(n):
+        label = labels[i]
+        tag = f"c{label}" if isinstance(label, int) else "p"
+        name = f"image_{i:04d}_{tag}.png"
+        Image.fromarray(images[i]).save(staging / name)
+        record: dict[str, Any] = {"index": i, "file": name, "seed": seeds[i]}
+        record["class" if isinstance(label, int) else "prompt"] = label
+        records.append(record)
+    _grid(images).save(staging / "grid.png")
+    np.save(staging / "tokens.npy", tokens.astype(np.int64))
+
+    stats = _merge_stats([p["stats"] for p in parts])
+    total_s = max(p["total_s"] for p in parts)  # ranks run concurrently: wall time is the slowest
+    phases = _merge_phases([p["phases"] for p in parts])
+    device = dict(parts[0]["device"])
+    device.update(backend=backend.name, count=len(parts) if len(parts) > 1 else device.get("count", 1))
+    result = {
+        "schema_version": RESULT_SCHEMA_VERSION,
+        "method": spec.method,
+        "device": device,
+        "model": {"name": loaded.name, "params": loaded.params, "tokens_per_image": loaded.config.block_size,
+                  "image_size": loaded.image_size, "type": loaded.config.model_type},
+        "sampling": spec.describe(),
+        "num_images": n,
+        "seed": seed,
+        "stats": stats,
+        "timing": {"total_s": total_s, "images_per_s": n / total_s if total_s > 0 else None, "phases": phases,
+                   "graph": bool(backend.graph_mode), "dtype": str(backend.dtype).replace("torch.", "")},
+        "memory": {"peak_bytes": max(p["memory"]["peak_bytes"] for p in parts)},
+        "profile": prof.to_dict(),
+        "images": records,
+    }
+    if len(parts) > 1:
+        result["ranks"] = [{"rank": p["rank"], "num_images": len(p["indices"]), "total_s": p["total_s"],
+                            "images_per_s": len(p["indices"]) / p["total_s"] if p["total_s"] > 0 else None}
+                           for p in parts]
+    (staging / "result.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
+def _merge_stats(all_stats: list[dict]) -> dict:
+    fw = sum(s["target_forwards"] for s in all_stats)
+    tokens = sum(s["tokens"] for s in all_stats)
+    accepted = sum(s["mean_accepted_length"] * s["target_forwards"] for s in all_stats)
+    depth = max((len(s["per_depth_acceptance"]) for s in all_stats), default=0)
+    weights = [s["target_forwards"] for s in all_stats]
+    per_depth = [sum(w * (s["per_depth_acceptance"][d] if d < len(s["per_depth_acceptance"]) else 0)
+                     for w, s in zip(weights, all_stats)) / max(fw, 1) for d in range(depth)]
+    return {"mean_accepted_length": accepted / max(fw, 1), "target_forwards": fw, "tokens": tokens,
+            "step_compression": tokens / max(fw, 1), "per_depth_acceptance": per_depth,
+            "mean_relaxation_mass": (sum(s["mean_relaxation_mass"] * w for s, w in zip(all_stats, weights))
+                                     / max(fw, 1))}
+
+
+def _merge_phases(all_phases: list[dict]) -> dict:
+    merged: dict[str, dict[str, float]] = {}
+    for phases in all_phases:
+        for name, v in phases.items():
+            m = merged.setdefault(name, {"seconds": 0.0, "count": 0})
+            m["seconds"] = max(m["seconds"], v["seconds"]) if len(all_phases) > 1 else v["seconds"]
+            m["count"] += v["count"]
+    return merged
+
+
+def _grid(images: np.ndarray):
+    from PIL import Image
+
+    n, h, w, _ = images.shape
+    cols = int(np.ceil(np.sqrt(n)))
+    rows = int(np.ceil(n / cols))
+    canvas = np.full((rows * (h + 2) + 2, cols * (w + 2) + 2, 3), 255, dtype=np.uint8)
+    for i in range(n):
+        r, c = divmod(i, cols)
+        canvas[2 + r * (h + 2): 2 + r * (h + 2) + h, 2 + c * (w + 2): 2 + c * (w + 2) + w] = images[i]
+    return Image.fromarray(canvas)
+
+
+def _move_into_place(staging: Path, out_dir: Path) -> None:
+    """Every file is complete in `staging`; now publish: rename the folder, or replace file by file."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(staging, 0o777 & ~umask)  # mkdtemp made it private
+    if not out_dir.exists():
+        os.replace(staging, out_dir)
+        return
+    for f in sorted(staging.iterdir()):
+        os.replace(f, out_dir / f.name)
+    staging.rmdir()
+
+
+def _print_summary(result: dict, out_dir: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"runtime run -> {out_dir}")
+    for col in ("method", "images", "tau", "target forwards", "seconds", "images/s"):
+        table.add_column(col, justify="right" if col != "method" else "left")
+    t = result["timing"]
+    table.add_row(result["method"], str(result["num_images"]), f"{result['stats']['mean_accepted_length']:.2f}",
+                  str(result["stats"]["target_forwards"]), f"{t['total_s']:.2f}",
+                  f"{t['images_per_s']:.3f}" if t["images_per_s"] else "-")
+    Console().print(table)

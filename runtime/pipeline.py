@@ -1,0 +1,178 @@
+"""What `runtime run` and `runtime bench` share: load a model, resolve settings, generate, decode.
+
+Settings precedence (highest first): command-line flag, hardware profile, the model bundle's
+recommended settings, the code default.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from runtime.core import Decoder, MethodSpec, SamplingParams, generate, neighbours_for
+from runtime.core.tree import load_tree
+from runtime.errors import UserError
+
+# LlamaGen's demo labels (sample_c2i.py), used when an official c2i model runs without --classes.
+LLAMAGEN_DEMO_CLASSES = [207, 360, 387, 974, 88, 979, 417, 279]
+
+
+@dataclass
+class LoadedModel:
+    """A target (+ drafter, VQ) ready on the backend's device."""
+
+    name: str
+    target: Any
+    drafter: Any
+    vq: Any
+    image_size: int
+    class_names: list[str] | None = None
+    recommended: dict[str, Any] = field(default_factory=dict)
+    bundle: Any = None  # the DemoBundle when the model is the demo (classifier for quality)
+
+    @property
+    def config(self):
+        return self.target.config
+
+    @property
+    def params(self) -> int:
+        return sum(p.numel() for p in self.target.parameters())
+
+    @property
+    def num_classes(self) -> int:
+        return self.target.config.num_classes
+
+
+def load_model(*, model: str | None, gpt_model: str | None, gpt_ckpt: str | None, vq_ckpt: str | None,
+               image_size: int | None, drafter: str | None, gpt_type: str, trust: bool,
+               device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    """The demo bundle (`model` None/"demo"/a bundle dir) or official checkpoints (`gpt_ckpt`)."""
+    if gpt_ckpt is not None:
+        if model not in (None, "demo"):
+            raise UserError("give either --model or --gpt-ckpt, not both")
+        if vq_ckpt is None:
+            raise UserError("--gpt-ckpt needs --vq-ckpt (the VQ tokenizer checkpoint, e.g. vq_ds16_c2i.pt)")
+        from runtime.models.loading import build_drafter, build_gpt, build_vq
+
+        target = build_gpt(gpt_model, gpt_ckpt, image_size, gpt_type, trust)
+        vq = build_vq(vq_ckpt, trust=trust)
+        size = int(round(target.config.block_size ** 0.5)) * vq.downsample
+        draft = build_drafter(drafter, target.config) if drafter else None
+        return LoadedModel(gpt_model or Path(gpt_ckpt).stem, target.to(device, dtype).eval(),
+                           draft.to(device, dtype).eval() if draft is not None else None,
+                           vq.to(device).eval(), size)
+    from runtime.demo.bundle import load_demo_bundle
+
+    path = None if model in (None, "demo") else model
+    if path is not None and not Path(path).is_dir():
+        raise UserError(f"--model {path}: not a directory; give 'demo', a bundle directory from "
+                        "'runtime train demo', or official checkpoints with --gpt-ckpt/--vq-ckpt")
+    bundle = load_demo_bundle(path, device=device, dtype=dtype)
+    name = bundle.manifest.get("name", "demo")
+    return LoadedModel(name, bundle.gpt, bundle.drafter, bundle.vq, bundle.image_size,
+                       bundle.class_names, bundle.recommended, bundle)
+
+
+_SPEC_KEYS = ("tree", "depth", "top_k_draft", "total_tokens", "lantern_k", "lantern_delta", "lantern_lambda")
+_SAMPLING_KEYS = ("greedy", "temperature", "top_k", "top_p", "cfg")
+
+
+def resolve_spec(method: str | None, flags: dict[str, Any], profile: Any, recommended: dict[str, Any]) -> MethodSpec:
+    """MethodSpec from flag > profile > bundle recommendation > default. `flags` None = unset."""
+    pinned = profile.method.pinned() if profile is not None else {}
+    if profile is not None:
+        pinned.setdefault("tree", profile.tree.name)
+
+    def pick(key: str, default: Any) -> Any:
+        for source in (flags, pinned, recommended):
+            if source.get(key) is not None:
+                return source[key]
+        return default
+
+    name = method or (profile.method.name if profile is not None else None) or recommended.get("method") or "lantern++"
+    base = MethodSpec()
+    sampling = SamplingParams(**{k: pick(k, getattr(SamplingParams(), k)) for k in _SAMPLING_KEYS})
+    spec = MethodSpec(method=name, sampling=sampling,
+                      **{k: pick(k, getattr(base, k)) for k in _SPEC_KEYS})
+    if spec.drafting == "static":
+        load_tree(spec.tree_spec)  # unknown tree or malformed file: fail before any work
+    return spec
+
+
+def parse_classes(text: str | None, num_images: int | None, loaded: LoadedModel) -> list[int]:
+    """Class of each image: `--classes 0,3,7` cycled to `--num-images`, else every class once."""
+    n_classes = loaded.num_classes
+    if text is not None:
+        try:
+            classes = [int(c) for c in text.split(",") if c.strip() != ""]
+        except ValueError:
+            raise UserError(f"--classes {text!r}: expected comma-separated class ids like 0,3,7") from None
+        if not classes:
+            raise UserError("--classes is empty; give class ids like 0,3,7")
+        bad = [c for c in classes if not 0 <= c < n_classes]
+        if bad:
+            raise UserError(f"--classes: class {bad[0]} is out of range; this model has classes 0..{n_classes - 1}")
+    elif loaded.class_names is not None:
+        classes = list(range(n_classes))
+    else:
+        classes = [c for c in LLAMAGEN_DEMO_CLASSES if c < n_classes] or [0]
+    if num_images is None:
+        num_images = len(classes)
+    if num_images < 1:
+        raise UserError(f"--num-images must be >= 1, got {num_images}")
+    return [classes[i % len(classes)] for i in range(num_images)]
+
+
+def decode_tokens(vq: Any, tokens: torch.Tensor, batch: int = 16) -> np.ndarray:
+    """(n, block_size) tokens -> uint8 images (n, H, W, 3), as LlamaGen post-processes."""
+    device = next(vq.parameters()).device
+    images = []
+    with torch.no_grad():
+        for start in range(0, tokens.size(0), batch):
+            x = vq.decode_code(tokens[start:start + batch].to(device))
+            images.append(torch.clamp(127.5 * x + 128.0, 0, 255).to(torch.uint8).permute(0, 2, 3, 1).cpu())
+    return torch.cat(images).numpy()
+
+
+@dataclass
+class RunOutput:
+    tokens: torch.Tensor
+    images: np.ndarray
+    stats: dict[str, Any]
+    seeds: list[int]
+    total_s: float
+    phases: dict[str, dict[str, float]]
+
+
+def run_generation(loaded: LoadedModel, spec: MethodSpec, conditions: Sequence[int] | torch.Tensor, *,
+                   seed: int, backend: Any, indices: Sequence[int] | None = None,
+                   cond_masks: torch.Tensor | None = None, decoder: Decoder | None = None,
+                   on_image: Callable[[int, torch.Tensor], None] | None = None) -> RunOutput:
+    """Generate and decode, timing the phases prefill/draft/verify/accept/decode on the device."""
+    if decoder is None:
+        decoder = make_decoder(loaded, spec, backend)
+    timer = backend.timer()
+    decoder.timer = timer
+    backend.synchronize()
+    start = time.perf_counter()
+    result = generate(loaded.target, loaded.drafter, spec, conditions, cond_masks=cond_masks, seed=seed,
+                      indices=indices, decoder=decoder, on_image=on_image)
+    with timer.phase("decode"):
+        images = decode_tokens(loaded.vq, result.tokens)
+    backend.synchronize()
+    total = time.perf_counter() - start
+    decoder.timer = None
+    return RunOutput(result.tokens, images, result.stats, result.seeds, total, timer.summary())
+
+
+def make_decoder(loaded: LoadedModel, spec: MethodSpec, backend: Any) -> Decoder:
+    if spec.drafting != "none" and loaded.drafter is None:
+        raise UserError(f"method {spec.method} needs a drafter: pass --drafter DIR (a LANTERN drafter "
+                        "folder) or use --method ar")
+    neighbours = neighbours_for(loaded.vq, spec, loaded.config.vocab_size)
+    return Decoder(loaded.target, loaded.drafter, spec, neighbours=neighbours, backend=backend)

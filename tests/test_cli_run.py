@@ -1,0 +1,90 @@
+"""`runtime run` with official-layout checkpoints: outputs, result.json, and clean refusals."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from runtime.models.configs import VQ_CONFIGS, gpt_config
+from runtime.models.gpt import Transformer
+from runtime.models.vq import VQModel
+
+
+@pytest.fixture(scope="module")
+def official_ckpts(tmp_path_factory):
+    """GPT-tiny (4x4 tokens at 64 px) and VQ-16, saved as LlamaGen saves them ({"model": sd})."""
+    d = tmp_path_factory.mktemp("ckpt")
+    torch.manual_seed(0)
+    gpt = Transformer(gpt_config("GPT-tiny", image_size=64, vocab_size=16384))
+    gpt.init_weights()
+    torch.nn.init.normal_(gpt.output.weight, std=0.02)
+    torch.save({"model": gpt.state_dict(), "steps": 1}, d / "c2i_tiny.pt")
+    torch.save({"model": VQModel(VQ_CONFIGS["VQ-16"]).state_dict()}, d / "vq_ds16_c2i.pt")
+    return d
+
+
+def base_args(ckpts: Path, out: Path) -> list[str]:
+    return ["run", "--gpt-model", "GPT-tiny", "--gpt-ckpt", str(ckpts / "c2i_tiny.pt"), "--vq-ckpt",
+            str(ckpts / "vq_ds16_c2i.pt"), "--image-size", "64", "--device", "cpu", "--out", str(out)]
+
+
+def test_run_writes_images_tokens_and_result(official_ckpts, tmp_path, run_cli):
+    out = tmp_path / "out"
+    res = run_cli(*base_args(official_ckpts, out), "--method", "ar", "--classes", "3,7", "--num-images", "3",
+                  "--seed", "5")
+    assert res.exit_code == 0, res.stderr
+    files = sorted(p.name for p in out.iterdir())
+    assert files == ["grid.png", "image_0000_c3.png", "image_0001_c7.png", "image_0002_c3.png",
+                     "result.json", "tokens.npy"]
+    tokens = np.load(out / "tokens.npy")
+    assert tokens.shape == (3, 16) and tokens.dtype == np.int64
+    result = json.loads((out / "result.json").read_text())
+    for key in ("schema_version", "method", "device", "model", "sampling", "num_images", "seed", "stats", "timing"):
+        assert key in result
+    assert result["device"]["backend"] == "cpu" and result["model"]["tokens_per_image"] == 16
+    assert result["stats"]["target_forwards"] == 3 * 16 and result["stats"]["tokens"] == 48
+    phases = result["timing"]["phases"]
+    assert {"prefill", "verify", "accept", "decode"} <= set(phases)
+    total = sum(p["seconds"] for p in phases.values())
+    assert abs(total - result["timing"]["total_s"]) <= 0.05 * result["timing"]["total_s"] + 0.01
+    assert result["memory"]["peak_bytes"] > 0
+    assert [r["class"] for r in result["images"]] == [3, 7, 3]
+    from PIL import Image
+    assert Image.open(out / "image_0000_c3.png").size == (64, 64)
+    assert "tau" in res.stdout and "images/s" in res.stdout
+
+    # image i depends only on (seed, i): a run of image 0..1 reproduces the first two
+    again = tmp_path / "again"
+    assert run_cli(*base_args(official_ckpts, again), "--method", "ar", "--classes", "3,7", "--seed", "5").exit_code == 0
+    assert np.array_equal(np.load(again / "tokens.npy"), tokens[:2])
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--classes", "0,1200"], "class 1200 is out of range"),
+    (["--num-images", "-1"], "--num-images must be >= 1"),
+    (["--method", "medusa"], "unknown method 'medusa'"),
+    (["--method", "lantern++", "--tree", "nope"], "unknown tree 'nope'"),
+    (["--method", "sd"], "needs a drafter"),
+    (["--temperature", "0"], "--temperature must be > 0"),
+])
+def test_bad_arguments_are_refused_before_anything_is_written(official_ckpts, tmp_path, run_cli, extra, message):
+    out = tmp_path / "out"
+    res = run_cli(*base_args(official_ckpts, out), *extra)
+    assert res.exit_code == 2
+    assert message in res.stderr and res.stderr.count("\n") == 1
+    assert not out.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]  # no staging left behind
+
+
+def test_missing_checkpoint_and_unavailable_devices_are_one_line(official_ckpts, tmp_path, run_cli):
+    res = run_cli("run", "--gpt-model", "GPT-B", "--gpt-ckpt", str(tmp_path / "nope.pt"), "--vq-ckpt",
+                  str(official_ckpts / "vq_ds16_c2i.pt"), "--device", "cpu", "--out", str(tmp_path / "o"))
+    assert res.exit_code == 2 and "checkpoint not found" in res.stderr and res.stderr.count("\n") == 1
+    for device in ("cuda", "hpu"):
+        if device == "cuda" and torch.cuda.is_available():
+            continue
+        res = run_cli(*base_args(official_ckpts, tmp_path / "o"), "--device", device)
+        assert res.exit_code == 2 and f"{device} is not available" in res.stderr
+        assert res.stderr.count("\n") == 1
