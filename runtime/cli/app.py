@@ -25,6 +25,8 @@ COMMAND_MODULES: list[str] = [
     "runtime.cli.models_cmd",
     "runtime.cli.devices_cmd",
     "runtime.cli.run_cmd",
+    "runtime.cli.train_cmd",
+    "runtime.cli.eval_cmd",
 ]
 
 

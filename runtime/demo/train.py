@@ -1,0 +1,625 @@
+"""Training of the embedded demo bundle: tokenizer, target GPT, drafter and quality classifier.
+
+`train_demo(out_dir, DemoTrainConfig(...))` rebuilds the whole bundle from scratch on the CPU
+(`runtime train demo`). Stages, each deterministic given the seed (up to the thread count's
+effect on float summation order):
+
+1. **VQ tokenizer** (`runtime.models.vq.VQModel`, small config, 4x downsample so a 64x64 image
+   is a 16x16 = 256-token grid, LlamaGen-256's sequence length). Trained as a VQ-VAE on freshly
+   rendered images: L1 + L2 reconstruction + the quantiser's codebook and commitment losses.
+   The codebook is initialised by spherical k-means over the (untrained) encoder's outputs,
+   and codes unused over a window of steps are restarted at random encoder outputs of the
+   current batch during the first part of training, so nearly the whole codebook is in use.
+2. **Tokenised dataset**: `n_token_images` training images (seed `seed`) and a validation set
+   (seed `VAL_SEED`) encoded once with the trained tokenizer.
+3. **Target** (`runtime.models.gpt.Transformer`, c2i, `GPT-demo` shape with overrides): next
+   token cross-entropy, label dropout to the null class (inside the model) for CFG, AdamW with
+   warm-up and cosine decay.
+4. **Drafter** (`runtime.models.drafter.Drafter`, EAGLE/LANTERN layout): teacher-forced on the
+   trained target's post-norm hidden states over real tokens (10% of samples with the null
+   class, so the CFG-unconditional branch is learned); embedding copied from the target and
+   frozen; loss SmoothL1 + 0.1 x soft cross-entropy through the target's lm_head, uniform
+   noise on the input hiddens (EAGLE's convention).
+5. **Classifier** (`runtime.demo.classifier.DemoClassifier`) on freshly rendered images.
+
+Weights of the target and drafter are stored in fp16 to keep the bundle small; every metric in
+the manifest is measured after that round trip, i.e. on the weights that ship.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from runtime.demo.dataset import (CLASS_NAMES, IMAGE_SIZE, NUM_CLASSES, VAL_SEED, make_images,
+                                  to_tensor_range)
+from runtime.models.configs import VQConfig
+from runtime.models.vq import VQModel
+
+# progress(stage, done, total, info): called after every step of every stage.
+Progress = Callable[[str, int, int, dict[str, float]], None]
+
+
+def _no_progress(stage: str, done: int, total: int, info: dict[str, float]) -> None:
+    return None
+
+
+# The demo tokenizer: 16 -> 32 -> 32 channels over three levels (4x downsample), one residual
+# block per level. Small because convolutions are the slowest part of CPU training.
+DEMO_VQ_CONFIG = VQConfig(
+    codebook_size=512,
+    codebook_embed_dim=8,
+    codebook_l2_norm=True,
+    codebook_show_usage=True,
+    commit_loss_beta=0.25,
+    entropy_loss_ratio=0.0,
+    encoder_ch_mult=(1, 2, 2),
+    decoder_ch_mult=(1, 2, 2),
+    z_channels=64,
+    ch=16,
+    num_res_blocks=1,
+    norm_groups=8,
+    dropout_p=0.0,
+)
+
+
+def _lr_at(step: int, total: int, peak: float, warmup: int, floor: float = 0.1) -> float:
+    """Linear warm-up to `peak`, then cosine decay to `floor * peak` at `total`."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    t = (step - warmup) / max(1, total - warmup)
+    return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
+
+
+def _set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
+    for group in opt.param_groups:
+        group["lr"] = lr
+
+
+def _images_tensor(seed: int, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """Render dataset samples as the VQ input: (B, 3, 64, 64) float32 in [-1, 1], labels (B,)."""
+    images, labels = make_images(seed, indices)
+    return torch.from_numpy(to_tensor_range(images)), torch.from_numpy(labels)
+
+
+# --------------------------------------------------------------------------------------------
+# 1. VQ tokenizer
+# --------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def _encoder_directions(vq: VQModel, x: torch.Tensor) -> torch.Tensor:
+    """Pre-quantisation vectors of images x, l2-normalised as the quantiser compares them: (N, C)."""
+    z = vq.quant_conv(vq.encoder(x))
+    z = z.permute(0, 2, 3, 1).reshape(-1, z.shape[1])
+    return F.normalize(z, dim=-1)
+
+
+@torch.no_grad()
+def spherical_kmeans(points: torch.Tensor, k: int, iters: int, generator: torch.Generator) -> torch.Tensor:
+    """k unit-norm centroids of unit-norm `points` (N, C) by cosine k-means; empty clusters are
+    re-seeded at random points. Returns (k, C)."""
+    centroids = points[torch.randperm(points.shape[0], generator=generator)[:k]].clone()
+    for _ in range(iters):
+        assign = (points @ centroids.T).argmax(dim=1)
+        sums = torch.zeros_like(centroids).index_add_(0, assign, points)
+        counts = torch.bincount(assign, minlength=k)
+        empty = counts == 0
+        if empty.any():
+            sums[empty] = points[torch.randint(points.shape[0], (int(empty.sum()),), generator=generator)]
+        centroids = F.normalize(sums, dim=-1)
+    return centroids
+
+
+@dataclass
+class VQTrainResult:
+    recon_l1: float  # mean |x - x_hat| on validation images, in [-1, 1] units
+    recon_mse: float
+    codebook_usage: float  # fraction of codes used on the validation images
+    steps: int
+    seconds: float
+
+
+def train_vq(vq: VQModel, *, steps: int, batch: int, seed: int, lr: float = 3e-3,
+             restart_every: int = 25, restart_until: float = 0.7,
+             progress: Progress = _no_progress) -> VQTrainResult:
+    """Train `vq` in place as a VQ-VAE on freshly rendered images (samples steps*batch of `seed`).
+
+    Dead codes (unused over the last `restart_every` steps) are moved onto random encoder
+    outputs of the current batch until `restart_until` of the steps have run.
+    """
+    t0 = time.perf_counter()
+    gen = torch.Generator().manual_seed(seed)
+    n_codes = vq.config.codebook_size
+    vq.train()
+    # k-means initialisation of the codebook over the untrained encoder's outputs.
+    x0, _ = _images_tensor(seed, np.arange(10_000_000, 10_000_000 + 64))
+    points = _encoder_directions(vq, x0)
+    with torch.no_grad():
+        vq.quantize.embedding.weight.copy_(spherical_kmeans(points, n_codes, 10, gen))
+
+    opt = torch.optim.AdamW(vq.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=0.0)
+    used = torch.zeros(n_codes, dtype=torch.bool)
+    for step in range(steps):
+        _set_lr(opt, _lr_at(step, steps, lr, warmup=max(1, steps // 20)))
+        x, _ = _images_tensor(seed, np.arange(step * batch, (step + 1) * batch))
+        h = vq.quant_conv(vq.encoder(x))
+        quant, (vq_loss, commit_loss, _, _), indices = vq.quantize(h)
+        recon = vq.decode(quant)
+        l1 = (recon - x).abs().mean()
+        mse = F.mse_loss(recon, x)
+        loss = l1 + mse + vq_loss + commit_loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        used[indices] = True
+        if (step + 1) % restart_every == 0:
+            if step < restart_until * steps:
+                _restart_dead_codes(vq, h.detach(), ~used, gen)
+            used.zero_()
+        progress("vq", step + 1, steps, {"l1": l1.item(), "mse": mse.item()})
+
+    vq.eval()
+    metrics = evaluate_vq(vq, n=256)
+    return VQTrainResult(steps=steps, seconds=time.perf_counter() - t0, **metrics)
+
+
+@torch.no_grad()
+def _restart_dead_codes(vq: VQModel, h: torch.Tensor, dead: torch.Tensor, gen: torch.Generator) -> None:
+    """Move the codebook rows flagged `dead` (n_codes,) onto random batch vectors of h (B, C, h, w)."""
+    n_dead = int(dead.sum())
+    if n_dead == 0:
+        return
+    z = F.normalize(h.permute(0, 2, 3, 1).reshape(-1, h.shape[1]), dim=-1)
+    pick = torch.randint(z.shape[0], (n_dead,), generator=gen)
+    vq.quantize.embedding.weight[dead] = z[pick]
+
+
+@torch.no_grad()
+def evaluate_vq(vq: VQModel, n: int = 256, batch: int = 64) -> dict[str, float]:
+    """Reconstruction error and codebook usage on n validation images (seed VAL_SEED)."""
+    vq.eval()
+    l1 = mse = 0.0
+    counts = torch.zeros(vq.config.codebook_size, dtype=torch.long)
+    for start in range(0, n, batch):
+        x, _ = _images_tensor(VAL_SEED, np.arange(start, min(n, start + batch)))
+        quant, tokens = vq.encode(x)
+        recon = vq.decode(quant)
+        l1 += float((recon - x).abs().mean()) * x.shape[0]
+        mse += float(F.mse_loss(recon, x)) * x.shape[0]
+        counts += torch.bincount(tokens.reshape(-1), minlength=counts.numel())
+    return {"recon_l1": l1 / n, "recon_mse": mse / n,
+            "codebook_usage": float((counts > 0).float().mean())}
+
+
+# --------------------------------------------------------------------------------------------
+# 2. Tokenised dataset
+# --------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def tokenize_images(vq: VQModel, seed: int, n: int, batch: int = 128,
+                    progress: Progress = _no_progress, stage: str = "tokenize") -> tuple[torch.Tensor, torch.Tensor]:
+    """Encode samples 0..n-1 of `seed`: tokens (n, 256) int64 in raster order, labels (n,)."""
+    vq.eval()
+    tokens = torch.empty(n, (IMAGE_SIZE // vq.downsample) ** 2, dtype=torch.long)
+    labels = torch.empty(n, dtype=torch.long)
+    for start in range(0, n, batch):
+        stop = min(n, start + batch)
+        x, y = _images_tensor(seed, np.arange(start, stop))
+        tokens[start:stop] = vq.encode(x.contiguous(memory_format=torch.channels_last))[1]
+        labels[start:stop] = y
+        progress(stage, stop, n, {})
+    return tokens, labels
+
+
+# --------------------------------------------------------------------------------------------
+# 3. Target GPT
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class GPTTrainResult:
+    train_loss: float  # mean over the last 10% of steps
+    val_loss: float  # token cross-entropy (nats) on the validation tokens, true labels
+    steps: int
+    seconds: float
+
+
+def train_gpt(gpt: "Transformer", tokens: torch.Tensor, labels: torch.Tensor, val_tokens: torch.Tensor,
+              val_labels: torch.Tensor, *, steps: int, batch: int, seed: int, lr: float = 1.5e-3,
+              weight_decay: float = 0.05, progress: Progress = _no_progress) -> GPTTrainResult:
+    """Next-token training of `gpt` in place on (tokens (N, 256), labels (N,)) for `steps`
+    minibatches of `batch`, sampled as shuffled epochs."""
+    t0 = time.perf_counter()
+    gen = torch.Generator().manual_seed(seed)
+    decay = [p for n, p in gpt.named_parameters() if p.dim() >= 2 and "embedding" not in n]
+    no_decay = [p for n, p in gpt.named_parameters() if p.dim() < 2 or "embedding" in n]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95))
+    order = torch.randperm(len(tokens), generator=gen)
+    cursor = 0
+    losses: list[float] = []
+    gpt.train()
+    for step in range(steps):
+        _set_lr(opt, _lr_at(step, steps, lr, warmup=max(1, steps // 25)))
+        if cursor + batch > len(order):
+            order, cursor = torch.randperm(len(tokens), generator=gen), 0
+        pick = order[cursor:cursor + batch]
+        cursor += batch
+        idx = tokens[pick]
+        logits, _ = gpt.forward_train(labels[pick], idx)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), idx.reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(gpt.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+        progress("gpt", step + 1, steps, {"loss": losses[-1]})
+    gpt.eval()
+    tail = losses[-max(1, steps // 10):]
+    return GPTTrainResult(train_loss=float(np.mean(tail)), val_loss=gpt_val_loss(gpt, val_tokens, val_labels),
+                          steps=steps, seconds=time.perf_counter() - t0)
+
+
+@torch.no_grad()
+def gpt_val_loss(gpt: "Transformer", tokens: torch.Tensor, labels: torch.Tensor, batch: int = 64) -> float:
+    """Mean token cross-entropy (nats) of `gpt` (eval mode: no label dropout) on tokens (N, 256)."""
+    gpt.eval()
+    total = 0.0
+    for start in range(0, len(tokens), batch):
+        idx = tokens[start:start + batch]
+        logits, _ = gpt.forward_train(labels[start:start + batch], idx)
+        total += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), idx.reshape(-1), reduction="sum"))
+    return total / tokens.numel()
+
+
+# --------------------------------------------------------------------------------------------
+# 4. Drafter
+# --------------------------------------------------------------------------------------------
+
+# EAGLE's uniform input-noise convention: hidden += (U[0,1) - 0.5) * std * 512 / seq_len.
+DRAFTER_NOISE_STD = 0.2
+DRAFTER_NULL_CLASS_PROB = 0.1
+
+
+@torch.no_grad()
+def teacher_hiddens(gpt: "Transformer", tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Target hidden states (B, S, dim) post-final-norm, S = block_size: position p (the class
+    position for p = 0) is the state that predicted image token p."""
+    gpt.eval()
+    _, hidden = gpt.forward_train(labels, tokens)
+    return hidden
+
+
+def _drafter_inputs(gpt: "Transformer", tokens: torch.Tensor, labels: torch.Tensor,
+                    gen: torch.Generator, null_prob: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Teacher-forced hiddens for a batch, with a `null_prob` share of rows on the null class."""
+    null = torch.rand(labels.shape, generator=gen) < null_prob
+    cond = torch.where(null, torch.full_like(labels, gpt.config.num_classes), labels)
+    return teacher_hiddens(gpt, tokens, cond), cond
+
+
+@dataclass
+class DrafterTrainResult:
+    top1_vs_target: float  # drafter argmax == target argmax for the next token (val, true labels)
+    vloss: float
+    ploss: float
+    steps: int
+    seconds: float
+
+
+def train_drafter(drafter: "Drafter", gpt: "Transformer", tokens: torch.Tensor, labels: torch.Tensor,
+                  val_tokens: torch.Tensor, val_labels: torch.Tensor, *, steps: int, batch: int, seed: int,
+                  lr: float = 1e-3, progress: Progress = _no_progress) -> DrafterTrainResult:
+    """EAGLE/LANTERN drafter training on the frozen target's teacher-forced hidden states.
+
+    Drafter position p pairs image token z_p with target hidden h_p (h_0 = the class
+    position); its output at p regresses h_{p+1}, for p = 0..S-2.
+    """
+    from runtime.models.drafter import drafter_loss
+
+    t0 = time.perf_counter()
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        drafter.embed_tokens.weight.copy_(gpt.tok_embeddings.weight)
+    drafter.embed_tokens.weight.requires_grad_(False)
+    for p in gpt.parameters():
+        p.requires_grad_(False)
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    seq = gpt.config.block_size
+    mask = torch.ones(batch, seq)
+    mask[:, -1] = 0
+    order = torch.randperm(len(tokens), generator=gen)
+    cursor = 0
+    drafter.train()
+    for step in range(steps):
+        _set_lr(opt, _lr_at(step, steps, lr, warmup=max(1, steps // 25)))
+        if cursor + batch > len(order):
+            order, cursor = torch.randperm(len(tokens), generator=gen), 0
+        pick = order[cursor:cursor + batch]
+        cursor += batch
+        idx = tokens[pick]
+        hidden, _ = _drafter_inputs(gpt, idx, labels[pick], gen, DRAFTER_NULL_CLASS_PROB)
+        target = torch.cat([hidden[:, 1:], torch.zeros_like(hidden[:, :1])], dim=1)
+        noise = (torch.rand(hidden.shape, generator=gen) - 0.5) * (DRAFTER_NOISE_STD * 512 / seq)
+        out = drafter.forward_train(hidden + noise, idx)
+        loss, vloss, ploss = drafter_loss(out, target, gpt.output, mask)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_value_(params, 0.5)
+        opt.step()
+        progress("drafter", step + 1, steps, {"vloss": float(vloss), "ploss": float(ploss)})
+    drafter.eval()
+    for p in gpt.parameters():
+        p.requires_grad_(True)
+    metrics = drafter_val_metrics(drafter, gpt, val_tokens, val_labels)
+    return DrafterTrainResult(steps=steps, seconds=time.perf_counter() - t0, **metrics)
+
+
+@torch.no_grad()
+def drafter_val_metrics(drafter: "Drafter", gpt: "Transformer", tokens: torch.Tensor, labels: torch.Tensor,
+                        batch: int = 32) -> dict[str, float]:
+    """Teacher-forced agreement of the drafter with the target on validation tokens."""
+    from runtime.models.drafter import drafter_loss
+
+    drafter.eval()
+    agree = count = 0
+    vloss = ploss = 0.0
+    for start in range(0, len(tokens), batch):
+        idx = tokens[start:start + batch]
+        hidden = teacher_hiddens(gpt, idx, labels[start:start + batch])
+        out = drafter.forward_train(hidden, idx)[:, :-1]
+        target = hidden[:, 1:]
+        agree += int((gpt.logits(out).argmax(-1) == gpt.logits(target).argmax(-1)).sum())
+        count += target.shape[0] * target.shape[1]
+        _, v, p = drafter_loss(out, target, gpt.output, torch.ones(target.shape[:2]))
+        vloss += float(v) * len(idx)
+        ploss += float(p) * len(idx)
+    return {"top1_vs_target": agree / count, "vloss": vloss / len(tokens), "ploss": ploss / len(tokens)}
+
+
+# --------------------------------------------------------------------------------------------
+# 5. Classifier
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ClassifierTrainResult:
+    val_accuracy: float  # on real validation images
+    steps: int
+    seconds: float
+
+
+def train_classifier(classifier: "DemoClassifier", *, steps: int, batch: int, seed: int, lr: float = 3e-3,
+                     progress: Progress = _no_progress) -> ClassifierTrainResult:
+    """Cross-entropy training on freshly rendered images (samples offset so they differ from
+    the tokenizer's), then accuracy on 600 validation images."""
+    t0 = time.perf_counter()
+    opt = torch.optim.AdamW(classifier.parameters(), lr=lr, weight_decay=1e-4)
+    classifier.train()
+    base = 20_000_000
+    for step in range(steps):
+        _set_lr(opt, _lr_at(step, steps, lr, warmup=max(1, steps // 20)))
+        x, y = _images_tensor(seed, np.arange(base + step * batch, base + (step + 1) * batch))
+        loss = F.cross_entropy(classifier(x.contiguous(memory_format=torch.channels_last)), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        progress("classifier", step + 1, steps, {"loss": loss.item()})
+    classifier.eval()
+    x, y = _images_tensor(VAL_SEED, np.arange(600))
+    with torch.no_grad():
+        acc = float((classifier.predict(x) == y).float().mean())
+    return ClassifierTrainResult(val_accuracy=acc, steps=steps, seconds=time.perf_counter() - t0)
+
+
+# --------------------------------------------------------------------------------------------
+# The whole bundle
+# --------------------------------------------------------------------------------------------
+
+# Sampling settings recorded in the manifest as the bundle's recommendation (`runtime run`
+# defaults). lantern_k / lambda / delta are starting points, tuned from benchmark numbers.
+RECOMMENDED_SAMPLING: dict[str, Any] = {
+    "method": "lantern++",
+    "tree": "naive_extend_57",
+    "temperature": 1.0,
+    "top_k": 0,
+    "top_p": 1.0,
+    "cfg": 3.0,
+    "lantern_k": 32,
+    "lantern_lambda": 2.0,
+    "lantern_delta": 0.1,
+}
+
+
+@dataclass
+class DemoTrainConfig:
+    """Everything `runtime train demo` varies. Defaults: the full run that built the packaged
+    bundle (about 40 minutes on 2 CPU cores); `micro()` is the few-second smoke test."""
+
+    seed: int = 0
+    steps_vq: int = 1800
+    steps_gpt: int = 1000
+    steps_drafter: int = 300
+    steps_classifier: int = 300
+    batch_vq: int = 8
+    batch_gpt: int = 16
+    batch_drafter: int = 16
+    batch_classifier: int = 32
+    n_token_images: int = 12288  # training images tokenised for the target and drafter
+    n_val_images: int = 256  # validation images (seed VAL_SEED) for the reported metrics
+    n_sample_images: int = 48  # AR samples generated to measure quality (0: skip)
+    n_real_images: int = 1200  # real reference images for the Frechet distance
+    threads: int = 2
+    gpt_layers: int = 4
+    gpt_dim: int = 256
+    gpt_heads: int = 8
+    vq: VQConfig = field(default_factory=lambda: DEMO_VQ_CONFIG)
+
+    @classmethod
+    def micro(cls, seed: int = 0, threads: int = 2) -> "DemoTrainConfig":
+        """A few steps of every stage on tiny data: exercises the whole path in seconds."""
+        return cls(seed=seed, steps_vq=2, steps_gpt=2, steps_drafter=2, steps_classifier=2, batch_vq=4,
+                   batch_gpt=4, batch_drafter=2, batch_classifier=8, n_token_images=16, n_val_images=8,
+                   n_sample_images=0, n_real_images=24, threads=threads)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["vq"] = self.vq.to_dict()
+        return d
+
+
+def demo_gpt_config(cfg: DemoTrainConfig) -> "GPTConfig":
+    """The target's config: `GPT-demo` resized; dropouts off (the data is never repeated
+    often enough to overfit), label dropout kept for classifier-free guidance."""
+    from runtime.models.configs import gpt_config
+
+    return gpt_config("GPT-demo", image_size=IMAGE_SIZE, downsample=cfg.vq.downsample, num_classes=NUM_CLASSES,
+                      vocab_size=cfg.vq.codebook_size, n_layer=cfg.gpt_layers, dim=cfg.gpt_dim,
+                      n_head=cfg.gpt_heads, token_dropout_p=0.0, resid_dropout_p=0.0, ffn_dropout_p=0.0,
+                      class_dropout_prob=0.1)
+
+
+def _n_params(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+@torch.no_grad()
+def sample_quality(gpt: "Transformer", vq: VQModel, classifier: "DemoClassifier", *, n: int, seed: int,
+                   n_real: int, sampling: dict[str, Any]) -> dict[str, Any]:
+    """Class accuracy and FD of `n` AR samples (classes round-robin) at `sampling` settings,
+    plus the same measures for VQ reconstructions of real images (the ceiling a perfect
+    target could reach through this tokenizer)."""
+    from runtime.core import MethodSpec, SamplingParams, generate
+    from runtime.demo.dataset import EVAL_SEED, from_tensor_range
+    from runtime.metrics.quality import _run_classifier, frechet_distance, real_features
+
+    real = real_features(classifier, n_real)
+    # Reconstructions of held-out real images (indices past the reference set).
+    x, y = _images_tensor(EVAL_SEED, np.arange(n_real, n_real + max(n, 2)))
+    recon = from_tensor_range(vq.decode(vq.encode(x)[0]).numpy())
+    preds, feats = _run_classifier(classifier, recon)
+    out: dict[str, Any] = {"recon_class_accuracy": float((preds == y.numpy()).mean()),
+                           "recon_fd": frechet_distance(feats, real), "n": n, "n_real": n_real}
+    if n <= 0:
+        return out
+    spec = MethodSpec("ar", SamplingParams(temperature=sampling["temperature"], top_k=sampling["top_k"],
+                                           top_p=sampling["top_p"], cfg=sampling["cfg"]))
+    labels = np.arange(n) % NUM_CLASSES
+    result = generate(gpt, None, spec, labels.tolist(), seed=seed)
+    images = from_tensor_range(vq.decode_code(result.tokens).numpy())
+    preds, feats = _run_classifier(classifier, images)
+    out.update({"ar_class_accuracy": float((preds == labels).mean()), "ar_fd": frechet_distance(feats, real),
+                "ar_settings": {k: sampling[k] for k in ("temperature", "top_k", "top_p", "cfg")}})
+    return out
+
+
+def train_demo(out_dir: str, cfg: DemoTrainConfig, *, command: str, overwrite: bool = False,
+               progress: Progress = _no_progress) -> dict[str, Any]:
+    """Train every part and write the bundle to `out_dir` (atomically). Returns the manifest."""
+    from runtime.demo.bundle import round_trip_, save_demo_bundle
+    from runtime.demo.classifier import ClassifierConfig, DemoClassifier
+    from runtime.demo.dataset import dataset_hash
+    from runtime.models.configs import DrafterConfig
+    from runtime.models.drafter import Drafter
+    from runtime.models.gpt import Transformer
+
+    t_start = time.perf_counter()
+    torch.set_num_threads(cfg.threads)
+    # Denormal arithmetic is orders of magnitude slower on x86; tiny gradients hit it.
+    torch.set_flush_denormal(True)
+    torch.manual_seed(cfg.seed)
+    wall: dict[str, float] = {}
+
+    vq = VQModel(cfg.vq).to(memory_format=torch.channels_last)
+    vq_res = train_vq(vq, steps=cfg.steps_vq, batch=cfg.batch_vq, seed=cfg.seed, progress=progress)
+    wall["vq"] = vq_res.seconds
+
+    t = time.perf_counter()
+    tokens, labels = tokenize_images(vq, cfg.seed, cfg.n_token_images, progress=progress)
+    val_tokens, val_labels = tokenize_images(vq, VAL_SEED, cfg.n_val_images, progress=progress,
+                                             stage="tokenize")
+    wall["tokenize"] = time.perf_counter() - t
+
+    gpt_cfg = demo_gpt_config(cfg)
+    gpt = Transformer(gpt_cfg)
+    gpt.init_weights()
+    gpt_res = train_gpt(gpt, tokens, labels, val_tokens, val_labels, steps=cfg.steps_gpt, batch=cfg.batch_gpt,
+                        seed=cfg.seed, progress=progress)
+    wall["gpt"] = gpt_res.seconds
+    round_trip_(gpt, "gpt")
+    gpt_val_shipped = gpt_val_loss(gpt, val_tokens, val_labels)
+
+    drafter = Drafter(DrafterConfig.for_target(gpt_cfg))
+    drafter_res = train_drafter(drafter, gpt, tokens, labels, val_tokens[:64], val_labels[:64],
+                                steps=cfg.steps_drafter, batch=cfg.batch_drafter, seed=cfg.seed, progress=progress)
+    wall["drafter"] = drafter_res.seconds
+    round_trip_(drafter, "drafter")
+    drafter_shipped = drafter_val_metrics(drafter, gpt, val_tokens[:64], val_labels[:64])
+
+    classifier = DemoClassifier(ClassifierConfig(num_classes=NUM_CLASSES, image_size=IMAGE_SIZE))
+    classifier = classifier.to(memory_format=torch.channels_last)
+    cls_res = train_classifier(classifier, steps=cfg.steps_classifier, batch=cfg.batch_classifier,
+                               seed=cfg.seed, progress=progress)
+    wall["classifier"] = cls_res.seconds
+
+    t = time.perf_counter()
+    progress("evaluate", 0, 1, {})
+    quality = sample_quality(gpt, vq, classifier, n=cfg.n_sample_images, seed=cfg.seed, n_real=cfg.n_real_images,
+                             sampling=RECOMMENDED_SAMPLING)
+    data_hash = dataset_hash(cfg.seed, cfg.n_token_images)
+    progress("evaluate", 1, 1, {})
+    wall["evaluate"] = time.perf_counter() - t
+    wall["total"] = time.perf_counter() - t_start
+
+    manifest: dict[str, Any] = {
+        "name": "demo",
+        "description": "LlamaGen-architecture c2i demo: procedural 64x64 shapes/patterns/textures, "
+                       "16x16 VQ tokens, EAGLE/LANTERN drafter, quality classifier",
+        "image_size": IMAGE_SIZE,
+        "downsample": cfg.vq.downsample,
+        "num_classes": NUM_CLASSES,
+        "class_names": list(CLASS_NAMES),
+        "recommended": dict(RECOMMENDED_SAMPLING),
+        "params": {"gpt": _n_params(gpt), "vq": _n_params(vq), "drafter": _n_params(drafter),
+                   "classifier": _n_params(classifier)},
+        "training": {
+            "command": command,
+            "seed": cfg.seed,
+            "config": cfg.to_dict(),
+            "torch": torch.__version__,
+            "data": {"generator": "runtime.demo.dataset", "train_seed": cfg.seed, "val_seed": VAL_SEED,
+                     "n_token_images": cfg.n_token_images,
+                     "sha256_first_n_token_images": data_hash},
+            "vq_method": "VQ-VAE (L1 + L2 reconstruction + codebook + 0.25 x commitment losses); codebook "
+                         "initialised by spherical k-means over the encoder's outputs; codes unused for 25 "
+                         "steps restarted at random encoder outputs during the first 70% of steps",
+            "drafter_method": "teacher-forced target hiddens over real tokens (10% null class); SmoothL1 + "
+                              "0.1 x soft CE via the target lm_head; uniform input noise std 0.2 (EAGLE); "
+                              "embed_tokens copied from the target and frozen",
+            "steps": {"vq": cfg.steps_vq, "gpt": cfg.steps_gpt, "drafter": cfg.steps_drafter,
+                      "classifier": cfg.steps_classifier},
+            "wall_time_s": {k: round(v, 1) for k, v in wall.items()},
+        },
+        "metrics": {
+            "vq": {"recon_l1": vq_res.recon_l1, "recon_mse": vq_res.recon_mse,
+                   "codebook_usage": vq_res.codebook_usage},
+            "gpt": {"train_loss": gpt_res.train_loss, "val_loss": gpt_val_shipped,
+                    "val_loss_fp32": gpt_res.val_loss},
+            "drafter": {"top1_vs_target": drafter_shipped["top1_vs_target"], "vloss": drafter_shipped["vloss"],
+                        "ploss": drafter_shipped["ploss"]},
+            "classifier": {"val_accuracy": cls_res.val_accuracy},
+            "quality": quality,
+        },
+    }
+    save_demo_bundle(out_dir, gpt=gpt, vq=vq, drafter=drafter, classifier=classifier, manifest=manifest,
+                     overwrite=overwrite)
+    return manifest

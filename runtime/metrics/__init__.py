@@ -1,0 +1,1 @@
+"""Quality measures (class accuracy, Frechet distance) for generated demo images."""
