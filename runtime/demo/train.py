@@ -356,7 +356,7 @@ def train_drafter(drafter: "Drafter", gpt: "Transformer", tokens: torch.Tensor, 
         loss.backward()
         torch.nn.utils.clip_grad_value_(params, 0.5)
         opt.step()
-        progress("drafter", step + 1, steps, {"vloss": float(vloss), "ploss": float(ploss)})
+        progress("drafter", step + 1, steps, {"vloss": vloss.item(), "ploss": ploss.item()})
     drafter.eval()
     for p in gpt.parameters():
         p.requires_grad_(True)

@@ -1,0 +1,106 @@
+"""The demo training path stays alive (micro run), and the packaged bundle is complete."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from runtime.demo.bundle import PART_NAMES, default_bundle_path, load_demo_bundle
+from runtime.demo.dataset import CLASS_NAMES, NUM_CLASSES, make_images, to_tensor_range
+from runtime.demo.train import DemoTrainConfig, train_demo
+
+RECOMMENDED_KEYS = {"temperature", "top_k", "top_p", "cfg", "method", "tree", "lantern_k", "lantern_lambda",
+                    "lantern_delta"}
+needs_bundle = pytest.mark.skipif(not (default_bundle_path() / "manifest.json").is_file(),
+                                  reason="the packaged demo bundle (runtime/assets/demo) is not built")
+
+
+@pytest.fixture(scope="module")
+def micro_bundle(tmp_path_factory):
+    out = tmp_path_factory.mktemp("micro") / "bundle"
+    manifest = train_demo(str(out), DemoTrainConfig.micro(seed=3, threads=1), command="pytest micro run")
+    return out, manifest
+
+
+def _check_manifest(manifest: dict) -> None:
+    assert manifest["image_size"] == 64 and manifest["downsample"] == 4
+    assert manifest["num_classes"] == NUM_CLASSES and manifest["class_names"] == list(CLASS_NAMES)
+    assert set(manifest["recommended"]) >= RECOMMENDED_KEYS
+    training = manifest["training"]
+    assert training["command"] and isinstance(training["seed"], int)
+    assert len(training["data"]["sha256_first_n_token_images"]) == 64
+    assert set(training["steps"]) == {"vq", "gpt", "drafter", "classifier"}
+    assert training["wall_time_s"]["total"] > 0
+    metrics = manifest["metrics"]
+    for key in ("recon_l1", "codebook_usage"):
+        assert key in metrics["vq"]
+    assert "val_loss" in metrics["gpt"] and "top1_vs_target" in metrics["drafter"]
+    assert "val_accuracy" in metrics["classifier"]
+
+
+def test_micro_run_writes_a_complete_bundle_atomically(micro_bundle):
+    out, manifest = micro_bundle
+    assert sorted(p.name for p in out.iterdir()) == sorted([f"{n}.safetensors" for n in PART_NAMES] + ["manifest.json"])
+    assert not out.with_name(out.name + ".tmp").exists()
+    _check_manifest(manifest)
+    assert manifest["training"]["command"] == "pytest micro run" and manifest["training"]["seed"] == 3
+
+
+def test_micro_bundle_loads_and_its_parts_fit_together(micro_bundle):
+    out, manifest = micro_bundle
+    bundle = load_demo_bundle(out)
+    assert bundle.manifest["training"]["seed"] == 3
+    gpt_cfg, vq = bundle.gpt.config, bundle.vq
+    assert gpt_cfg.block_size == 256 and gpt_cfg.vocab_size == vq.config.codebook_size
+    assert gpt_cfg.num_classes == NUM_CLASSES and gpt_cfg.cls_token_num == 1
+    assert 3e6 <= manifest["params"]["gpt"] <= 10e6
+    assert vq.config.codebook_size >= 512 and vq.downsample == 4
+    assert bundle.drafter.config.hidden_size == gpt_cfg.dim
+    # The drafter's frozen input embedding is the target's (both stored in fp16).
+    assert torch.equal(bundle.drafter.embed_tokens.weight, bundle.gpt.tok_embeddings.weight)
+    images, _ = make_images(0, np.arange(2))
+    with torch.no_grad():
+        _, tokens = vq.encode(torch.from_numpy(to_tensor_range(images)))
+        assert tokens.shape == (2, 256)
+        assert vq.decode_code(tokens).shape == (2, 3, 64, 64)
+        logits, hidden = bundle.gpt.forward_train(torch.tensor([0, 1]), tokens)
+        assert logits.shape == (2, 256, gpt_cfg.vocab_size)
+        assert bundle.drafter.forward_train(hidden, tokens).shape == (2, 256, gpt_cfg.dim)
+
+
+def test_micro_bundle_loads_in_bfloat16(micro_bundle):
+    bundle = load_demo_bundle(micro_bundle[0], dtype=torch.bfloat16)
+    assert bundle.gpt.output.weight.dtype == torch.bfloat16
+    assert bundle.drafter.fc.weight.dtype == torch.bfloat16
+    assert bundle.vq.decoder.conv_out.weight.dtype == torch.float32
+
+
+def test_train_refuses_an_existing_output_without_force(tmp_path, run_cli):
+    (tmp_path / "taken").mkdir()
+    res = run_cli("train", "demo", "--out", str(tmp_path / "taken"), "--micro")
+    assert res.exit_code == 2 and "--force" in res.stderr
+    res = run_cli("train", "demo", "--out", str(tmp_path / "new"), "--steps-gpt", "-1")
+    assert res.exit_code == 2 and "--steps-gpt must be >= 0" in res.stderr
+    assert not (tmp_path / "new").exists()
+
+
+def test_loading_a_folder_that_is_not_a_bundle_is_one_clear_error(tmp_path):
+    from runtime.errors import UserError
+
+    with pytest.raises(UserError, match="not a model bundle"):
+        load_demo_bundle(tmp_path)
+
+
+@needs_bundle
+def test_packaged_bundle_is_complete_small_and_reproducible_from_its_manifest():
+    folder = default_bundle_path()
+    size = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
+    assert size <= 20 * 1024 * 1024
+    manifest = json.loads((folder / "manifest.json").read_text())
+    _check_manifest(manifest)
+    assert manifest["training"]["command"].startswith("runtime train demo ")
+    assert manifest["metrics"]["classifier"]["val_accuracy"] > 0.9
+    assert manifest["metrics"]["vq"]["codebook_usage"] > 0.5
