@@ -27,6 +27,7 @@ COMMAND_MODULES: list[str] = [
     "runtime.cli.run_cmd",
     "runtime.cli.train_cmd",
     "runtime.cli.eval_cmd",
+    "runtime.cli.bench_cmd",
 ]
 
 
@@ -35,10 +36,15 @@ def _register() -> None:
         importlib.import_module(module)
 
 
+# The command line of the current invocation, recorded in result files.
+INVOCATION: list[str] = []
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point."""
     from runtime.errors import UserError
 
+    INVOCATION[:] = ["runtime"] + list(sys.argv[1:] if argv is None else argv)
     _register()
     try:
         app(args=argv, standalone_mode=False)

@@ -1,0 +1,140 @@
+"""`runtime bench`: one workload, every method, the same device, ratios from the same run.
+
+Each run (a method, possibly with a swept parameter) builds its decoder once, runs the whole
+workload `warmup` times untimed (graph capture, compilation, caches), then `repeats` times
+timed with the backend's device-synchronised timer. Latency of a repeat = wall time for all
+images; speedup = AR p50 / method p50 from this same process.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from runtime.bench import schema
+from runtime.core import MethodSpec
+from runtime.errors import UserError
+from runtime.pipeline import LoadedModel, make_decoder, resolve_spec, run_generation
+
+SWEEP_KEYS = {"lambda": ("lantern_lambda", float, "lantern++"), "delta": ("lantern_delta", float, "lantern"),
+              "tree": ("tree", str, "lantern++"), "k": ("lantern_k", int, None)}
+TIMERS = {"cpu": "perf_counter", "cuda": "cuda_events", "hpu": "synchronize+perf_counter"}
+
+
+@dataclass
+class PlannedRun:
+    method: str
+    overrides: dict[str, Any]
+
+
+def parse_sweep(sweeps: Sequence[str]) -> list[tuple[str, type, str | None, list[Any]]]:
+    """`lambda=1,2,4` -> [("lantern_lambda", float, "lantern++", [1.0, 2.0, 4.0])]."""
+    parsed = []
+    for text in sweeps:
+        key, sep, values = text.partition("=")
+        if not sep or key not in SWEEP_KEYS or not values:
+            raise UserError(f"--sweep {text!r}: expected KEY=V1,V2 with KEY one of {', '.join(SWEEP_KEYS)}")
+        field, cast, method = SWEEP_KEYS[key]
+        try:
+            vals = [cast(v) for v in values.split(",") if v != ""]
+        except ValueError:
+            raise UserError(f"--sweep {text!r}: {key} values must be {cast.__name__}s") from None
+        parsed.append((field, cast, method, vals))
+    return parsed
+
+
+def plan_runs(methods: Sequence[str], sweeps: Sequence[str]) -> list[PlannedRun]:
+    """One run per method; a sweep replaces its method's single run by one run per value."""
+    plan: list[PlannedRun] = []
+    swept = parse_sweep(sweeps)
+    for method in methods:
+        variants = [dict()]
+        for field, _, target_method, values in swept:
+            if target_method is None and method in ("lantern", "lantern++") or target_method == method:
+                variants = [dict(v, **{field: value}) for v in variants for value in values]
+        plan.extend(PlannedRun(method, v) for v in variants)
+    return plan
+
+
+def bench(loaded: LoadedModel, backend: Any, profile: Any, plan: Sequence[PlannedRun], flags: dict[str, Any],
+          conditions: Sequence[int], *, seed: int, warmup: int, repeats: int, quality: bool,
+          command_line: Sequence[str], progress: Callable[[str, int, int], None] | None = None) -> schema.BenchResult:
+    """Run every planned method on the same workload and return a validated BenchResult."""
+    started = datetime.now(timezone.utc)
+    t0 = time.perf_counter()
+    specs = [resolve_spec(p.method, {**flags, **p.overrides}, profile, loaded.recommended) for p in plan]
+    common = specs[0].sampling
+    n = len(conditions)
+    runs = []
+    total_steps = len(specs) * (warmup + repeats)
+    step = 0
+    for spec in specs:
+        decoder = make_decoder(loaded, spec, backend)
+        latencies, last = [], None
+        for r in range(warmup + repeats):
+            if r == warmup:
+                backend.reset_peak_memory()
+            out = run_generation(loaded, spec, conditions, seed=seed, backend=backend, decoder=decoder)
+            if r >= warmup:
+                latencies.append(out.total_s)
+                last = out
+            step += 1
+            if progress is not None:
+                progress(_label(spec), step, total_steps)
+        runs.append(_run_result(spec, last, latencies, n, backend, loaded, conditions, quality))
+    info = backend.info()
+    versions = {k: str(info[k]) for k in ("torch", "cuda", "driver", "synapseai") if info.get(k)}
+    device = schema.DeviceInfo(backend=backend.name, name=str(info.get("name", backend.name)),
+                               count=int(info.get("count", 1)), versions=versions)
+    workload = schema.Workload(
+        model=loaded.name, params=loaded.params, tokens_per_image=loaded.config.block_size,
+        image_size=loaded.image_size, conditions=schema.Conditions.for_classes(conditions), num_images=n,
+        seeds=[int(s) for s in last.seeds],
+        sampling=schema.Sampling(greedy=common.greedy, temperature=common.temperature, top_k=common.top_k,
+                                 top_p=common.top_p, cfg=common.cfg))
+    env = schema.current_env(profile=schema.Profile(name=profile.name, values=profile.to_dict()),
+                             started_at=started, bench_seconds=time.perf_counter() - t0, warmup=warmup,
+                             repeats=repeats, timer=TIMERS.get(backend.name, "perf_counter"),
+                             command_line=command_line)
+    return schema.make_bench(device, workload, env, runs)
+
+
+def _label(spec: MethodSpec) -> str:
+    d = spec.describe()
+    extra = " ".join(f"{k}={d[k]}" for k in ("tree", "lantern_lambda", "lantern_delta") if k in d)
+    return f"{spec.method} {extra}".strip()
+
+
+def _run_result(spec: MethodSpec, out: Any, latencies: list[float], n: int, backend: Any, loaded: LoadedModel,
+                conditions: Sequence[int], quality: bool) -> schema.RunResult:
+    d = spec.describe()
+    params = schema.MethodParams(
+        tree=d.get("tree", "dynamic" if spec.drafting == "dynamic" else None),
+        lantern_k=d.get("lantern_k"), lantern_lambda=d.get("lantern_lambda"), lantern_delta=d.get("lantern_delta"),
+        depth=d.get("depth"), top_k_draft=d.get("top_k_draft"), total_tokens=d.get("total_tokens"),
+        graph=bool(backend.graph_mode))
+    phases = {name: schema.Phase(seconds=float(v["seconds"]), count=int(v["count"]))
+              for name, v in out.phases.items()}
+    st = out.stats
+    return schema.make_run(
+        spec.method, latencies=latencies, num_images=n, target_forwards=st["target_forwards"], tokens=st["tokens"],
+        mean_accepted_length=st["mean_accepted_length"], params=params,
+        per_depth_acceptance=st["per_depth_acceptance"], mean_relaxation_mass=st["mean_relaxation_mass"],
+        phases=phases, peak_bytes=backend.memory_stats().get("peak_bytes"),
+        quality=_quality(loaded, out.images, conditions) if quality else
+        schema.Quality.not_measured("--no-quality"))
+
+
+def _quality(loaded: LoadedModel, images: np.ndarray, conditions: Sequence[int]) -> schema.Quality:
+    if loaded.bundle is None:
+        return schema.Quality.not_measured("no local FID/CLIP metric weights are configured for this model")
+    if len(conditions) < 2:
+        return schema.Quality.not_measured("a Frechet distance needs at least 2 images")
+    from runtime.metrics.quality import evaluate_images
+
+    q = evaluate_images(loaded.bundle, images, np.asarray(conditions))
+    return schema.Quality.of(class_accuracy=q["class_accuracy"], fd=q["fd"])

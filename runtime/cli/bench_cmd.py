@@ -1,0 +1,107 @@
+"""`runtime bench`: every method on one workload, timed on the device, written as a result file."""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+import typer
+
+from runtime.cli import options as opt
+from runtime.cli.app import INVOCATION, app
+from runtime.errors import UserError
+
+
+@app.command("bench")
+def bench(
+    out: str = typer.Option(..., "--out", help="Result file (JSON, schema in docs/bench_schema.md)."),
+    methods: str = typer.Option("ar,sd,eagle2,lantern,lantern++", "--methods", help="Comma-separated methods; include ar for speedups."),
+    repeats: Optional[int] = typer.Option(None, "--repeats", help="Timed repeats of the whole workload (default: the profile's)."),
+    warmup: Optional[int] = typer.Option(None, "--warmup", help="Untimed warm-up runs per method (default: the profile's)."),
+    sweep: list[str] = typer.Option([], "--sweep", help="lambda=1,2,4 | delta=0.05,0.1 | tree=a,b | k=5,10 (repeatable)."),
+    quality: bool = typer.Option(True, "--quality/--no-quality", help="Measure class accuracy and FD (demo models)."),
+    model: opt.Model = None,
+    gpt_model: opt.GptModel = None,
+    gpt_ckpt: opt.GptCkpt = None,
+    gpt_type: opt.GptType = "c2i",
+    vq_ckpt: opt.VqCkpt = None,
+    image_size: opt.ImageSize = None,
+    drafter: opt.DrafterDir = None,
+    trust_checkpoint: opt.Trust = False,
+    device: opt.Device = "auto",
+    profile_name: opt.ProfileName = None,
+    graph: opt.Graph = None,
+    dtype: opt.Dtype = None,
+    greedy: opt.Greedy = None,
+    temperature: opt.Temperature = None,
+    top_k: opt.TopK = None,
+    top_p: opt.TopP = None,
+    cfg: opt.Cfg = None,
+    tree: opt.Tree = None,
+    lantern_k: opt.LanternK = None,
+    lantern_delta: opt.LanternDelta = None,
+    lantern_lambda: opt.LanternLambda = None,
+    depth: opt.Depth = None,
+    top_k_draft: opt.TopKDraft = None,
+    total_tokens: opt.TotalTokens = None,
+    classes: opt.Classes = None,
+    num_images: opt.NumImages = None,
+    seed: opt.Seed = 0,
+) -> None:
+    """Benchmark methods on one workload; speedups are ratios to AR from the same run."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from runtime.bench.runner import bench as run_bench
+    from runtime.bench.runner import plan_runs
+    from runtime.bench.schema import save_bench
+    from runtime.core.methods import METHODS
+    from runtime.pipeline import load_model, parse_classes
+
+    method_list = [m.strip() for m in methods.split(",") if m.strip()]
+    unknown = [m for m in method_list if m not in METHODS]
+    if not method_list or unknown:
+        raise UserError(f"--methods: unknown method {unknown[0]!r}; choose from {', '.join(METHODS)}"
+                        if unknown else "--methods is empty")
+    for name, value in (("--repeats", repeats), ("--warmup", warmup)):
+        if value is not None and value < (1 if name == "--repeats" else 0):
+            raise UserError(f"{name} must be >= {1 if name == '--repeats' else 0}, got {value}")
+    plan = plan_runs(method_list, sweep)
+    flags = opt.MethodFlags(greedy, temperature, top_k, top_p, cfg, tree, lantern_k, lantern_delta,
+                            lantern_lambda, depth, top_k_draft, total_tokens).as_dict()
+    backend, prof = opt.open_backend(device, profile_name, graph, dtype)
+    loaded = load_model(model=model, gpt_model=gpt_model, gpt_ckpt=gpt_ckpt, vq_ckpt=vq_ckpt,
+                        image_size=image_size, drafter=drafter, gpt_type=gpt_type, trust=trust_checkpoint,
+                        device=backend.device, dtype=backend.dtype)
+    if loaded.config.model_type != "c2i":
+        raise UserError("runtime bench supports class-conditional models for now; use runtime run for t2i")
+    conditions = parse_classes(classes, num_images, loaded)
+    from runtime.pipeline import resolve_spec
+
+    for p in plan:  # refuse bad settings before the long part starts
+        resolve_spec(p.method, {**flags, **p.overrides}, prof, loaded.recommended)
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
+        task = bar.add_task("bench", total=None)
+
+        def progress(label: str, done: int, total: int) -> None:
+            bar.update(task, description=f"bench: {label}", completed=done, total=total)
+
+        result = run_bench(loaded, backend, prof, plan, flags, conditions, seed=seed,
+                           warmup=prof.bench.warmup if warmup is None else warmup,
+                           repeats=prof.bench.repeats if repeats is None else repeats,
+                           quality=quality, command_line=INVOCATION or ["runtime"] + sys.argv[1:],
+                           progress=progress)
+    path = save_bench(result, out)
+
+    table = Table(title=f"runtime bench on {result.device.name} ({result.device.backend}) -> {path}")
+    for col in ("method", "params", "tau", "speedup", "images/s", "p50 s", "quality"):
+        table.add_column(col)
+    for run in result.runs:
+        q = run.quality
+        qual = ", ".join(f"{k} {v:.3g}" for k, v in q.metrics.items()) if q.measured else "-"
+        table.add_row(run.method, run.params.label(), f"{run.stats.mean_accepted_length:.2f}",
+                      f"{run.speedup_vs_ar:.2f}x" if run.speedup_vs_ar is not None else "-",
+                      f"{run.images_per_s:.3f}", f"{run.latency_s.p50:.2f}", qual)
+    Console().print(table)

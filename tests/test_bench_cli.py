@@ -1,0 +1,73 @@
+"""`runtime bench` writes a valid result file that `runtime report` renders with its numbers."""
+
+import json
+import re
+
+import pytest
+import torch
+
+from runtime.bench.schema import load_bench
+from runtime.models.configs import VQ_CONFIGS, DrafterConfig, gpt_config
+from runtime.models.drafter import Drafter
+from runtime.models.gpt import Transformer
+from runtime.models.loading import save_drafter_folder
+from runtime.models.vq import VQModel
+
+
+@pytest.fixture(scope="module")
+def tiny_official(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bench_ckpt")
+    torch.manual_seed(0)
+    cfg = gpt_config("GPT-tiny", image_size=64, vocab_size=16384)
+    gpt = Transformer(cfg)
+    gpt.init_weights()
+    torch.nn.init.normal_(gpt.output.weight, std=0.02)
+    torch.save({"model": gpt.state_dict()}, d / "gpt.pt")
+    torch.save({"model": VQModel(VQ_CONFIGS["VQ-16"]).state_dict()}, d / "vq.pt")
+    dcfg = DrafterConfig.for_target(cfg)
+    save_drafter_folder(d / "drafter", dcfg, Drafter(dcfg))
+    return d
+
+
+def test_bench_then_report(tiny_official, tmp_path, run_cli):
+    d = tiny_official
+    out = tmp_path / "bench.json"
+    res = run_cli("bench", "--gpt-model", "GPT-tiny", "--gpt-ckpt", str(d / "gpt.pt"), "--vq-ckpt", str(d / "vq.pt"),
+                  "--image-size", "64", "--drafter", str(d / "drafter"), "--device", "cpu", "--methods",
+                  "ar,sd,lantern++", "--sweep", "lambda=1,2", "--lantern-k", "8", "--tree", "small_12",
+                  "--num-images", "2", "--repeats", "2", "--warmup", "1", "--out", str(out))
+    assert res.exit_code == 0, res.stderr
+    result = load_bench(out)
+    assert [r.method for r in result.runs] == ["ar", "sd", "lantern++", "lantern++"]
+    assert [r.params.lantern_lambda for r in result.runs[2:]] == [1.0, 2.0]
+    ar = result.runs[0]
+    for run in result.runs:
+        assert run.speedup_vs_ar == pytest.approx(ar.latency_s.p50 / run.latency_s.p50)
+        assert len(run.latency_s.all) == 2 and run.stats.tokens == 2 * 16
+        assert {"prefill", "verify", "accept", "decode"} <= set(run.phases)
+    assert result.env.warmup == 1 and result.env.repeats == 2 and "--sweep" in result.env.command_line
+
+    rep = tmp_path / "report"
+    res = run_cli("report", str(out), "--out", str(rep))
+    assert res.exit_code == 0, res.stderr
+    md = (rep / "report.md").read_text()
+    html = (rep / "report.html").read_text()
+    assert "data:image/png;base64" in html
+    for run in result.runs:  # every speedup appears with two decimals, from the JSON's latencies
+        assert f"{ar.latency_s.p50 / run.latency_s.p50:.2f}x" in md
+    raw = json.loads(out.read_text())
+    assert raw["schema_version"] == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--methods", "ar,bogus"], "unknown method 'bogus'"),
+    (["--sweep", "gamma=1,2"], "--sweep 'gamma=1,2'"),
+    (["--repeats", "0"], "--repeats must be >= 1"),
+])
+def test_bench_refuses_bad_arguments(tiny_official, tmp_path, run_cli, args, message):
+    d = tiny_official
+    out = tmp_path / "bench.json"
+    res = run_cli("bench", "--gpt-model", "GPT-tiny", "--gpt-ckpt", str(d / "gpt.pt"), "--vq-ckpt", str(d / "vq.pt"),
+                  "--image-size", "64", "--device", "cpu", "--out", str(out), *args)
+    assert res.exit_code == 2 and message in res.stderr
+    assert not out.exists()
