@@ -1,0 +1,51 @@
+"""`torchrun --nproc-per-node 2 -m runtime run` (gloo) equals a single-process run."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from runtime.models.configs import VQ_CONFIGS, gpt_config
+from runtime.models.gpt import Transformer
+from runtime.models.vq import VQModel
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    d = tmp_path_factory.mktemp("dist_ckpt")
+    torch.manual_seed(0)
+    gpt = Transformer(gpt_config("GPT-tiny", image_size=64, vocab_size=16384))
+    gpt.init_weights()
+    torch.nn.init.normal_(gpt.output.weight, std=0.02)
+    torch.save({"model": gpt.state_dict()}, d / "gpt.pt")
+    torch.save({"model": VQModel(VQ_CONFIGS["VQ-16"]).state_dict()}, d / "vq.pt")
+    return d
+
+
+def run_args(d, out):
+    return ["run", "--gpt-model", "GPT-tiny", "--gpt-ckpt", str(d / "gpt.pt"), "--vq-ckpt", str(d / "vq.pt"),
+            "--image-size", "64", "--device", "cpu", "--method", "ar", "--num-images", "5", "--seed", "3",
+            "--out", str(out)]
+
+
+def test_two_gloo_ranks_equal_one_process(ckpts, tmp_path):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    single = tmp_path / "single"
+    subprocess.run([sys.executable, "-m", "runtime", *run_args(ckpts, single)], check=True, env=env,
+                   capture_output=True, timeout=600)
+    multi = tmp_path / "multi"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "-m", "runtime", *run_args(ckpts, multi)], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert np.array_equal(np.load(single / "tokens.npy"), np.load(multi / "tokens.npy"))
+    result = json.loads((multi / "result.json").read_text())
+    assert result["num_images"] == 5 and result["stats"]["tokens"] == 5 * 16
+    assert [r["num_images"] for r in result["ranks"]] == [3, 2]
+    assert all(r["images_per_s"] > 0 for r in result["ranks"]) and result["timing"]["images_per_s"] > 0
+    assert result["device"]["count"] == 2
+    assert sorted(p.name for p in multi.iterdir()) == sorted(p.name for p in single.iterdir())
