@@ -204,7 +204,7 @@ def accept_sampling(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers, rn
     b = tokens.size(0)
     dev = p.device
     rows = torch.arange(b, device=dev)
-    depth_max, k_max = tree.max_depth, tree.max_children
+    depth_max = tree.max_depth
     node = torch.zeros(b, dtype=torch.long, device=dev)
     r = p[:, 0]
     qcur = q[:, 0] if q is not None else None
@@ -216,7 +216,7 @@ def accept_sampling(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers, rn
     budget = torch.full((b,), float(relax.delta), dtype=p.dtype, device=dev)
     for d in range(depth_max):
         level_ok = torch.zeros(b, dtype=torch.bool, device=dev)
-        for s in range(k_max):
+        for s in range(tree.children_at[d]):
             child = tree.children[node, s]
             valid = (child >= 0) & ~done & ~level_ok
             child_c = child.clamp(min=0)

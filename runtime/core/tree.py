@@ -120,6 +120,13 @@ class TreeBuffers:
     path_table: torch.Tensor
     max_depth: int
     max_children: int
+    # children_at[d]: most children any node at depth d has (bounds the sibling loop); dynamic
+    # trees, whose shape is only known on the device, use max_children everywhere.
+    children_at: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.children_at:
+            self.children_at = (self.max_children,) * self.max_depth
 
     @property
     def size(self) -> int:
@@ -135,7 +142,7 @@ class TreeBuffers:
     def to(self, device: torch.device | str) -> "TreeBuffers":
         return TreeBuffers(self.parent.to(device), self.depth.to(device), self.rank.to(device),
                            self.ancestor_mask.to(device), self.children.to(device),
-                           self.path_table.to(device), self.max_depth, self.max_children)
+                           self.path_table.to(device), self.max_depth, self.max_children, self.children_at)
 
 
 def static_buffers(tree: StaticTree) -> TreeBuffers:
@@ -146,7 +153,10 @@ def static_buffers(tree: StaticTree) -> TreeBuffers:
     parent = torch.tensor([0] + [index[p[:-1]] for p in tree.paths])
     rank = torch.tensor([0] + [p[-1] for p in tree.paths])
     k = max(p[-1] for p in tree.paths) + 1
-    return buffers_from_parents(parent, rank, tree.max_depth, k)
+    buffers = buffers_from_parents(parent, rank, tree.max_depth, k)
+    buffers.children_at = tuple(
+        max((p[-1] + 1 for p in tree.paths if len(p) == d + 1), default=0) for d in range(tree.max_depth))
+    return buffers
 
 
 def buffers_from_parents(parent: torch.Tensor, rank: torch.Tensor, max_depth: int,
