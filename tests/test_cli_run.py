@@ -88,3 +88,11 @@ def test_missing_checkpoint_and_unavailable_devices_are_one_line(official_ckpts,
         res = run_cli(*base_args(official_ckpts, tmp_path / "o"), "--device", device)
         assert res.exit_code == 2 and f"{device} is not available" in res.stderr
         assert res.stderr.count("\n") == 1
+
+
+def test_profile_flag_writes_a_chrome_trace(official_ckpts, tmp_path, run_cli):
+    out = tmp_path / "out"
+    res = run_cli(*base_args(official_ckpts, out), "--method", "ar", "--num-images", "1", "--profile")
+    assert res.exit_code == 0, res.stderr
+    trace = json.loads((out / "trace.json").read_text())
+    assert trace["traceEvents"]
