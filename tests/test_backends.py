@@ -187,15 +187,20 @@ def test_event_timer_syncs_once_at_summary_and_converts_milliseconds() -> None:
 
 
 def test_memory_stats_are_positive_and_peak_tracks_a_large_allocation() -> None:
-    backend = get_backend("cpu")
-    backend.reset_peak_memory()
-    before = backend.memory_stats()
-    assert before["current_bytes"] > 0
-    assert before["peak_bytes"] >= before["current_bytes"]
-    block = torch.ones(16 * 1024 * 1024)  # 64 MiB, every page touched
-    after = backend.memory_stats()
-    del block
-    assert after["peak_bytes"] >= before["current_bytes"] + 48 * 1024 * 1024
+    # In a fresh process: inside the test session freed memory is reused and RSS need not grow.
+    script = """
+import torch
+from backends import get_backend
+backend = get_backend("cpu")
+backend.reset_peak_memory()
+before = backend.memory_stats()
+assert before["current_bytes"] > 0 and before["peak_bytes"] >= before["current_bytes"]
+block = torch.ones(16 * 1024 * 1024)  # 64 MiB, every page touched
+del block
+after = backend.memory_stats()
+assert after["peak_bytes"] >= before["current_bytes"] + 48 * 1024 * 1024, (before, after)
+"""
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
 
 
 def test_profiler_writes_a_chrome_trace(tmp_path: Path) -> None:
