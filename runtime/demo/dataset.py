@@ -61,7 +61,8 @@ PALETTE = np.array([
 ], dtype=np.float32)
 
 COLOUR_JITTER = 0.08
-PIXEL_NOISE_STD = (0.01, 0.05)  # per-image std of the additive Gaussian pixel noise
+PIXEL_NOISE_STD = (0.005, 0.03)  # per-image std of the additive zero-mean pixel noise
+MAX_SHAPE_ROTATION = 20.0  # degrees either side of upright for square, triangle and cross
 
 # Pixel-centre coordinates, y down, x right, in pixels; shared by every renderer.
 _YY, _XX = np.meshgrid(np.arange(IMAGE_SIZE, dtype=np.float32) + 0.5,
@@ -92,13 +93,20 @@ def _rotated(angle: np.ndarray, cx: np.ndarray, cy: np.ndarray) -> tuple[np.ndar
     return c * dx + s * dy, -s * dx + c * dy
 
 
+def _pick(u: np.ndarray, values: Sequence[float]) -> np.ndarray:
+    """One of `values` per sample from uniforms u (N,): (N,) float32."""
+    table = np.asarray(values, dtype=np.float32)
+    return table[np.minimum((u * len(table)).astype(np.int64), len(table) - 1)]
+
+
 def _shape_frame(u: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Centre, size and rotation of a shape from uniforms u (N, _N_PARAMS)."""
-    size = 11.0 + 13.0 * u[:, 0]
+    """Centre, size and rotation (within +-MAX_SHAPE_ROTATION of upright) of a shape from
+    uniforms u (N, _N_PARAMS)."""
+    size = 12.0 + 10.0 * u[:, 0]
     margin = size + 2.0
     cx = margin + (IMAGE_SIZE - 2 * margin) * u[:, 1]
     cy = margin + (IMAGE_SIZE - 2 * margin) * u[:, 2]
-    angle = 2 * np.pi * u[:, 3]
+    angle = np.float32(np.deg2rad(MAX_SHAPE_ROTATION)) * (2 * u[:, 3] - 1)
     return cx, cy, size, angle
 
 
@@ -138,10 +146,11 @@ def _cross(u: np.ndarray, noise: np.ndarray) -> np.ndarray:
     return _coverage(np.minimum(bar_h, bar_v))
 
 
-def _stripes(base_angle: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+def _stripes(base_angle: Callable[[np.ndarray], np.ndarray],
+             periods: Sequence[float]) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
     def render(u: np.ndarray, noise: np.ndarray) -> np.ndarray:
-        angle = base_angle(u) + np.float32(np.deg2rad(10.0)) * (2 * u[:, 0] - 1)
-        period = 8.0 + 10.0 * u[:, 1]
+        angle = base_angle(u)
+        period = _pick(u[:, 1], periods)
         phase0 = 2 * np.pi * u[:, 2]
         x, y = _rotated(angle, np.zeros_like(angle), np.zeros_like(angle))
         p = period[:, None, None]
@@ -150,8 +159,8 @@ def _stripes(base_angle: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.nda
 
 
 def _checkerboard(u: np.ndarray, noise: np.ndarray) -> np.ndarray:
-    angle = np.float32(np.deg2rad(10.0)) * (2 * u[:, 0] - 1)
-    period = (12.0 + 14.0 * u[:, 1])[:, None, None]
+    angle = np.zeros(len(u), dtype=np.float32)
+    period = 2 * _pick(u[:, 1], (8.0, 12.0, 16.0))[:, None, None]  # cells of 2, 3 or 4 tokens
     x, y = _rotated(angle, IMAGE_SIZE * u[:, 2], IMAGE_SIZE * u[:, 3])
     wave = np.cos(2 * np.pi * x / period) * np.cos(2 * np.pi * y / period)
     # The product of two cosines crosses zero with slope ~ 2*pi/period (times the other factor);
@@ -162,14 +171,14 @@ def _checkerboard(u: np.ndarray, noise: np.ndarray) -> np.ndarray:
 def _rings(u: np.ndarray, noise: np.ndarray) -> np.ndarray:
     cx = IMAGE_SIZE * (0.25 + 0.5 * u[:, 0])
     cy = IMAGE_SIZE * (0.25 + 0.5 * u[:, 1])
-    period = (6.0 + 8.0 * u[:, 2])[:, None, None]
+    period = _pick(u[:, 2], (8.0, 12.0))[:, None, None]
     r = np.hypot(_XX[None] - cx[:, None, None], _YY[None] - cy[:, None, None])
     return _square_wave(2 * np.pi * r / period + 2 * np.pi * u[:, 3][:, None, None], period)
 
 
 def _dots(u: np.ndarray, noise: np.ndarray) -> np.ndarray:
-    angle = np.float32(np.deg2rad(20.0)) * (2 * u[:, 0] - 1)
-    period = (10.0 + 8.0 * u[:, 1])[:, None, None]
+    angle = np.zeros(len(u), dtype=np.float32)
+    period = _pick(u[:, 1], (12.0, 16.0))[:, None, None]
     radius = (0.22 + 0.12 * u[:, 4])[:, None, None] * period
     x, y = _rotated(angle, IMAGE_SIZE * u[:, 2], IMAGE_SIZE * u[:, 3])
     dx = np.mod(x, period) - period / 2
@@ -202,9 +211,12 @@ _RENDERERS: tuple[Callable[[np.ndarray, np.ndarray], np.ndarray], ...] = (
     _square,
     _triangle,
     _cross,
-    _stripes(lambda u: np.zeros(len(u), dtype=np.float32)),  # horizontal bands: phase varies along y
-    _stripes(lambda u: np.full(len(u), np.pi / 2, dtype=np.float32)),
-    _stripes(lambda u: np.where(u[:, 3] < 0.5, np.float32(np.pi / 4), np.float32(3 * np.pi / 4))),
+    # Periods are whole numbers of 4-pixel tokens along the grid (the diagonal ones along x),
+    # so a stripe pattern repeats exactly in token space.
+    _stripes(lambda u: np.zeros(len(u), dtype=np.float32), (8.0, 12.0, 16.0)),  # phase varies along y
+    _stripes(lambda u: np.full(len(u), np.pi / 2, dtype=np.float32), (8.0, 12.0, 16.0)),
+    _stripes(lambda u: np.where(u[:, 3] < 0.5, np.float32(np.pi / 4), np.float32(3 * np.pi / 4)),
+             (12.0 / np.sqrt(2.0), 16.0 / np.sqrt(2.0))),
     _checkerboard,
     _rings,
     _dots,
