@@ -214,6 +214,8 @@ def accept_sampling(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers, rn
     depth_accepted = torch.zeros(b, depth_max, dtype=torch.bool, device=dev)
     relax_mass = torch.zeros(b, dtype=p.dtype, device=dev)
     budget = torch.full((b,), float(relax.delta), dtype=p.dtype, device=dev)
+    uniforms = rng.uniform(max(sum(tree.children_at), 1), b)  # one draw per sibling stage
+    stage = 0
     for d in range(depth_max):
         level_ok = torch.zeros(b, dtype=torch.bool, device=dev)
         for s in range(tree.children_at[d]):
@@ -232,7 +234,8 @@ def accept_sampling(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers, rn
                 qx = qcur[rows, x]
             tx = target[rows, x]
             accept_prob = torch.clamp(tx / qx.clamp(min=_EPS), max=1.0)
-            u = rng.uniform(b)
+            u = uniforms[stage]
+            stage += 1
             valid = valid & (qx > 0)  # a sample past the proposal's support is not a draft
             acc = valid & (u < accept_prob)
             rej = valid & ~acc

@@ -7,6 +7,9 @@ is what lets a decoding step be captured once as a device graph and replayed.
 
 Slot == sequence position for every committed token. Uncommitted slots (a tree that was
 just verified) sit after `length` and are invisible to later blocks until compacted.
+
+Each layer has its own key and value tensors, written with `index_put_`: a compiler
+(torch.compile) then updates them in place instead of copying one large buffer per write.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import torch
 class StaticKVCache:
     """Keys and values for `n_layer` layers.
 
-    k, v: (n_layer, batch, kv_heads, capacity, head_dim), model dtype.
+    k, v: lists of n_layer tensors (batch, kv_heads, capacity, head_dim), model dtype.
     length: 0-d int64 tensor on the device; number of committed slots (same for all rows).
     prefix_valid: (batch, capacity) bool; False only on padded condition positions (t2i
         captions are left-padded). Slots >= length are masked by `length`, not by this.
@@ -25,9 +28,9 @@ class StaticKVCache:
 
     def __init__(self, n_layer: int, batch: int, kv_heads: int, head_dim: int, capacity: int,
                  device: torch.device | str, dtype: torch.dtype) -> None:
-        shape = (n_layer, batch, kv_heads, capacity, head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        shape = (batch, kv_heads, capacity, head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
         self.length = torch.zeros((), device=device, dtype=torch.long)
         self.prefix_valid = torch.ones(batch, capacity, device=device, dtype=torch.bool)
         self.slot_ids = torch.arange(capacity, device=device)
@@ -62,8 +65,8 @@ class StaticKVCache:
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store k, v (batch, kv_heads, T, head_dim) of `layer` at `slots` (T,)."""
-        self.k[layer].index_copy_(2, slots, k.to(self.k.dtype))
-        self.v[layer].index_copy_(2, slots, v.to(self.v.dtype))
+        self.k[layer][:, :, slots] = k.to(self.k[layer].dtype)
+        self.v[layer][:, :, slots] = v.to(self.v[layer].dtype)
 
     def commit(self, path: torch.Tensor, count: torch.Tensor) -> None:
         """Keep an accepted path of the block written at `length` and advance `length`.
@@ -76,8 +79,8 @@ class StaticKVCache:
         """
         src = self.length + path
         dst = self.length + self.slot_ids[: path.numel()]
-        self.k.index_copy_(3, dst, self.k.index_select(3, src))
-        self.v.index_copy_(3, dst, self.v.index_select(3, src))
+        for buf in (*self.k, *self.v):
+            buf[:, :, dst] = buf[:, :, src]  # the gather is materialised before the write
         self.length.add_(count)
 
     def advance(self, count: int | torch.Tensor) -> None:
