@@ -55,6 +55,11 @@ class CpuBackend(Backend):
         # One host device; `index` is accepted so every backend takes the same arguments.
         del index
         self._peak_resettable = True
+        # Decoding steps are chains of small ops; waking a second OpenMP thread for each costs
+        # more than it saves (measured on the 2-core CI machine: the demo's steps ran 25-35x
+        # slower with 2 threads than with 1). A user's OMP_NUM_THREADS still wins.
+        if "OMP_NUM_THREADS" not in os.environ:
+            torch.set_num_threads(1)
 
     @classmethod
     def availability(cls) -> tuple[bool, str]:
