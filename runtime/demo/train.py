@@ -14,7 +14,9 @@ effect on float summation order):
    (seed `VAL_SEED`) encoded once with the trained tokenizer.
 3. **Target** (`runtime.models.gpt.Transformer`, c2i, `GPT-demo` shape with overrides): next
    token cross-entropy, label dropout to the null class (inside the model) for CFG, AdamW with
-   warm-up and cosine decay.
+   warm-up and cosine decay. Two choices buy sample quality within a CPU budget: the token
+   embedding and output head start from the VQ codebook (`init_embeddings_from_codebook`),
+   and the first half of the steps train on top-half prefixes (`train_gpt`).
 4. **Drafter** (`runtime.models.drafter.Drafter`, EAGLE/LANTERN layout): teacher-forced on the
    trained target's post-norm hidden states over real tokens (10% of samples with the null
    class, so the CFG-unconditional branch is learned); embedding copied from the target and
@@ -224,6 +226,27 @@ def tokenize_images(vq: VQModel, seed: int, n: int, batch: int = 128,
 # --------------------------------------------------------------------------------------------
 
 
+@torch.no_grad()
+def init_embeddings_from_codebook(gpt: "Transformer", codebook: torch.Tensor, generator: torch.Generator,
+                                  std: float = 0.02, jitter: float = 0.25) -> None:
+    """Initialise the target's input embedding and output head from the VQ codebook.
+
+    codebook: (V, C) l2-normalised code vectors. Row v of each matrix becomes
+    codebook[v] @ R (R a random (C, dim) projection, scaled to `std` per entry), plus
+    `jitter * std` of independent noise. Codes that decode to near-identical patches then
+    start with near-identical embeddings and logits, so the model does not have to discover
+    from co-occurrence alone which of the many near-interchangeable codes mean the same thing;
+    training is free to pull them apart. (LlamaGen initialises both from N(0, 0.02), the head
+    at zero.)
+    """
+    v, c = codebook.shape
+    for weight in (gpt.tok_embeddings.weight, gpt.output.weight):
+        proj = torch.randn(c, weight.shape[1], generator=generator) * std
+        structured = codebook.float() @ proj  # entries ~ N(0, std^2) for unit-norm rows
+        noise = torch.randn(weight.shape, generator=generator) * (jitter * std)
+        weight.copy_((structured + noise).to(weight.dtype))
+
+
 @dataclass
 class GPTTrainResult:
     train_loss: float  # mean over the last 10% of steps
@@ -234,9 +257,16 @@ class GPTTrainResult:
 
 def train_gpt(gpt: "Transformer", tokens: torch.Tensor, labels: torch.Tensor, val_tokens: torch.Tensor,
               val_labels: torch.Tensor, *, steps: int, batch: int, seed: int, lr: float = 2.5e-3,
-              weight_decay: float = 0.05, progress: Progress = _no_progress) -> GPTTrainResult:
+              weight_decay: float = 0.05, prefix_fraction: float = 0.5,
+              progress: Progress = _no_progress) -> GPTTrainResult:
     """Next-token training of `gpt` in place on (tokens (N, 256), labels (N,)) for `steps`
-    minibatches of `batch`, sampled as shuffled epochs."""
+    minibatches, sampled as shuffled epochs.
+
+    Curriculum: the first `prefix_fraction` of the steps train on the top half of each image
+    (the first block_size/2 tokens, at their true positions) with twice the batch, which costs
+    less than a full-length batch (attention is quadratic) yet shows twice the images; the
+    patterns learnt there are the same at every row. The rest trains on whole images.
+    """
     t0 = time.perf_counter()
     gen = torch.Generator().manual_seed(seed)
     decay = [p for n, p in gpt.named_parameters() if p.dim() >= 2 and "embedding" not in n]
@@ -246,14 +276,17 @@ def train_gpt(gpt: "Transformer", tokens: torch.Tensor, labels: torch.Tensor, va
     order = torch.randperm(len(tokens), generator=gen)
     cursor = 0
     losses: list[float] = []
+    half = tokens.shape[1] // 2
     gpt.train()
     for step in range(steps):
         _set_lr(opt, _lr_at(step, steps, lr, warmup=max(1, steps // 25)))
-        if cursor + batch > len(order):
+        prefix = step < prefix_fraction * steps
+        n = min(2 * batch, len(tokens)) if prefix else batch
+        if cursor + n > len(order):
             order, cursor = torch.randperm(len(tokens), generator=gen), 0
-        pick = order[cursor:cursor + batch]
-        cursor += batch
-        idx = tokens[pick]
+        pick = order[cursor:cursor + n]
+        cursor += n
+        idx = tokens[pick, :half] if prefix else tokens[pick]
         logits, _ = gpt.forward_train(labels[pick], idx)
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), idx.reshape(-1))
         opt.zero_grad(set_to_none=True)
@@ -452,15 +485,15 @@ class DemoTrainConfig:
     bundle (about 40 minutes on 2 CPU cores); `micro()` is the few-second smoke test."""
 
     seed: int = 0
-    steps_vq: int = 1300
+    steps_vq: int = 1200
     steps_gpt: int = 1300
-    steps_drafter: int = 250
-    steps_classifier: int = 800
+    steps_drafter: int = 200
+    steps_classifier: int = 600
     batch_vq: int = 8
     batch_gpt: int = 16
     batch_drafter: int = 16
     batch_classifier: int = 32
-    n_token_images: int = 10240  # training images tokenised for the target and drafter
+    n_token_images: int = 12288  # training images tokenised for the target and drafter
     n_val_images: int = 256  # validation images (seed VAL_SEED) for the reported metrics
     n_sample_images: int = 48  # AR samples generated to measure quality (0: skip)
     n_real_images: int = 1200  # real reference images for the Frechet distance
@@ -558,6 +591,7 @@ def train_demo(out_dir: str, cfg: DemoTrainConfig, *, command: str, overwrite: b
     gpt_cfg = demo_gpt_config(cfg)
     gpt = Transformer(gpt_cfg)
     gpt.init_weights()
+    init_embeddings_from_codebook(gpt, vq.codebook_vectors(), torch.Generator().manual_seed(cfg.seed + 1))
     gpt_res = train_gpt(gpt, tokens, labels, val_tokens, val_labels, steps=cfg.steps_gpt, batch=cfg.batch_gpt,
                         seed=cfg.seed, progress=progress)
     wall["gpt"] = gpt_res.seconds
@@ -608,6 +642,10 @@ def train_demo(out_dir: str, cfg: DemoTrainConfig, *, command: str, overwrite: b
             "vq_method": "VQ-VAE (L1 + L2 reconstruction + codebook + 0.25 x commitment losses); codebook "
                          "initialised by spherical k-means over the encoder's outputs; codes unused for 25 "
                          "steps restarted at random encoder outputs during the first 70% of steps",
+            "gpt_method": "next-token cross-entropy; tok_embeddings and output head initialised from the VQ "
+                          "codebook through a random projection (near-identical codes start near-identical); "
+                          "first half of the steps on top-half prefixes at twice the batch; AdamW (0.9, 0.95), "
+                          "warm-up + cosine; label dropout 0.1 for CFG",
             "drafter_method": "teacher-forced target hiddens over real tokens (10% null class); SmoothL1 + "
                               "0.1 x soft CE via the target lm_head; uniform input noise std 0.2 (EAGLE); "
                               "embed_tokens copied from the target and frozen",
