@@ -17,7 +17,6 @@ from __future__ import annotations
 import abc
 import contextlib
 import os
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -27,6 +26,7 @@ from typing import Any, ClassVar, Protocol, TypeVar
 import torch
 from torch import Tensor, nn
 
+from runtime.atomic import atomic_path
 from runtime.errors import UserError
 
 DTYPES: dict[str, torch.dtype] = {
@@ -274,15 +274,8 @@ class Backend(abc.ABC):
         with torch.profiler.profile(activities=self.profiler_activities(), record_shapes=True) as prof:
             yield prof
             self.synchronize()
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-        os.close(fd)
-        try:
-            prof.export_chrome_trace(tmp)
-            os.replace(tmp, target)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
+        with atomic_path(target) as tmp:
+            prof.export_chrome_trace(str(tmp))
 
     # -- graph capture -------------------------------------------------------------------------
 

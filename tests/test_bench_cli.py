@@ -1,7 +1,6 @@
 """`runtime bench` writes a valid result file that `runtime report` renders with its numbers."""
 
 import json
-import re
 
 import pytest
 import torch

@@ -30,12 +30,12 @@ import platform
 import re
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+from runtime.atomic import atomic_write_text
 from runtime.errors import UserError
 
 SCHEMA_VERSION = 1
@@ -539,17 +539,7 @@ def save_bench(result: BenchResult, path: str | os.PathLike[str]) -> Path:
     target = Path(path)
     validate(result, str(target))
     text = json.dumps(to_dict(result), indent=2, allow_nan=False) + "\n"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_text(target, text, fsync=True)
     return target
 
 

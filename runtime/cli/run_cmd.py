@@ -12,7 +12,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import torch
@@ -20,6 +20,7 @@ import typer
 
 from runtime.cli import options as opt
 from runtime.cli.app import app
+from runtime.atomic import umask_mode
 from runtime.errors import UserError
 
 RESULT_SCHEMA_VERSION = 1
@@ -61,8 +62,8 @@ def run(
     profile: bool = typer.Option(False, "--profile", help="Write a torch.profiler trace (trace.json) beside the images."),
 ) -> None:
     """Generate images (default: the embedded demo with LANTERN++ sampling) into --out."""
-    from runtime.distributed import destroy, gather_objects, init_distributed, merge_indexed, shard
-    from runtime.pipeline import load_model, make_decoder, parse_classes, resolve_spec, run_generation
+    from runtime.distributed import destroy, gather_objects, init_distributed, shard
+    from runtime.pipeline import load_model, make_decoder, resolve_spec, run_generation
 
     flags = opt.MethodFlags(greedy, temperature, top_k, top_p, cfg, tree, lantern_k, lantern_delta,
                             lantern_lambda, depth, top_k_draft, total_tokens)
@@ -277,9 +278,7 @@ def _grid(images: np.ndarray):
 
 def _move_into_place(staging: Path, out_dir: Path) -> None:
     """Every file is complete in `staging`; now publish: rename the folder, or replace file by file."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(staging, 0o777 & ~umask)  # mkdtemp made it private
+    os.chmod(staging, umask_mode(0o777))  # mkdtemp made it private
     if not out_dir.exists():
         os.replace(staging, out_dir)
         return

@@ -6,7 +6,7 @@ dropouts used by training). Named configs follow LlamaGen's `GPT_B` ... `GPT_3B`
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 

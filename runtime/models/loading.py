@@ -13,14 +13,14 @@ import json
 import os
 import pickle
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
 from torch import Tensor, nn
 
+from runtime.atomic import atomic_path, atomic_write_bytes, atomic_write_text
 from runtime.errors import UserError
 from runtime.models.configs import DrafterConfig, GPTConfig, VQ_CONFIGS, find_multiple, gpt_config
 
@@ -456,7 +456,8 @@ def save_drafter_folder(folder: str | os.PathLike[str], config: DrafterConfig,
     if fmt == "safetensors":
         write_safetensors(folder / "model.safetensors", state)
     else:
-        _atomic_write(folder / "pytorch_model.bin", lambda f: torch.save(state, f))
+        with atomic_path(folder / "pytorch_model.bin") as tmp:
+            torch.save(state, tmp)
     write_json(folder / "config.json", drafter_config_to_json(config))
     return folder
 
@@ -634,23 +635,10 @@ def read_json(path: str | os.PathLike[str]) -> dict[str, Any]:
     return data
 
 
-def _atomic_write(path: Path, write: Callable[[Any], None], mode: str = "wb") -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, mode) as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def write_json(path: str | os.PathLike[str], data: Mapping[str, Any]) -> None:
     """Write `data` as indented JSON, atomically."""
     text = json.dumps(data, indent=2, sort_keys=False) + "\n"
-    _atomic_write(Path(path), lambda f: f.write(text), mode="w")
+    atomic_write_text(path, text)
 
 
 def write_safetensors(path: str | os.PathLike[str], state: Mapping[str, Tensor],
@@ -669,7 +657,7 @@ def write_safetensors(path: str | os.PathLike[str], state: Mapping[str, Tensor],
         seen.add(ptr)
         flat[key] = t
     blob = save(flat, metadata=dict(metadata) if metadata else None)
-    _atomic_write(Path(path), lambda f: f.write(blob))
+    atomic_write_bytes(path, blob)
 
 
 def _state_of(weights: nn.Module | Mapping[str, Tensor]) -> dict[str, Tensor]:
