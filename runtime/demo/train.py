@@ -482,7 +482,8 @@ RECOMMENDED_SAMPLING: dict[str, Any] = {
 @dataclass
 class DemoTrainConfig:
     """Everything `runtime train demo` varies. Defaults: the full run that built the packaged
-    bundle (about 40 minutes on 2 CPU cores); `micro()` is the few-second smoke test."""
+    bundle (3530 s with `--threads 1` on the 2-core machine while a second training shared it);
+    `micro()` is the few-second smoke test."""
 
     seed: int = 0
     steps_vq: int = 1200
