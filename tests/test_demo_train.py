@@ -87,6 +87,37 @@ def test_train_refuses_an_existing_output_without_force(tmp_path, run_cli):
     assert not (tmp_path / "new").exists()
 
 
+def test_drafter_retrain_replaces_only_the_drafter_and_records_how(micro_bundle, tmp_path, run_cli):
+    src, _ = micro_bundle
+    out = tmp_path / "retrained"
+    res = run_cli("train", "drafter", "--model", str(src), "--out", str(out), "--steps", "2", "--threads", "1")
+    assert res.exit_code == 0, res.stderr
+    old, new = load_demo_bundle(src), load_demo_bundle(out)
+    for part in ("gpt", "vq", "classifier"):
+        a, b = getattr(old, part).state_dict(), getattr(new, part).state_dict()
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(old.drafter.fc.weight, new.drafter.fc.weight)
+    assert torch.equal(new.drafter.embed_tokens.weight, new.gpt.tok_embeddings.weight)
+    record = new.manifest["training"]["drafter_retrain"]
+    assert record["steps"] == 2 and record["command"].startswith("runtime train drafter --model ")
+    # Before and after are measured on the same 64 validation images.
+    assert set(record["metrics_before"]) == set(new.manifest["metrics"]["drafter"]) == {"top1_vs_target", "vloss",
+                                                                                         "ploss"}
+    assert new.manifest["training"]["command"] == old.manifest["training"]["command"]
+    _check_manifest(new.manifest)
+
+
+def test_drafter_retrain_rejects_bad_arguments_before_writing(micro_bundle, tmp_path, run_cli):
+    src, _ = micro_bundle
+    res = run_cli("train", "drafter", "--model", str(src), "--out", str(tmp_path / "a"), "--steps", "0")
+    assert res.exit_code == 2 and "--steps must be >= 1" in res.stderr
+    res = run_cli("train", "drafter", "--model", str(tmp_path), "--out", str(tmp_path / "a"))
+    assert res.exit_code == 2 and "no manifest.json" in res.stderr
+    res = run_cli("train", "drafter", "--model", str(src), "--out", str(src))
+    assert res.exit_code == 2 and "--force" in res.stderr
+    assert not (tmp_path / "a").exists()
+
+
 def test_loading_a_folder_that_is_not_a_bundle_is_one_clear_error(tmp_path):
     from runtime.errors import UserError
 

@@ -69,24 +69,68 @@ def train_demo_command(
     console = Console(stderr=True)
     with Progress(TextColumn("{task.description:<18}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), TextColumn("{task.fields[info]}"), console=console) as bar:
-        tasks: dict[str, int] = {}
-
-        last_line = [0.0]
-
-        def progress(stage: str, done: int, total: int, info: dict[str, float]) -> None:
-            if stage not in tasks:
-                tasks[stage] = bar.add_task(_STAGES.get(stage, stage), total=max(total, 1), info="")
-            text = "  ".join(f"{k} {v:.4f}" for k, v in info.items())
-            bar.update(tasks[stage], completed=done, total=max(total, 1), info=text)
-            # Without a terminal the bar is not redrawn: log a plain line now and then instead.
-            now = time.monotonic()
-            if not console.is_terminal and (now - last_line[0] > 30 or done == total):
-                last_line[0] = now
-                console.print(f"{_STAGES.get(stage, stage)}: {done}/{total} {text}", highlight=False)
-
+        progress = _progress_callback(bar, console)
         manifest = train_demo(str(out), cfg, command=command, overwrite=force, progress=progress)
 
     Console().print(_summary(manifest, out))
+
+
+@train_app.command("drafter")
+def train_drafter_command(
+    out: Path = typer.Option(..., "--out", help="Folder to write the bundle with the new drafter to."),
+    model: str = typer.Option("demo", "--model", help="'demo' (the packaged bundle) or a bundle folder."),
+    steps: int = typer.Option(700, "--steps", help="Drafter steps."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the drafter's initialisation and batches."),
+    threads: int = typer.Option(2, "--threads", help="CPU threads (torch.set_num_threads)."),
+    force: bool = typer.Option(False, "--force", help="Replace --out if it exists."),
+) -> None:
+    """Train a fresh drafter for a demo bundle's frozen target; VQ, target and classifier are copied."""
+    from runtime.demo.train import retrain_drafter
+
+    if steps < 1:
+        raise UserError(f"--steps must be >= 1, got {steps}")
+    if threads < 1:
+        raise UserError(f"--threads must be >= 1, got {threads}")
+    source = None if model == "demo" else Path(model)
+    if source is not None and not (source / "manifest.json").is_file():
+        raise UserError(f"--model {model}: no manifest.json there; pass 'demo' or a folder written by "
+                        f"'runtime train demo'")
+    if out.exists() and not force:
+        raise UserError(f"{out} already exists; choose another --out or pass --force to replace it")
+    if source is not None and out.resolve() == source.resolve():
+        raise UserError("--out must differ from --model (the source bundle is read while training)")
+    command = " ".join(shlex.quote(p) for p in ["runtime", "train", "drafter", "--model", model, "--out", str(out),
+                                                 "--steps", str(steps), "--seed", str(seed),
+                                                 "--threads", str(threads)])
+    console = Console(stderr=True)
+    with Progress(TextColumn("{task.description:<18}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), TextColumn("{task.fields[info]}"), console=console) as bar:
+        progress = _progress_callback(bar, console)
+        manifest = retrain_drafter(None if source is None else str(source), str(out), steps=steps, seed=seed,
+                                   threads=threads, command=command, overwrite=force, progress=progress)
+    record = manifest["training"]["drafter_retrain"]
+    Console().print(f"drafter top-1 vs target {record['metrics_before']['top1_vs_target']:.1%} -> "
+                    f"{manifest['metrics']['drafter']['top1_vs_target']:.1%} in {record['wall_time_s']:.0f} s; "
+                    f"bundle written to {out}", highlight=False)
+
+
+def _progress_callback(bar: Progress, console: Console):
+    """A training progress callback drawing one bar per stage (plain lines without a terminal)."""
+    tasks: dict[str, int] = {}
+    last_line = [0.0]
+
+    def progress(stage: str, done: int, total: int, info: dict[str, float]) -> None:
+        if stage not in tasks:
+            tasks[stage] = bar.add_task(_STAGES.get(stage, stage), total=max(total, 1), info="")
+        text = "  ".join(f"{k} {v:.4f}" for k, v in info.items())
+        bar.update(tasks[stage], completed=done, total=max(total, 1), info=text)
+        # Without a terminal the bar is not redrawn: log a plain line now and then instead.
+        now = time.monotonic()
+        if not console.is_terminal and (now - last_line[0] > 30 or done == total):
+            last_line[0] = now
+            console.print(f"{_STAGES.get(stage, stage)}: {done}/{total} {text}", highlight=False)
+
+    return progress
 
 
 def canonical_command(out: Path, cfg: "DemoTrainConfig", micro: bool) -> str:  # noqa: F821

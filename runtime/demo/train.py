@@ -30,6 +30,7 @@ the manifest is measured after that round trip, i.e. on the weights that ship.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -667,4 +668,50 @@ def train_demo(out_dir: str, cfg: DemoTrainConfig, *, command: str, overwrite: b
     }
     save_demo_bundle(out_dir, gpt=gpt, vq=vq, drafter=drafter, classifier=classifier, manifest=manifest,
                      overwrite=overwrite)
+    return manifest
+
+
+def retrain_drafter(model_dir: str | None, out_dir: str, *, steps: int, seed: int = 0, threads: int = 2,
+                    batch: int = 16, lr: float = 1e-3, command: str, overwrite: bool = False,
+                    progress: Progress = _no_progress) -> dict[str, Any]:
+    """Train a fresh drafter for an existing bundle's frozen target and write the bundle with it.
+
+    The training data are the bundle's own: the first `n_token_images` images of its training
+    seed, tokenised by its VQ (the same tokens `train_demo` trained the target on). The VQ,
+    target and classifier are copied unchanged; the manifest keeps the original training
+    record and gains `training.drafter_retrain` (command, steps, wall time, metrics before).
+    Deterministic for a given seed and thread count. Returns the new manifest.
+    """
+    from runtime.demo.bundle import load_demo_bundle, round_trip_, save_demo_bundle
+    from runtime.models.configs import DrafterConfig
+    from runtime.models.drafter import Drafter
+
+    torch.set_num_threads(threads)
+    torch.set_flush_denormal(True)
+    bundle = load_demo_bundle(model_dir)
+    data = bundle.manifest.get("training", {}).get("data", {})
+    train_seed = int(data.get("train_seed", 0))
+    n_images = int(data.get("n_token_images", DemoTrainConfig().n_token_images))
+    t0 = time.perf_counter()
+    tokens, labels = tokenize_images(bundle.vq, train_seed, n_images, progress=progress)
+    val_tokens, val_labels = tokenize_images(bundle.vq, VAL_SEED, 64, progress=progress, stage="tokenize")
+    before = drafter_val_metrics(bundle.drafter, bundle.gpt, val_tokens, val_labels)
+    torch.manual_seed(seed + 1)
+    drafter = Drafter(DrafterConfig.for_target(bundle.gpt.config))
+    result = train_drafter(drafter, bundle.gpt, tokens, labels, val_tokens, val_labels, steps=steps,
+                           batch=batch, seed=seed, lr=lr, progress=progress)
+    round_trip_(drafter, "drafter")
+    after = drafter_val_metrics(drafter, bundle.gpt, val_tokens, val_labels)
+
+    manifest = json.loads(json.dumps(bundle.manifest))
+    manifest.pop("storage_dtypes", None)
+    manifest["metrics"]["drafter"] = after
+    manifest.setdefault("training", {})["drafter_retrain"] = {
+        "command": command, "steps": steps, "batch": batch, "lr": lr, "seed": seed, "threads": threads,
+        "data": {"train_seed": train_seed, "n_token_images": n_images},
+        "wall_time_s": round(time.perf_counter() - t0, 1), "drafter_seconds": round(result.seconds, 1),
+        "metrics_before": before,
+    }
+    save_demo_bundle(out_dir, gpt=bundle.gpt, vq=bundle.vq, drafter=drafter, classifier=bundle.classifier,
+                     manifest=manifest, overwrite=overwrite)
     return manifest
