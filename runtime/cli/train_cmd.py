@@ -1,9 +1,11 @@
-"""`runtime train demo`: rebuild the embedded demo bundle from scratch."""
+"""`runtime train demo` (rebuild the embedded demo bundle) and `runtime train drafter` (a new drafter for it)."""
 
 from __future__ import annotations
 
 import shlex
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
@@ -66,10 +68,7 @@ def train_demo_command(
             setattr(cfg, name, value)
     command = canonical_command(out, cfg, micro)
 
-    console = Console(stderr=True)
-    with Progress(TextColumn("{task.description:<18}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), TextColumn("{task.fields[info]}"), console=console) as bar:
-        progress = _progress_callback(bar, console)
+    with _training_progress() as progress:
         manifest = train_demo(str(out), cfg, command=command, overwrite=force, progress=progress)
 
     Console().print(_summary(manifest, out))
@@ -91,22 +90,14 @@ def train_drafter_command(
         raise UserError(f"--steps must be >= 1, got {steps}")
     if threads < 1:
         raise UserError(f"--threads must be >= 1, got {threads}")
-    source = None if model == "demo" else Path(model)
-    if source is not None and not (source / "manifest.json").is_file():
-        raise UserError(f"--model {model}: no manifest.json there; pass 'demo' or a folder written by "
-                        f"'runtime train demo'")
     if out.exists() and not force:
         raise UserError(f"{out} already exists; choose another --out or pass --force to replace it")
-    if source is not None and out.resolve() == source.resolve():
-        raise UserError("--out must differ from --model (the source bundle is read while training)")
     command = " ".join(shlex.quote(p) for p in ["runtime", "train", "drafter", "--model", model, "--out", str(out),
                                                  "--steps", str(steps), "--seed", str(seed),
                                                  "--threads", str(threads)])
-    console = Console(stderr=True)
-    with Progress(TextColumn("{task.description:<18}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), TextColumn("{task.fields[info]}"), console=console) as bar:
-        progress = _progress_callback(bar, console)
-        manifest = retrain_drafter(None if source is None else str(source), str(out), steps=steps, seed=seed,
+    # The source bundle is loaded whole (a missing one is refused) before anything is written.
+    with _training_progress() as progress:
+        manifest = retrain_drafter(None if model == "demo" else model, str(out), steps=steps, seed=seed,
                                    threads=threads, command=command, overwrite=force, progress=progress)
     record = manifest["training"]["drafter_retrain"]
     Console().print(f"drafter top-1 vs target {record['metrics_before']['top1_vs_target']:.1%} -> "
@@ -114,10 +105,15 @@ def train_drafter_command(
                     f"bundle written to {out}", highlight=False)
 
 
-def _progress_callback(bar: Progress, console: Console):
-    """A training progress callback drawing one bar per stage (plain lines without a terminal)."""
+@contextmanager
+def _training_progress() -> Iterator[Callable[[str, int, int, dict[str, float]], None]]:
+    """Yield a training progress callback drawing one bar per stage on stderr (plain lines now
+    and then without a terminal)."""
+    console = Console(stderr=True)
     tasks: dict[str, int] = {}
     last_line = [0.0]
+    bar = Progress(TextColumn("{task.description:<18}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), TextColumn("{task.fields[info]}"), console=console)
 
     def progress(stage: str, done: int, total: int, info: dict[str, float]) -> None:
         if stage not in tasks:
@@ -130,7 +126,8 @@ def _progress_callback(bar: Progress, console: Console):
             last_line[0] = now
             console.print(f"{_STAGES.get(stage, stage)}: {done}/{total} {text}", highlight=False)
 
-    return progress
+    with bar:
+        yield progress
 
 
 def canonical_command(out: Path, cfg: "DemoTrainConfig", micro: bool) -> str:  # noqa: F821

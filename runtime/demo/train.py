@@ -30,7 +30,7 @@ the manifest is measured after that round trip, i.e. on the weights that ship.
 
 from __future__ import annotations
 
-import json
+import copy
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -703,7 +703,7 @@ def retrain_drafter(model_dir: str | None, out_dir: str, *, steps: int, seed: in
     round_trip_(drafter, "drafter")
     after = drafter_val_metrics(drafter, bundle.gpt, val_tokens, val_labels)
 
-    manifest = json.loads(json.dumps(bundle.manifest))
+    manifest = copy.deepcopy(bundle.manifest)
     manifest.pop("storage_dtypes", None)
     manifest["metrics"]["drafter"] = after
     manifest.setdefault("training", {})["drafter_retrain"] = {
