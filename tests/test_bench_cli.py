@@ -58,6 +58,37 @@ def test_bench_then_report(tiny_official, tmp_path, run_cli):
     assert raw["schema_version"] == 1
 
 
+@pytest.mark.parametrize("flag, schedule", [(None, "interleaved"), ("--no-interleave", "sequential")])
+def test_bench_schedules_timed_repeats(tiny_official, tmp_path, run_cli, monkeypatch, flag, schedule):
+    """Interleaved: all warm-ups, then round r times every method, starting one method later each
+    round. Sequential: each method's warm-up and repeats back to back."""
+    import runtime.bench.runner as runner
+
+    calls = []
+    real = runner.run_generation
+
+    def recording(loaded, spec, *args, **kwargs):
+        calls.append(spec.method if spec.method != "lantern++" else f"l{spec.lantern_lambda:g}")
+        return real(loaded, spec, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "run_generation", recording)
+    d = tiny_official
+    out = tmp_path / "bench.json"
+    res = run_cli("bench", "--gpt-model", "GPT-tiny", "--gpt-ckpt", str(d / "gpt.pt"), "--vq-ckpt", str(d / "vq.pt"),
+                  "--image-size", "64", "--drafter", str(d / "drafter"), "--device", "cpu", "--no-graph",
+                  "--methods", "ar,lantern++", "--sweep", "lambda=1,2", "--lantern-k", "8", "--tree", "chain2",
+                  "--num-images", "1", "--repeats", "3", "--warmup", "1", "--no-quality", "--out", str(out),
+                  *([flag] if flag else []))
+    assert res.exit_code == 0, res.stderr
+    if schedule == "interleaved":
+        assert calls == ["ar", "l1", "l2", "ar", "l1", "l2", "l1", "l2", "ar", "l2", "ar", "l1"]
+    else:
+        assert calls == ["ar"] * 4 + ["l1"] * 4 + ["l2"] * 4
+    result = load_bench(out)
+    assert result.env.schedule == schedule
+    assert all(len(r.latency_s.all) == 3 for r in result.runs)
+
+
 @pytest.mark.parametrize("args, message", [
     (["--methods", "ar,bogus"], "unknown method 'bogus'"),
     (["--sweep", "gamma=1,2"], "--sweep 'gamma=1,2'"),

@@ -50,6 +50,7 @@ def bench(with_ar: bool = True) -> BenchResult:
         torch="2.13.0+cpu", python="3.11.9", platform="Linux-x86_64", git_commit="abc123",
         profile=Profile("cpu", {"dtype": "fp32", "graph": False}), command_line=["runtime", "bench"],
         started_at="2026-01-02T03:04:05+00:00", bench_seconds=12.5, warmup=1, repeats=3, timer="perf_counter",
+        schedule="interleaved",
     )
     tokens = NUM_IMAGES * TOKENS
     runs = [
@@ -97,6 +98,16 @@ def test_round_trip_through_a_file(tmp_path: Path) -> None:
     assert loaded == original
     assert json.loads(path.read_text()) == to_dict(original)
     assert [p.name for p in path.parent.iterdir()] == ["cpu.json"]  # no temp file left behind
+
+
+def test_files_without_a_schedule_read_as_sequential(tmp_path: Path) -> None:
+    """`env.schedule` came after version 1's first files: its absence means back-to-back repeats."""
+    data = to_dict(bench())
+    assert data["env"]["schedule"] == "interleaved"
+    del data["env"]["schedule"]
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(data))
+    assert load_bench(path).env.schedule == "sequential"
 
 
 def test_prompt_conditions_round_trip(tmp_path: Path) -> None:
@@ -161,6 +172,7 @@ MALFORMED = [
     (_set("workload.conditions.kind", "video"), "workload.conditions.kind must be 'classes' or 'prompts'"),
     (_set("workload.sampling.greedy", "yes"), "workload.sampling.greedy must be true or false"),
     (_set("env.started_at", "yesterday"), "env.started_at must be an ISO-8601 time"),
+    (_set("env.schedule", "random"), "env.schedule must be one of interleaved, sequential"),
     (_set("runs.1.stats.tokens", 63), "runs[1].stats.tokens must equal workload.num_images x workload.tokens_per_image"),
     (_set("runs.1.stats.per_depth_acceptance", [0.5, 1.5]), "runs[1].stats.per_depth_acceptance[1] must be a fraction"),
     (_set("runs.1.latency_s.p10", 1.09), "runs[1].latency_s must satisfy min(all) <= p10 <= p50 <= p90 <= max(all)"),

@@ -178,7 +178,7 @@ def _env_summary(bench: BenchFile) -> str:
     return (
         f"File `{bench.path}`. {versions or 'torch ' + e.torch}; python {e.python}; profile "
         f"`{e.profile.name}`; timer {e.timer}; {e.warmup} warm-up + {e.repeats} measured repeats per "
-        f"method; started {e.started_at}; bench took {e.bench_seconds:.0f} s; commit {commit}."
+        f"method, {e.schedule}; started {e.started_at}; bench took {e.bench_seconds:.0f} s; commit {commit}."
     )
 
 

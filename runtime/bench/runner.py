@@ -2,8 +2,9 @@
 
 Each run (a method, possibly with a swept parameter) builds its decoder once, runs the whole
 workload `warmup` times untimed (graph capture, compilation, caches), then `repeats` times
-timed with the backend's device-synchronised timer. Latency of a repeat = wall time for all
-images; speedup = AR p50 / method p50 from this same process.
+timed with the backend's device-synchronised timer, the methods' timed repeats interleaved
+round-robin by default. Latency of a repeat = wall time for all images; speedup = AR p50 /
+method p50 from this same process.
 """
 
 from __future__ import annotations
@@ -62,43 +63,77 @@ def plan_runs(methods: Sequence[str], sweeps: Sequence[str]) -> list[PlannedRun]
 
 def bench(loaded: LoadedModel, backend: Any, profile: Any, plan: Sequence[PlannedRun], flags: dict[str, Any],
           conditions: Sequence[int], *, seed: int, warmup: int, repeats: int, quality: bool,
-          command_line: Sequence[str], progress: Callable[[str, int, int], None] | None = None) -> schema.BenchResult:
-    """Run every planned method on the same workload and return a validated BenchResult."""
+          command_line: Sequence[str], interleave: bool = True,
+          progress: Callable[[str, int, int], None] | None = None) -> schema.BenchResult:
+    """Run every planned method on the same workload and return a validated BenchResult.
+
+    interleave=True (the default) warms every method up first, then times repeat r of every
+    method before repeat r+1 of any, starting each round one method later: a slow spell of a
+    shared machine (seen here as 30 % between two back-to-back AR repeats) then lands on all
+    methods alike instead of on whichever method happened to be running. It keeps every
+    method's decoder (and graphs) alive at once; interleave=False times each method's repeats
+    back to back and frees its decoder before the next, for devices short of memory.
+    """
     started = datetime.now(timezone.utc)
     t0 = time.perf_counter()
     specs = [resolve_spec(p.method, {**flags, **p.overrides}, profile, loaded.recommended) for p in plan]
     common = specs[0].sampling
     n = len(conditions)
-    runs = []
     total_steps = len(specs) * (warmup + repeats)
-    step = 0
-    for spec in specs:
-        decoder = make_decoder(loaded, spec, backend)
-        latencies, last = [], None
-        for r in range(warmup + repeats):
-            if r == warmup:
-                backend.reset_peak_memory()
-            out = run_generation(loaded, spec, conditions, seed=seed, backend=backend, decoder=decoder)
-            if r >= warmup:
-                latencies.append(out.total_s)
-                last = out
-            step += 1
-            if progress is not None:
-                progress(_label(spec), step, total_steps)
-        runs.append(_run_result(spec, last, latencies, n, backend, loaded, conditions, quality))
+    done = 0
+    latencies: list[list[float]] = [[] for _ in specs]
+    peaks: list[list[int]] = [[] for _ in specs]
+    last: list[Any] = [None] * len(specs)
+
+    def one_pass(i: int, decoder: Any, timed: bool) -> None:
+        nonlocal done
+        if timed:
+            backend.reset_peak_memory()
+        out = run_generation(loaded, specs[i], conditions, seed=seed, backend=backend, decoder=decoder)
+        if timed:
+            latencies[i].append(out.total_s)
+            peak = backend.memory_stats().get("peak_bytes")
+            if peak is not None:
+                peaks[i].append(int(peak))
+            last[i] = out
+        done += 1
+        if progress is not None:
+            progress(_label(specs[i]), done, total_steps)
+
+    if interleave:
+        decoders = []
+        for i, spec in enumerate(specs):
+            decoders.append(make_decoder(loaded, spec, backend))
+            for _ in range(warmup):
+                one_pass(i, decoders[i], timed=False)
+        for r in range(repeats):
+            for j in range(len(specs)):
+                i = (j + r) % len(specs)
+                one_pass(i, decoders[i], timed=True)
+        del decoders
+    else:
+        for i, spec in enumerate(specs):
+            decoder = make_decoder(loaded, spec, backend)
+            for r in range(warmup + repeats):
+                one_pass(i, decoder, timed=r >= warmup)
+            del decoder
+    runs = [_run_result(spec, last[i], latencies[i], max(peaks[i], default=None), n, backend, loaded,
+                        conditions, quality) for i, spec in enumerate(specs)]
     info = backend.info()
     versions = {k: str(info[k]) for k in ("torch", "cuda", "driver", "synapseai") if info.get(k)}
     device = schema.DeviceInfo(backend=backend.name, name=str(info.get("name", backend.name)),
                                count=int(info.get("count", 1)), versions=versions)
+    seeds = last[0].seeds
     workload = schema.Workload(
         model=loaded.name, params=loaded.params, tokens_per_image=loaded.config.block_size,
         image_size=loaded.image_size, conditions=schema.Conditions.for_classes(conditions), num_images=n,
-        seeds=[int(s) for s in last.seeds],
+        seeds=[int(s) for s in seeds],
         sampling=schema.Sampling(greedy=common.greedy, temperature=common.temperature, top_k=common.top_k,
                                  top_p=common.top_p, cfg=common.cfg))
     env = schema.current_env(profile=schema.Profile(name=profile.name, values=profile.to_dict()),
                              started_at=started, bench_seconds=time.perf_counter() - t0, warmup=warmup,
                              repeats=repeats, timer=TIMERS.get(backend.name, "perf_counter"),
+                             schedule="interleaved" if interleave else "sequential",
                              command_line=command_line)
     return schema.make_bench(device, workload, env, runs)
 
@@ -109,8 +144,8 @@ def _label(spec: MethodSpec) -> str:
     return f"{spec.method} {extra}".strip()
 
 
-def _run_result(spec: MethodSpec, out: Any, latencies: list[float], n: int, backend: Any, loaded: LoadedModel,
-                conditions: Sequence[int], quality: bool) -> schema.RunResult:
+def _run_result(spec: MethodSpec, out: Any, latencies: list[float], peak_bytes: int | None, n: int, backend: Any,
+                loaded: LoadedModel, conditions: Sequence[int], quality: bool) -> schema.RunResult:
     d = spec.describe()
     params = schema.MethodParams(
         tree=d.get("tree", "dynamic" if spec.drafting == "dynamic" else None),
@@ -124,7 +159,7 @@ def _run_result(spec: MethodSpec, out: Any, latencies: list[float], n: int, back
         spec.method, latencies=latencies, num_images=n, target_forwards=st["target_forwards"], tokens=st["tokens"],
         mean_accepted_length=st["mean_accepted_length"], params=params,
         per_depth_acceptance=st["per_depth_acceptance"], mean_relaxation_mass=st["mean_relaxation_mass"],
-        phases=phases, peak_bytes=backend.memory_stats().get("peak_bytes"),
+        phases=phases, peak_bytes=peak_bytes,
         quality=_quality(loaded, out.images, conditions) if quality else
         schema.Quality.not_measured("--no-quality"))
 

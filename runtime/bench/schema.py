@@ -152,6 +152,10 @@ class Env:
     warmup: int
     repeats: int
     timer: str
+    schedule: str = "sequential"
+
+
+SCHEDULES = ("interleaved", "sequential")
 
 
 @dataclass
@@ -409,6 +413,7 @@ def current_env(
     warmup: int,
     repeats: int,
     timer: str,
+    schedule: str = "interleaved",
     command_line: Sequence[str] | None = None,
 ) -> Env:
     """Env for this process: torch/python/platform/git commit read here, the rest passed in."""
@@ -426,6 +431,7 @@ def current_env(
         warmup=int(warmup),
         repeats=int(repeats),
         timer=timer,
+        schedule=schedule,
     )
 
 
@@ -731,7 +737,14 @@ def _parse_env(obj: dict[str, Any], path: str) -> Env:
         warmup=_field(obj, "warmup", path, _integer, minimum=0),
         repeats=_field(obj, "repeats", path, _integer, minimum=1),
         timer=_field(obj, "timer", path, _string),
+        schedule=_parse_schedule(obj.get("schedule", "sequential"), _join(path, "schedule")),
     )
+
+
+def _parse_schedule(value: Any, path: str) -> str:
+    if value not in SCHEDULES:
+        raise _SchemaError(f"{path} must be one of {', '.join(SCHEDULES)} (got {json.dumps(value)})")
+    return value
 
 
 def _parse_run(obj: dict[str, Any], path: str) -> RunResult:

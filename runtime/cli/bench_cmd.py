@@ -20,6 +20,9 @@ def bench(
     warmup: Optional[int] = typer.Option(None, "--warmup", help="Untimed warm-up runs per method (default: the profile's)."),
     sweep: list[str] = typer.Option([], "--sweep", help="lambda=1,2,4 | delta=0.05,0.1 | tree=a,b | k=5,10 (repeatable)."),
     quality: bool = typer.Option(True, "--quality/--no-quality", help="Measure class accuracy and FD (demo models)."),
+    interleave: bool = typer.Option(True, "--interleave/--no-interleave",
+                                    help="Time the methods' repeats round-robin (default) or each method's back to "
+                                         "back (keeps one decoder in memory at a time)."),
     model: opt.Model = None,
     gpt_model: opt.GptModel = None,
     gpt_ckpt: opt.GptCkpt = None,
@@ -92,7 +95,7 @@ def bench(
                            warmup=prof.bench.warmup if warmup is None else warmup,
                            repeats=prof.bench.repeats if repeats is None else repeats,
                            quality=quality, command_line=INVOCATION or ["runtime"] + sys.argv[1:],
-                           progress=progress)
+                           interleave=interleave, progress=progress)
     path = save_bench(result, out)
 
     table = Table(title=f"runtime bench on {result.device.name} ({result.device.backend}) -> {path}")
