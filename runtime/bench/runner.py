@@ -123,11 +123,10 @@ def bench(loaded: LoadedModel, backend: Any, profile: Any, plan: Sequence[Planne
     versions = {k: str(info[k]) for k in ("torch", "cuda", "driver", "synapseai") if info.get(k)}
     device = schema.DeviceInfo(backend=backend.name, name=str(info.get("name", backend.name)),
                                count=int(info.get("count", 1)), versions=versions)
-    seeds = last[0].seeds
     workload = schema.Workload(
         model=loaded.name, params=loaded.params, tokens_per_image=loaded.config.block_size,
         image_size=loaded.image_size, conditions=schema.Conditions.for_classes(conditions), num_images=n,
-        seeds=[int(s) for s in seeds],
+        seeds=[int(s) for s in last[0].seeds],
         sampling=schema.Sampling(greedy=common.greedy, temperature=common.temperature, top_k=common.top_k,
                                  top_p=common.top_p, cfg=common.cfg))
     env = schema.current_env(profile=schema.Profile(name=profile.name, values=profile.to_dict()),

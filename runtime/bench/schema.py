@@ -595,6 +595,12 @@ def _string(value: Any, path: str) -> str:
     return value
 
 
+def _one_of(value: Any, path: str, *, choices: Sequence[str]) -> str:
+    if value not in choices:
+        raise _SchemaError(f"{path} must be one of {', '.join(choices)} (got {value!r})")
+    return value
+
+
 def _boolean(value: Any, path: str) -> bool:
     if not isinstance(value, bool):
         raise _SchemaError(f"{path} must be true or false")
@@ -655,9 +661,7 @@ def _parse_bench(data: Any) -> BenchResult:
 
 
 def _parse_device(obj: dict[str, Any], path: str) -> DeviceInfo:
-    backend = _field(obj, "backend", path, _string)
-    if backend not in BACKENDS:
-        raise _SchemaError(f"{path}.backend must be one of {', '.join(BACKENDS)} (got {backend!r})")
+    backend = _field(obj, "backend", path, _one_of, choices=BACKENDS)
     versions_obj = _field(obj, "versions", path, _object)
     versions = {k: _string(v, _join(_join(path, "versions"), k)) for k, v in versions_obj.items()}
     return DeviceInfo(
@@ -737,14 +741,8 @@ def _parse_env(obj: dict[str, Any], path: str) -> Env:
         warmup=_field(obj, "warmup", path, _integer, minimum=0),
         repeats=_field(obj, "repeats", path, _integer, minimum=1),
         timer=_field(obj, "timer", path, _string),
-        schedule=_parse_schedule(obj.get("schedule", "sequential"), _join(path, "schedule")),
+        schedule=_one_of(obj.get("schedule", "sequential"), _join(path, "schedule"), choices=SCHEDULES),
     )
-
-
-def _parse_schedule(value: Any, path: str) -> str:
-    if value not in SCHEDULES:
-        raise _SchemaError(f"{path} must be one of {', '.join(SCHEDULES)} (got {json.dumps(value)})")
-    return value
 
 
 def _parse_run(obj: dict[str, Any], path: str) -> RunResult:
