@@ -118,6 +118,37 @@ def test_drafter_retrain_rejects_bad_arguments_before_writing(micro_bundle, tmp_
     assert not (tmp_path / "a").exists()
 
 
+def test_target_retrain_changes_the_shape_and_keeps_vq_classifier_and_data(micro_bundle, tmp_path, run_cli):
+    src, _ = micro_bundle
+    out = tmp_path / "deep"
+    res = run_cli("train", "target", "--model", str(src), "--out", str(out), "--gpt-layers", "6", "--gpt-dim", "64",
+                  "--gpt-heads", "2", "--steps", "2", "--steps-drafter", "2", "--threads", "1")
+    assert res.exit_code == 0, res.stderr
+    old, new = load_demo_bundle(src), load_demo_bundle(out)
+    for part in ("vq", "classifier"):
+        a, b = getattr(old, part).state_dict(), getattr(new, part).state_dict()
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    cfg = new.gpt.config
+    assert (cfg.n_layer, cfg.dim, cfg.n_head) == (6, 64, 2) and new.drafter.config.hidden_size == 64
+    assert torch.equal(new.drafter.embed_tokens.weight, new.gpt.tok_embeddings.weight)
+    record = new.manifest["training"]["target_retrain"]
+    assert record["shape"] == {"layers": 6, "dim": 64, "heads": 2} and record["steps"] == {"gpt": 2, "drafter": 2}
+    assert record["command"].startswith("runtime train target --model ")
+    assert record["source_metrics"]["gpt"] == old.manifest["metrics"]["gpt"]
+    assert new.manifest["params"]["gpt"] == sum(p.numel() for p in new.gpt.parameters())
+    _check_manifest(new.manifest)
+
+
+def test_target_retrain_rejects_bad_arguments_before_writing(micro_bundle, tmp_path, run_cli):
+    src, _ = micro_bundle
+    base = ("train", "target", "--model", str(src), "--out", str(tmp_path / "a"))
+    res = run_cli(*base, "--gpt-layers", "0", "--gpt-dim", "64", "--gpt-heads", "2")
+    assert res.exit_code == 2 and "--gpt-layers must be >= 1" in res.stderr
+    res = run_cli(*base, "--gpt-layers", "2", "--gpt-dim", "60", "--gpt-heads", "8")
+    assert res.exit_code == 2 and "--gpt-dim 60 must split into 8 heads" in res.stderr
+    assert not (tmp_path / "a").exists()
+
+
 def test_loading_a_folder_that_is_not_a_bundle_is_one_clear_error(tmp_path):
     from runtime.errors import UserError
 

@@ -105,6 +105,42 @@ def train_drafter_command(
                     f"bundle written to {out}", highlight=False)
 
 
+@train_app.command("target")
+def train_target_command(
+    out: Path = typer.Option(..., "--out", help="Folder to write the bundle with the new target to."),
+    model: str = typer.Option("demo", "--model", help="'demo' (the packaged bundle) or a bundle folder."),
+    layers: int = typer.Option(..., "--gpt-layers", help="Target GPT layers."),
+    dim: int = typer.Option(..., "--gpt-dim", help="Target GPT width."),
+    heads: int = typer.Option(..., "--gpt-heads", help="Target GPT attention heads."),
+    steps: int = typer.Option(1300, "--steps", help="Target GPT steps."),
+    steps_drafter: int = typer.Option(700, "--steps-drafter", help="Drafter steps."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the initialisation and batches."),
+    threads: int = typer.Option(2, "--threads", help="CPU threads (torch.set_num_threads)."),
+    force: bool = typer.Option(False, "--force", help="Replace --out if it exists."),
+) -> None:
+    """Train a target of another shape (and its drafter) on a demo bundle's tokens; VQ and classifier are copied."""
+    from runtime.demo.train import retrain_target
+
+    for flag, value in (("gpt-layers", layers), ("gpt-dim", dim), ("gpt-heads", heads), ("steps", steps),
+                        ("steps-drafter", steps_drafter), ("threads", threads)):
+        if value < 1:
+            raise UserError(f"--{flag} must be >= 1, got {value}")
+    if dim % heads or (dim // heads) % 2:
+        raise UserError(f"--gpt-dim {dim} must split into {heads} heads of even width; change --gpt-heads")
+    if out.exists() and not force:
+        raise UserError(f"{out} already exists; choose another --out or pass --force to replace it")
+    command = " ".join(shlex.quote(p) for p in [
+        "runtime", "train", "target", "--model", model, "--out", str(out), "--gpt-layers", str(layers),
+        "--gpt-dim", str(dim), "--gpt-heads", str(heads), "--steps", str(steps), "--steps-drafter",
+        str(steps_drafter), "--seed", str(seed), "--threads", str(threads)])
+    # The source bundle is loaded whole (a missing one is refused) before anything is written.
+    with _training_progress() as progress:
+        manifest = retrain_target(None if model == "demo" else model, str(out), layers=layers, dim=dim, heads=heads,
+                                  steps=steps, steps_drafter=steps_drafter, seed=seed, threads=threads,
+                                  command=command, overwrite=force, progress=progress)
+    Console().print(_summary(manifest, out))
+
+
 @contextmanager
 def _training_progress() -> Iterator[Callable[[str, int, int, dict[str, float]], None]]:
     """Yield a training progress callback drawing one bar per stage on stderr (plain lines now

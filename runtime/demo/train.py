@@ -715,3 +715,84 @@ def retrain_drafter(model_dir: str | None, out_dir: str, *, steps: int, seed: in
     save_demo_bundle(out_dir, gpt=bundle.gpt, vq=bundle.vq, drafter=drafter, classifier=bundle.classifier,
                      manifest=manifest, overwrite=overwrite)
     return manifest
+
+
+def retrain_target(model_dir: str | None, out_dir: str, *, layers: int, dim: int, heads: int, steps: int,
+                   steps_drafter: int, seed: int = 0, threads: int = 2, command: str, overwrite: bool = False,
+                   progress: Progress = _no_progress) -> dict[str, Any]:
+    """Train a new target of another shape, and a drafter for it, on an existing bundle's tokens.
+
+    The VQ, the training data (the bundle's own tokens, as `retrain_drafter` reads them) and
+    the classifier are kept, so only the target's shape changes: quality and speed of the
+    result compare directly with the source bundle's. The target and drafter are trained by
+    the same recipe as in `train_demo`; the manifest keeps the source's record and gains
+    `training.target_retrain` (command, shape, steps, wall time, the source's metrics).
+    """
+    from runtime.demo.bundle import load_demo_bundle, round_trip_, save_demo_bundle
+    from runtime.models.configs import DrafterConfig
+    from runtime.models.drafter import Drafter
+    from runtime.models.gpt import Transformer
+
+    torch.set_num_threads(threads)
+    torch.set_flush_denormal(True)
+    bundle = load_demo_bundle(model_dir)
+    data = bundle.manifest.get("training", {}).get("data", {})
+    train_seed = int(data.get("train_seed", 0))
+    n_images = int(data.get("n_token_images", DemoTrainConfig().n_token_images))
+    source_cfg = bundle.manifest.get("training", {}).get("config", {})
+    sizes = {k: int(source_cfg[k]) for k in ("n_val_images", "n_sample_images", "n_real_images", "batch_gpt",
+                                             "batch_drafter") if k in source_cfg}
+    cfg = DemoTrainConfig(seed=seed, threads=threads, steps_gpt=steps, steps_drafter=steps_drafter,
+                          gpt_layers=layers, gpt_dim=dim, gpt_heads=heads, vq=bundle.vq.config, **sizes)
+    t0 = time.perf_counter()
+    wall: dict[str, float] = {}
+    tokens, labels = tokenize_images(bundle.vq, train_seed, n_images, progress=progress)
+    val_tokens, val_labels = tokenize_images(bundle.vq, VAL_SEED, cfg.n_val_images, progress=progress,
+                                             stage="tokenize")
+    wall["tokenize"] = time.perf_counter() - t0
+
+    torch.manual_seed(seed)
+    gpt_cfg = demo_gpt_config(cfg)
+    gpt = Transformer(gpt_cfg)
+    gpt.init_weights()
+    init_embeddings_from_codebook(gpt, bundle.vq.codebook_vectors(), torch.Generator().manual_seed(seed + 1))
+    gpt_res = train_gpt(gpt, tokens, labels, val_tokens, val_labels, steps=steps, batch=cfg.batch_gpt,
+                        seed=seed, progress=progress)
+    wall["gpt"] = gpt_res.seconds
+    round_trip_(gpt, "gpt")
+
+    drafter = Drafter(DrafterConfig.for_target(gpt_cfg))
+    drafter_res = train_drafter(drafter, gpt, tokens, labels, val_tokens[:64], val_labels[:64],
+                                steps=steps_drafter, batch=cfg.batch_drafter, seed=seed, progress=progress)
+    wall["drafter"] = drafter_res.seconds
+    round_trip_(drafter, "drafter")
+
+    t = time.perf_counter()
+    progress("evaluate", 0, 1, {})
+    quality = sample_quality(gpt, bundle.vq, bundle.classifier, n=cfg.n_sample_images, seed=seed,
+                             n_real=cfg.n_real_images, sampling=RECOMMENDED_SAMPLING)
+    progress("evaluate", 1, 1, {})
+    wall["evaluate"] = time.perf_counter() - t
+    wall["total"] = time.perf_counter() - t0
+
+    manifest = copy.deepcopy(bundle.manifest)
+    manifest.pop("storage_dtypes", None)
+    source_metrics = {k: manifest["metrics"].get(k) for k in ("gpt", "drafter", "quality")}
+    manifest["params"]["gpt"] = _n_params(gpt)
+    manifest["params"]["drafter"] = _n_params(drafter)
+    manifest["metrics"]["gpt"] = {"train_loss": gpt_res.train_loss,
+                                  "val_loss": gpt_val_loss(gpt, val_tokens, val_labels),
+                                  "val_loss_fp32": gpt_res.val_loss}
+    manifest["metrics"]["drafter"] = drafter_val_metrics(drafter, gpt, val_tokens[:64], val_labels[:64])
+    manifest["metrics"]["quality"] = quality
+    manifest.setdefault("training", {}).pop("drafter_retrain", None)
+    manifest["training"]["target_retrain"] = {
+        "command": command, "shape": {"layers": layers, "dim": dim, "heads": heads},
+        "steps": {"gpt": steps, "drafter": steps_drafter}, "seed": seed, "threads": threads,
+        "data": {"train_seed": train_seed, "n_token_images": n_images},
+        "wall_time_s": {k: round(v, 1) for k, v in wall.items()},
+        "source_metrics": source_metrics,
+    }
+    save_demo_bundle(out_dir, gpt=gpt, vq=bundle.vq, drafter=drafter, classifier=bundle.classifier,
+                     manifest=manifest, overwrite=overwrite)
+    return manifest
