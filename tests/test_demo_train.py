@@ -124,6 +124,7 @@ def test_target_retrain_changes_the_shape_and_keeps_vq_classifier_and_data(micro
     res = run_cli("train", "target", "--model", str(src), "--out", str(out), "--gpt-layers", "6", "--gpt-dim", "64",
                   "--gpt-heads", "2", "--steps", "2", "--steps-drafter", "2", "--threads", "1")
     assert res.exit_code == 0, res.stderr
+    assert "copied" in res.stdout  # VQ and classifier were not retrained
     old, new = load_demo_bundle(src), load_demo_bundle(out)
     for part in ("vq", "classifier"):
         a, b = getattr(old, part).state_dict(), getattr(new, part).state_dict()

@@ -138,7 +138,7 @@ def train_target_command(
         manifest = retrain_target(None if model == "demo" else model, str(out), layers=layers, dim=dim, heads=heads,
                                   steps=steps, steps_drafter=steps_drafter, seed=seed, threads=threads,
                                   command=command, overwrite=force, progress=progress)
-    Console().print(_summary(manifest, out))
+    Console().print(_summary(manifest, out, wall=manifest["training"]["target_retrain"]["wall_time_s"]))
 
 
 @contextmanager
@@ -176,7 +176,9 @@ def canonical_command(out: Path, cfg: "DemoTrainConfig", micro: bool) -> str:  #
     return " ".join(shlex.quote(p) for p in parts)
 
 
-def _summary(manifest: dict, out: Path) -> Table:
+def _summary(manifest: dict, out: Path, wall: dict | None = None) -> Table:
+    """One row per part; `wall` (seconds per stage) defaults to the manifest's; a stage missing
+    from it (a part copied from the source bundle) reads "copied"."""
     m = manifest["metrics"]
     q = m["quality"]
     table = Table(title=f"demo bundle written to {out}", title_justify="left")
@@ -184,20 +186,24 @@ def _summary(manifest: dict, out: Path) -> Table:
     table.add_column("params", justify="right")
     table.add_column("metric")
     table.add_column("seconds", justify="right")
-    wall = manifest["training"]["wall_time_s"]
+    wall = manifest["training"]["wall_time_s"] if wall is None else wall
     params = manifest["params"]
+
+    def seconds(stage: str) -> str:
+        return f"{wall[stage]:.0f}" if stage in wall else "copied"
+
     table.add_row("vq", f"{params['vq'] / 1e6:.2f}M",
                   f"recon L1 {m['vq']['recon_l1']:.3f}, codebook usage {m['vq']['codebook_usage']:.0%}",
-                  f"{wall['vq']:.0f}")
+                  seconds("vq"))
     table.add_row("gpt", f"{params['gpt'] / 1e6:.2f}M", f"val loss {m['gpt']['val_loss']:.3f} nats/token",
-                  f"{wall['gpt']:.0f}")
+                  seconds("gpt"))
     table.add_row("drafter", f"{params['drafter'] / 1e6:.2f}M",
-                  f"top-1 vs target {m['drafter']['top1_vs_target']:.1%}", f"{wall['drafter']:.0f}")
+                  f"top-1 vs target {m['drafter']['top1_vs_target']:.1%}", seconds("drafter"))
     table.add_row("classifier", f"{params['classifier'] / 1e6:.2f}M",
-                  f"val accuracy {m['classifier']['val_accuracy']:.1%}", f"{wall['classifier']:.0f}")
+                  f"val accuracy {m['classifier']['val_accuracy']:.1%}", seconds("classifier"))
     sample = f"recon acc {q['recon_class_accuracy']:.1%} FD {q['recon_fd']:.2f}"
     if "ar_class_accuracy" in q:
         sample += f"; AR samples acc {q['ar_class_accuracy']:.1%} FD {q['ar_fd']:.2f}"
-    table.add_row("quality", "", sample, f"{wall['evaluate']:.0f}")
+    table.add_row("quality", "", sample, seconds("evaluate"))
     table.caption = f"total {wall['total']:.0f} s"
     return table
