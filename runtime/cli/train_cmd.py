@@ -30,6 +30,14 @@ _STAGES = {
 }
 
 
+def _check_out(out: Path, force: bool) -> None:
+    """Refuse an output folder that exists (unless --force) or is a file, before any work."""
+    if out.exists() and not force:
+        raise UserError(f"{out} already exists; choose another --out or pass --force to replace it")
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{out} exists and is not a folder; choose another --out")
+
+
 def _check_positive(**values: int | None) -> None:
     for name, value in values.items():
         if value is not None and value < 0:
@@ -55,10 +63,7 @@ def train_demo_command(
                     steps_classifier=steps_classifier)
     if threads < 1:
         raise UserError(f"--threads must be >= 1, got {threads}")
-    if out.exists() and not force:
-        raise UserError(f"{out} already exists; choose another --out or pass --force to replace it")
-    if out.exists() and not out.is_dir():
-        raise UserError(f"{out} exists and is not a folder; choose another --out")
+    _check_out(out, force)
 
     cfg = DemoTrainConfig.micro(seed=seed, threads=threads) if micro else DemoTrainConfig(seed=seed, threads=threads)
     overrides = {"steps_vq": steps_vq, "steps_gpt": steps_gpt, "steps_drafter": steps_drafter,
@@ -90,8 +95,7 @@ def train_drafter_command(
         raise UserError(f"--steps must be >= 1, got {steps}")
     if threads < 1:
         raise UserError(f"--threads must be >= 1, got {threads}")
-    if out.exists() and not force:
-        raise UserError(f"{out} already exists; choose another --out or pass --force to replace it")
+    _check_out(out, force)
     command = " ".join(shlex.quote(p) for p in ["runtime", "train", "drafter", "--model", model, "--out", str(out),
                                                  "--steps", str(steps), "--seed", str(seed),
                                                  "--threads", str(threads)])
@@ -127,8 +131,7 @@ def train_target_command(
             raise UserError(f"--{flag} must be >= 1, got {value}")
     if dim % heads or (dim // heads) % 2:
         raise UserError(f"--gpt-dim {dim} must split into {heads} heads of even width; change --gpt-heads")
-    if out.exists() and not force:
-        raise UserError(f"{out} already exists; choose another --out or pass --force to replace it")
+    _check_out(out, force)
     command = " ".join(shlex.quote(p) for p in [
         "runtime", "train", "target", "--model", model, "--out", str(out), "--gpt-layers", str(layers),
         "--gpt-dim", str(dim), "--gpt-heads", str(heads), "--steps", str(steps), "--steps-drafter",

@@ -563,15 +563,53 @@ def sample_quality(gpt: "Transformer", vq: VQModel, classifier: "DemoClassifier"
     return out
 
 
-def train_demo(out_dir: str, cfg: DemoTrainConfig, *, command: str, overwrite: bool = False,
-               progress: Progress = _no_progress) -> dict[str, Any]:
-    """Train every part and write the bundle to `out_dir` (atomically). Returns the manifest."""
-    from runtime.demo.bundle import round_trip_, save_demo_bundle
-    from runtime.demo.classifier import ClassifierConfig, DemoClassifier
-    from runtime.demo.dataset import dataset_hash
+def _train_target_and_drafter(cfg: DemoTrainConfig, vq: VQModel, tokens: torch.Tensor, labels: torch.Tensor,
+                              val_tokens: torch.Tensor, val_labels: torch.Tensor, progress: Progress
+                              ) -> tuple["Transformer", GPTTrainResult, "Drafter", Any]:
+    """The target (`cfg`'s shape, embeddings from `vq`'s codebook) and then its drafter, each
+    trained and passed through the fp16 storage round trip, so later metrics see shipped weights.
+    Draws from the global RNG as it stands (the caller seeds it)."""
+    from runtime.demo.bundle import round_trip_
     from runtime.models.configs import DrafterConfig
     from runtime.models.drafter import Drafter
     from runtime.models.gpt import Transformer
+
+    gpt_cfg = demo_gpt_config(cfg)
+    gpt = Transformer(gpt_cfg)
+    gpt.init_weights()
+    init_embeddings_from_codebook(gpt, vq.codebook_vectors(), torch.Generator().manual_seed(cfg.seed + 1))
+    gpt_res = train_gpt(gpt, tokens, labels, val_tokens, val_labels, steps=cfg.steps_gpt, batch=cfg.batch_gpt,
+                        seed=cfg.seed, progress=progress)
+    round_trip_(gpt, "gpt")
+    drafter = Drafter(DrafterConfig.for_target(gpt_cfg))
+    drafter_res = train_drafter(drafter, gpt, tokens, labels, val_tokens[:64], val_labels[:64],
+                                steps=cfg.steps_drafter, batch=cfg.batch_drafter, seed=cfg.seed, progress=progress)
+    round_trip_(drafter, "drafter")
+    return gpt, gpt_res, drafter, drafter_res
+
+
+def _source_tokens(model_dir: str | None, threads: int, progress: Progress) -> tuple[Any, int, int, torch.Tensor,
+                                                                                       torch.Tensor]:
+    """Load a bundle and re-tokenise its training data with its own VQ: (bundle, train seed,
+    image count, tokens (N, 256), labels (N,)), the same tokens its target was trained on."""
+    from runtime.demo.bundle import load_demo_bundle
+
+    torch.set_num_threads(threads)
+    torch.set_flush_denormal(True)
+    bundle = load_demo_bundle(model_dir)
+    data = bundle.manifest.get("training", {}).get("data", {})
+    train_seed = int(data.get("train_seed", 0))
+    n_images = int(data.get("n_token_images", DemoTrainConfig().n_token_images))
+    tokens, labels = tokenize_images(bundle.vq, train_seed, n_images, progress=progress)
+    return bundle, train_seed, n_images, tokens, labels
+
+
+def train_demo(out_dir: str, cfg: DemoTrainConfig, *, command: str, overwrite: bool = False,
+               progress: Progress = _no_progress) -> dict[str, Any]:
+    """Train every part and write the bundle to `out_dir` (atomically). Returns the manifest."""
+    from runtime.demo.bundle import save_demo_bundle
+    from runtime.demo.classifier import ClassifierConfig, DemoClassifier
+    from runtime.demo.dataset import dataset_hash
 
     t_start = time.perf_counter()
     torch.set_num_threads(cfg.threads)
@@ -590,21 +628,10 @@ def train_demo(out_dir: str, cfg: DemoTrainConfig, *, command: str, overwrite: b
                                              stage="tokenize")
     wall["tokenize"] = time.perf_counter() - t
 
-    gpt_cfg = demo_gpt_config(cfg)
-    gpt = Transformer(gpt_cfg)
-    gpt.init_weights()
-    init_embeddings_from_codebook(gpt, vq.codebook_vectors(), torch.Generator().manual_seed(cfg.seed + 1))
-    gpt_res = train_gpt(gpt, tokens, labels, val_tokens, val_labels, steps=cfg.steps_gpt, batch=cfg.batch_gpt,
-                        seed=cfg.seed, progress=progress)
-    wall["gpt"] = gpt_res.seconds
-    round_trip_(gpt, "gpt")
+    gpt, gpt_res, drafter, drafter_res = _train_target_and_drafter(cfg, vq, tokens, labels, val_tokens,
+                                                                   val_labels, progress)
+    wall["gpt"], wall["drafter"] = gpt_res.seconds, drafter_res.seconds
     gpt_val_shipped = gpt_val_loss(gpt, val_tokens, val_labels)
-
-    drafter = Drafter(DrafterConfig.for_target(gpt_cfg))
-    drafter_res = train_drafter(drafter, gpt, tokens, labels, val_tokens[:64], val_labels[:64],
-                                steps=cfg.steps_drafter, batch=cfg.batch_drafter, seed=cfg.seed, progress=progress)
-    wall["drafter"] = drafter_res.seconds
-    round_trip_(drafter, "drafter")
     drafter_shipped = drafter_val_metrics(drafter, gpt, val_tokens[:64], val_labels[:64])
 
     classifier = DemoClassifier(ClassifierConfig(num_classes=NUM_CLASSES, image_size=IMAGE_SIZE))
@@ -682,18 +709,12 @@ def retrain_drafter(model_dir: str | None, out_dir: str, *, steps: int, seed: in
     record and gains `training.drafter_retrain` (command, steps, wall time, metrics before).
     Deterministic for a given seed and thread count. Returns the new manifest.
     """
-    from runtime.demo.bundle import load_demo_bundle, round_trip_, save_demo_bundle
+    from runtime.demo.bundle import round_trip_, save_demo_bundle
     from runtime.models.configs import DrafterConfig
     from runtime.models.drafter import Drafter
 
-    torch.set_num_threads(threads)
-    torch.set_flush_denormal(True)
-    bundle = load_demo_bundle(model_dir)
-    data = bundle.manifest.get("training", {}).get("data", {})
-    train_seed = int(data.get("train_seed", 0))
-    n_images = int(data.get("n_token_images", DemoTrainConfig().n_token_images))
     t0 = time.perf_counter()
-    tokens, labels = tokenize_images(bundle.vq, train_seed, n_images, progress=progress)
+    bundle, train_seed, n_images, tokens, labels = _source_tokens(model_dir, threads, progress)
     val_tokens, val_labels = tokenize_images(bundle.vq, VAL_SEED, 64, progress=progress, stage="tokenize")
     before = drafter_val_metrics(bundle.drafter, bundle.gpt, val_tokens, val_labels)
     torch.manual_seed(seed + 1)
@@ -728,44 +749,23 @@ def retrain_target(model_dir: str | None, out_dir: str, *, layers: int, dim: int
     the same recipe as in `train_demo`; the manifest keeps the source's record and gains
     `training.target_retrain` (command, shape, steps, wall time, the source's metrics).
     """
-    from runtime.demo.bundle import load_demo_bundle, round_trip_, save_demo_bundle
-    from runtime.models.configs import DrafterConfig
-    from runtime.models.drafter import Drafter
-    from runtime.models.gpt import Transformer
+    from runtime.demo.bundle import save_demo_bundle
 
-    torch.set_num_threads(threads)
-    torch.set_flush_denormal(True)
-    bundle = load_demo_bundle(model_dir)
-    data = bundle.manifest.get("training", {}).get("data", {})
-    train_seed = int(data.get("train_seed", 0))
-    n_images = int(data.get("n_token_images", DemoTrainConfig().n_token_images))
+    t0 = time.perf_counter()
+    bundle, train_seed, n_images, tokens, labels = _source_tokens(model_dir, threads, progress)
     source_cfg = bundle.manifest.get("training", {}).get("config", {})
     sizes = {k: int(source_cfg[k]) for k in ("n_val_images", "n_sample_images", "n_real_images", "batch_gpt",
                                              "batch_drafter") if k in source_cfg}
     cfg = DemoTrainConfig(seed=seed, threads=threads, steps_gpt=steps, steps_drafter=steps_drafter,
                           gpt_layers=layers, gpt_dim=dim, gpt_heads=heads, vq=bundle.vq.config, **sizes)
-    t0 = time.perf_counter()
-    wall: dict[str, float] = {}
-    tokens, labels = tokenize_images(bundle.vq, train_seed, n_images, progress=progress)
     val_tokens, val_labels = tokenize_images(bundle.vq, VAL_SEED, cfg.n_val_images, progress=progress,
                                              stage="tokenize")
-    wall["tokenize"] = time.perf_counter() - t0
+    wall = {"tokenize": time.perf_counter() - t0}
 
     torch.manual_seed(seed)
-    gpt_cfg = demo_gpt_config(cfg)
-    gpt = Transformer(gpt_cfg)
-    gpt.init_weights()
-    init_embeddings_from_codebook(gpt, bundle.vq.codebook_vectors(), torch.Generator().manual_seed(seed + 1))
-    gpt_res = train_gpt(gpt, tokens, labels, val_tokens, val_labels, steps=steps, batch=cfg.batch_gpt,
-                        seed=seed, progress=progress)
-    wall["gpt"] = gpt_res.seconds
-    round_trip_(gpt, "gpt")
-
-    drafter = Drafter(DrafterConfig.for_target(gpt_cfg))
-    drafter_res = train_drafter(drafter, gpt, tokens, labels, val_tokens[:64], val_labels[:64],
-                                steps=steps_drafter, batch=cfg.batch_drafter, seed=seed, progress=progress)
-    wall["drafter"] = drafter_res.seconds
-    round_trip_(drafter, "drafter")
+    gpt, gpt_res, drafter, drafter_res = _train_target_and_drafter(cfg, bundle.vq, tokens, labels, val_tokens,
+                                                                   val_labels, progress)
+    wall["gpt"], wall["drafter"] = gpt_res.seconds, drafter_res.seconds
 
     t = time.perf_counter()
     progress("evaluate", 0, 1, {})
