@@ -26,7 +26,7 @@ import torch
 from runtime.core.acceptance import Accepted, Relaxation, accept_greedy, accept_sampling
 from runtime.core.methods import MethodSpec
 from runtime.core.rng import CounterRNG
-from runtime.core.sampling import apply_cfg, probabilities, sample_without_replacement
+from runtime.core.sampling import apply_cfg, cfg_off_mask, probabilities, sample_without_replacement
 from runtime.core.tree import TreeBuffers, buffers_from_parents, load_tree, static_buffers
 from runtime.errors import UserError
 from runtime.models.drafter import Drafter
@@ -210,9 +210,18 @@ class Decoder:
     def _timer(self):
         return self.timer if self.timer is not None else _NullTimer()
 
-    def _dist(self, logits: torch.Tensor) -> torch.Tensor:
-        """(rows, T, V) logits -> (T, V) processed distribution (CFG, temperature, top-k/p)."""
-        return probabilities(apply_cfg(logits, self.params.cfg)[0], self.params)
+    def _dist(self, logits: torch.Tensor, depth: torch.Tensor | int | None = None) -> torch.Tensor:
+        """(rows, T, V) logits -> (T, V) processed distribution (CFG, temperature, top-k/p).
+
+        depth: tree depth of the T nodes these logits follow ((T,) tensor or an int for all);
+        the token they predict has image index count + depth, which decides whether
+        `cfg_interval` has switched guidance off. None = the prefill (guidance always on).
+        """
+        off = None
+        if depth is not None and self.params.uses_cfg and self.params.cfg_interval >= 0:
+            index = (self.count + depth).reshape(-1).expand(logits.size(1))
+            off = cfg_off_mask(index, self.params.cfg_interval)
+        return probabilities(apply_cfg(logits, self.params.cfg, off)[0], self.params)
 
     def _pick(self, probs: torch.Tensor) -> torch.Tensor:
         """One token per row of (T, V): argmax (greedy) or a sample."""
@@ -275,13 +284,13 @@ class Decoder:
         self.dcache.advance(self.pend_count)
         return root
 
-    def _drafter_dist(self, out: torch.Tensor) -> torch.Tensor:
-        return self._dist(self.target.logits(out))
+    def _drafter_dist(self, out: torch.Tensor, depth: torch.Tensor | int) -> torch.Tensor:
+        return self._dist(self.target.logits(out), depth)
 
     def _draft_step(self) -> None:
         root = self._draft_level0()
         self.draft_hidden[:, 0] = root
-        self.q[0] = self._drafter_dist(root[:, None])[0]
+        self.q[0] = self._drafter_dist(root[:, None], 0)[0]
         if self.spec.drafting == "static":
             self._draft_static()
         else:
@@ -301,7 +310,7 @@ class Decoder:
                                                   tree.ancestor_mask[start:end, 1:end], self.dcache,
                                                   offset=start - 1)
                 self.draft_hidden[:, start:end] = out
-                self.q[start:end] = self._drafter_dist(out)
+                self.q[start:end] = self._drafter_dist(out, d)
             parent_start, parent_end = start, end
 
     def _draft_dynamic(self) -> None:
@@ -320,7 +329,7 @@ class Decoder:
             positions = (self.dcache.length - 1 + level).expand(k)
             out = self.drafter.forward_cached(self._rows(fr_tok), fr_hidden, positions, fr_anc,
                                               self.dcache, offset=(level - 1) * k)
-            lq = torch.log(self._drafter_dist(out).clamp(min=1e-30)).clamp(min=_LOG_FLOOR)
+            lq = torch.log(self._drafter_dist(out, level).clamp(min=1e-30)).clamp(min=_LOG_FLOOR)
             ch = torch.topk(lq, k, dim=-1)  # (k, k)
             scores = (fr_score[:, None] + ch.values - _DEPTH_TIE_BREAK).reshape(-1)
             cand_tok.append(ch.indices.reshape(-1))
@@ -362,7 +371,7 @@ class Decoder:
         positions = self.cache.length + self.tree.depth
         hidden = self.target.forward_cached(x, positions, self.tree.ancestor_mask, self.cache)
         self.hidden.copy_(hidden)
-        self.p.copy_(self._dist(self.target.logits(hidden)))
+        self.p.copy_(self._dist(self.target.logits(hidden), self.tree.depth))
 
     def _accept_step(self) -> None:
         tokens, p = self.tokens[None], self.p[None]

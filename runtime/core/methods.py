@@ -41,6 +41,7 @@ class MethodSpec:
             (s.top_k >= 0, f"--top-k must be >= 0, got {s.top_k}"),
             (0 < s.top_p <= 1, f"--top-p must be in (0, 1], got {s.top_p}"),
             (s.cfg >= 0, f"--cfg must be >= 0, got {s.cfg}"),
+            (s.cfg_interval >= -1, f"--cfg-interval must be -1 (always) or >= 0, got {s.cfg_interval}"),
             (1 <= self.depth <= 32, f"--depth must be in [1, 32], got {self.depth}"),
             (self.top_k_draft >= 1, f"--top-k-draft must be >= 1, got {self.top_k_draft}"),
             (self.total_tokens >= 2, f"--total-tokens must be >= 2, got {self.total_tokens}"),

@@ -16,28 +16,49 @@ from runtime.core.rng import CounterRNG
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """greedy=True ignores temperature/top_k/top_p for token choice (argmax)."""
+    """greedy=True ignores temperature/top_k/top_p for token choice (argmax).
+
+    cfg_interval: LlamaGen's `cfg_interval`. -1 (default) keeps guidance on for every token;
+    n >= 0 switches it off (conditional logits only, rows still doubled) for image tokens with
+    index >= n + 2, i.e. after LlamaGen's decode step n (step 0 makes image token 1).
+    """
 
     greedy: bool = False
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
     cfg: float = 1.0
+    cfg_interval: int = -1
 
     @property
     def uses_cfg(self) -> bool:
         return self.cfg > 1.0
 
 
-def apply_cfg(logits: torch.Tensor, cfg: float) -> torch.Tensor:
+def apply_cfg(logits: torch.Tensor, cfg: float, cfg_off: torch.Tensor | None = None) -> torch.Tensor:
     """Rows are [cond (B), uncond (B)] -> uncond + cfg * (cond - uncond), (B, ..., V).
 
-    With cfg <= 1 the batch is not doubled and logits are returned unchanged.
+    With cfg <= 1 the batch is not doubled and logits are returned unchanged. cfg_off: (T,)
+    bool over the positions of logits (B, T, V); where True the conditional logits are
+    returned as they are (LlamaGen's `cfg_interval`).
     """
     if cfg <= 1.0:
         return logits
     cond, uncond = logits.chunk(2, dim=0)
-    return uncond + (cond - uncond) * cfg
+    mixed = uncond + (cond - uncond) * cfg
+    if cfg_off is None:
+        return mixed
+    return torch.where(cfg_off[:, None], cond, mixed)
+
+
+def cfg_off_mask(next_index: torch.Tensor, cfg_interval: int) -> torch.Tensor | None:
+    """(T,) bool: which of the image-token indices `next_index` (T,) are past `cfg_interval`.
+
+    None when the interval is off (-1), so callers skip the select entirely.
+    """
+    if cfg_interval < 0:
+        return None
+    return next_index >= cfg_interval + 2
 
 
 def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
