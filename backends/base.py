@@ -189,6 +189,8 @@ class Backend(abc.ABC):
         self.dtype: torch.dtype = self.default_dtype if dtype is None else parse_dtype(dtype)
         self.graph_mode = graph_mode
         self.capture_count: Counter[str] = Counter()
+        # kernels the graph compiler generated per captured step name (inductor only)
+        self.kernel_count: Counter[str] = Counter()
 
     # -- availability and identity -------------------------------------------------------------
 
@@ -316,13 +318,25 @@ class Backend(abc.ABC):
 
         compiled = torch.compile(fn, backend=counting_backend, fullgraph=True, dynamic=False)
         replay = _eager_replay(compiled, static_args)
+        before = kernels_generated()
         # Dynamo caches compiled graphs per code object, so closures made by one `def` (e.g. one
         # step per tree level) share a cache whose default limit of 8 entries would fail the 9th
         # capture. Each capture is meant, so lift the limit while compiling it; a later
         # unexpected recompile still meets the default limit (and shows in capture_count).
         with torch._dynamo.config.patch(recompile_limit=1_000_000, accumulated_recompile_limit=1_000_000):
             replay()
+        if before is not None:
+            self.kernel_count[name] += kernels_generated() - before
         return replay
+
+
+def kernels_generated() -> int | None:
+    """Inductor's running count of generated kernels in this process (None if unavailable)."""
+    try:
+        from torch._inductor import metrics
+    except ImportError:  # pragma: no cover - inductor ships with torch >= 2.0
+        return None
+    return int(getattr(metrics, "generated_kernel_count", 0))
 
 
 def _eager_replay(fn: Callable[..., None], static_args: tuple[Tensor, ...]) -> Callable[[], None]:

@@ -15,9 +15,11 @@ from datetime import datetime, timezone
 from typing import Any, Callable, Sequence
 
 import numpy as np
+import torch
 
 from runtime.bench import schema
 from runtime.core import MethodSpec
+from runtime.core.opcount import phase_ops
 from runtime.errors import UserError
 from runtime.pipeline import LoadedModel, make_decoder, resolve_spec, run_generation
 
@@ -100,6 +102,7 @@ def bench(loaded: LoadedModel, backend: Any, profile: Any, plan: Sequence[Planne
         if progress is not None:
             progress(_label(specs[i]), done, total_steps)
 
+    ops: list[dict[str, schema.DeviceOps]] = [{} for _ in specs]
     if interleave:
         decoders = []
         for i, spec in enumerate(specs):
@@ -110,15 +113,17 @@ def bench(loaded: LoadedModel, backend: Any, profile: Any, plan: Sequence[Planne
             for j in range(len(specs)):
                 i = (j + r) % len(specs)
                 one_pass(i, decoders[i], timed=True)
+        ops = [_device_ops(d, conditions, backend) for d in decoders]
         del decoders
     else:
         for i, spec in enumerate(specs):
             decoder = make_decoder(loaded, spec, backend)
             for r in range(warmup + repeats):
                 one_pass(i, decoder, timed=r >= warmup)
+            ops[i] = _device_ops(decoder, conditions, backend)
             del decoder
     runs = [_run_result(spec, last[i], latencies[i], max(peaks[i], default=None), n, backend, loaded,
-                        conditions, quality) for i, spec in enumerate(specs)]
+                        conditions, quality, ops[i]) for i, spec in enumerate(specs)]
     info = backend.info()
     versions = {k: str(info[k]) for k in ("torch", "cuda", "driver", "synapseai") if info.get(k)}
     device = schema.DeviceInfo(backend=backend.name, name=str(info.get("name", backend.name)),
@@ -143,8 +148,20 @@ def _label(spec: MethodSpec) -> str:
     return f"{spec.method} {extra}".strip()
 
 
+def _device_ops(decoder: Any, conditions: Sequence[Any], backend: Any) -> dict[str, schema.DeviceOps]:
+    """Ops per iteration of each phase (eager count, first condition) and the kernels the
+    compiler generated for the decoder's captured steps. Runs after the timed repeats."""
+    first = conditions[0]
+    if not isinstance(first, (int, np.integer)):
+        return {}  # caption workloads: the count needs the prepared caption features
+    ops = phase_ops(decoder, torch.tensor([int(first)], device=backend.device), seed=0)
+    return {phase: schema.DeviceOps(ops_per_iteration=float(n), kernels_per_step=decoder.kernels_per_step.get(phase))
+            for phase, n in ops.items()}
+
+
 def _run_result(spec: MethodSpec, out: Any, latencies: list[float], peak_bytes: int | None, n: int, backend: Any,
-                loaded: LoadedModel, conditions: Sequence[int], quality: bool) -> schema.RunResult:
+                loaded: LoadedModel, conditions: Sequence[int], quality: bool,
+                device_ops: dict[str, schema.DeviceOps] | None = None) -> schema.RunResult:
     d = spec.describe()
     params = schema.MethodParams(
         tree=d.get("tree", "dynamic" if spec.drafting == "dynamic" else None),
@@ -158,7 +175,7 @@ def _run_result(spec: MethodSpec, out: Any, latencies: list[float], peak_bytes: 
         spec.method, latencies=latencies, num_images=n, target_forwards=st["target_forwards"], tokens=st["tokens"],
         mean_accepted_length=st["mean_accepted_length"], params=params,
         per_depth_acceptance=st["per_depth_acceptance"], mean_relaxation_mass=st["mean_relaxation_mass"],
-        phases=phases, peak_bytes=peak_bytes,
+        phases=phases, peak_bytes=peak_bytes, device_ops=device_ops,
         quality=_quality(loaded, out.images, conditions) if quality else
         schema.Quality.not_measured("--no-quality"))
 

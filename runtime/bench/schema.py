@@ -266,6 +266,16 @@ class Quality:
 
 
 @dataclass
+class DeviceOps:
+    """The device work of one phase: non-view aten ops per iteration, counted eagerly
+    (`runtime.core.opcount`), and the kernels the graph compiler generated for the phase's
+    captured step (`None` when the step is not compiled, e.g. eager or plain CUDA-graph mode)."""
+
+    ops_per_iteration: float
+    kernels_per_step: int | None
+
+
+@dataclass
 class RunResult:
     """One method (with one parameter setting) run over the workload."""
 
@@ -278,6 +288,8 @@ class RunResult:
     phases: dict[str, Phase]
     memory: Memory
     quality: Quality
+    # phase (draft / verify / accept) -> its device work; empty in files written before it
+    device_ops: dict[str, DeviceOps] = field(default_factory=dict)
 
 
 @dataclass
@@ -336,6 +348,7 @@ def make_run(
     phases: dict[str, Phase] | None = None,
     peak_bytes: int | None = None,
     quality: Quality | None = None,
+    device_ops: dict[str, DeviceOps] | None = None,
 ) -> RunResult:
     """A run from raw measurements; `speedup_vs_ar` is left `None` (`make_bench` fills it).
 
@@ -358,6 +371,7 @@ def make_run(
         phases=dict(phases or {}),
         memory=Memory(peak_bytes=peak_bytes),
         quality=quality if quality is not None else Quality.not_measured("quality was not requested"),
+        device_ops=dict(device_ops or {}),
     )
 
 
@@ -501,6 +515,8 @@ def _run_to_dict(run: RunResult) -> dict[str, Any]:
         "phases": {name: {"seconds": p.seconds, "count": p.count} for name, p in run.phases.items()},
         "memory": {"peak_bytes": run.memory.peak_bytes},
         "quality": quality,
+        "device_ops": {name: {"ops_per_iteration": o.ops_per_iteration, "kernels_per_step": o.kernels_per_step}
+                       for name, o in run.device_ops.items()},
     }
 
 
@@ -822,7 +838,25 @@ def _parse_run(obj: dict[str, Any], path: str) -> RunResult:
         phases=phases,
         memory=memory,
         quality=_parse_quality(_field(obj, "quality", path, _object), _join(path, "quality")),
+        device_ops=_parse_device_ops(obj.get("device_ops", {}), _join(path, "device_ops")),
     )
+
+
+DEVICE_OPS_PHASES = ("draft", "verify", "accept")
+
+
+def _parse_device_ops(value: Any, path: str) -> dict[str, DeviceOps]:
+    out: dict[str, DeviceOps] = {}
+    for name, entry in _object(value, path).items():
+        one_path = _join(path, name)
+        if name not in DEVICE_OPS_PHASES:
+            raise _SchemaError(f"{one_path}: unknown phase (expected one of {', '.join(DEVICE_OPS_PHASES)})")
+        one = _object(entry, one_path)
+        out[name] = DeviceOps(
+            ops_per_iteration=_field(one, "ops_per_iteration", one_path, _number, non_negative=True),
+            kernels_per_step=_optional_field(one, "kernels_per_step", one_path, _integer, minimum=0),
+        )
+    return out
 
 
 def _parse_quality(obj: dict[str, Any], path: str) -> Quality:

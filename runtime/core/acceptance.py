@@ -31,7 +31,9 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.core.rng import CounterRNG
+import torch.nn.functional as F
+
+from runtime.core.rng import CounterRNG, gumbel_from_uniform
 from runtime.core.tree import TreeBuffers
 
 _EPS = 1e-12
@@ -52,6 +54,19 @@ class Relaxation:
     @property
     def active(self) -> bool:
         return (self.kind == "delta" and self.delta > 0) or (self.kind == "lambda" and self.lam > 1)
+
+    def padded_neighbours(self) -> torch.Tensor:
+        """(V+1, k): the table plus a row for the padding token V whose neighbours are all V.
+
+        Built once per Relaxation (the decoder keeps one for its lifetime), so a captured step
+        reads a fixed buffer.
+        """
+        padded = self.__dict__.get("_padded")
+        if padded is None:
+            nb = self.neighbours
+            padded = torch.cat([nb, torch.full_like(nb[:1], nb.size(0))])
+            object.__setattr__(self, "_padded", padded)
+        return padded
 
 
 @dataclass
@@ -168,14 +183,14 @@ def relaxed_mixture(r: torch.Tensor, q: torch.Tensor, relax: Relaxation,
 
 def accept_sampling(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers, rng: CounterRNG,
                     q: torch.Tensor | None = None, relax: Relaxation = Relaxation()) -> Accepted:
-    """Multi-draft recursive rejection sampling over the tree, depth by depth.
+    """Multi-draft recursive rejection sampling over the tree, every parent at once.
 
-    At the current node with target r (p after the node) the children are tried in rank
-    order. Child x, drawn from proposal q_i, is accepted with probability
-    min(1, t(x) / q_i(x)) where t is the stage's target; on rejection
-    r <- norm(max(t - q_i, 0)) and, for sampled drafts, x leaves the proposal:
-    q_{i+1} = norm(q_i with x removed). On acceptance the walk moves to x with r = p after x.
-    When no child is accepted (or the node is a leaf) the bonus token is sampled from r.
+    The rule. At a node with target r its children are tried in rank order. Child x, drawn
+    from proposal q_i, is accepted with probability min(1, t(x) / q_i(x)), t being the
+    stage's target; on rejection r <- norm(max(t - q_i, 0)) and, for sampled drafts, x leaves
+    the proposal: q_{i+1} = norm(q_i with x removed). On acceptance the walk moves to x with
+    r = p after x. When no child is accepted (or the node is a leaf) the bonus token is
+    sampled from r.
 
     q: (B, N+1, V) the drafter distribution each node's children were sampled from without
     replacement, or None for deterministic drafts (top-k / EAGLE-2), which behave as
@@ -186,6 +201,17 @@ def accept_sampling(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers, rn
     E_{x~q_i}[r~_x] (`relaxed_mixture`): the relaxation may not depend on which sample came
     out, or the output would drift from any fixed target.
 
+    How it is computed (the op count of this step is a design constraint, see opcount.py).
+    Stage i of a parent only matters if stages 0..i-1 rejected, so each parent's residual
+    chain is computed as if they did, for every parent of the tree at once (a loop over the
+    K sibling ranks, not over depths and siblings). Each node then has an acceptance
+    probability a and a uniform u; the accepted path is the deepest node whose every
+    ancestor (itself included) was accepted with no earlier sibling accepted, found with the
+    tree's ancestor mask as in `accept_greedy`. Exact deterministic drafts need no loop at
+    all: a_i = r(x_i) / (1 - sum of r over x_i's earlier siblings). A missing child (a
+    parent with fewer than K children) points at a padding token V whose mass is zero, so it
+    changes nothing.
+
     Guarantees. Every stage is an exact speculative-sampling step toward t, so its output
     (accepted draft, or what the remaining siblings and the residual produce) is distributed
     exactly as t. Exact mode is therefore lossless, for sampled and deterministic drafts. In
@@ -193,6 +219,9 @@ def accept_sampling(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers, rn
     delta (LANTERN) or (lambda - 1) * r(x) (LANTERN++). For LANTERN the additive budget is
     shared by the siblings of a node: after a stage with rejection probability beta the next
     stage may use (budget - TVD) / beta, so each node's output stays within TVD delta of p.
+    `relax_mass` sums c_x (deterministic) or E_q[c_x] (sampled) over the accepted drafts.
+    A residual of zero mass (reachable only through float rounding) falls back to p after
+    the node, so no token of probability zero is ever returned.
 
     Where this differs from the reference code (jadohu/LANTERN): the reference accepts a
     sampled draft with min(1, r~_x(x) / q(x)) using the per-draft target r~_x, whose output is
@@ -201,65 +230,134 @@ def accept_sampling(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers, rn
     trees subtract a q masked on those neighbours; Lumina-mGPT zeroes p before subtracting).
     Here one residual, norm(max(t - q_i, 0)), serves every model and keeps the stage exact.
     """
-    b = tokens.size(0)
-    dev = p.device
-    rows = torch.arange(b, device=dev)
-    depth_max = tree.max_depth
-    node = torch.zeros(b, dtype=torch.long, device=dev)
-    r = p[:, 0]
-    qcur = q[:, 0] if q is not None else None
-    done = torch.zeros(b, dtype=torch.bool, device=dev)
-    count = torch.ones(b, dtype=torch.long, device=dev)
-    path = torch.zeros(b, depth_max + 1, dtype=torch.long, device=dev)
-    depth_accepted = torch.zeros(b, depth_max, dtype=torch.bool, device=dev)
-    relax_mass = torch.zeros(b, dtype=p.dtype, device=dev)
-    budget = torch.full((b,), float(relax.delta), dtype=p.dtype, device=dev)
-    uniforms = rng.uniform(max(sum(tree.children_at), 1), b)  # one draw per sibling stage
-    stage = 0
-    for d in range(depth_max):
-        level_ok = torch.zeros(b, dtype=torch.bool, device=dev)
-        for s in range(tree.children_at[d]):
-            child = tree.children[node, s]
-            valid = (child >= 0) & ~done & ~level_ok
-            child_c = child.clamp(min=0)
-            x = tokens[rows, child_c]
-            if qcur is None:
-                target, shift = relaxed_target(r, x, relax, budget)
-                qx = torch.ones(b, device=dev, dtype=p.dtype)
-            else:
-                if relax.active:
-                    target, shift = relaxed_mixture(r, qcur, relax, budget)
-                else:
-                    target, shift = r, torch.zeros(b, device=dev, dtype=p.dtype)
-                qx = qcur[rows, x]
-            tx = target[rows, x]
-            accept_prob = torch.clamp(tx / qx.clamp(min=_EPS), max=1.0)
-            u = uniforms[stage]
-            stage += 1
-            valid = valid & (qx > 0)  # a sample past the proposal's support is not a draft
-            acc = valid & (u < accept_prob)
-            rej = valid & ~acc
-            if qcur is None:
-                residual = target.scatter(1, x[:, None], torch.zeros_like(tx)[:, None])
-                reject_prob = 1.0 - accept_prob
-            else:
-                residual = (target - qcur).clamp(min=0)
-                reject_prob = residual.sum(-1)  # = TV(target, q) = P(reject) averaged over x ~ q
-            residual = residual / residual.sum(-1, keepdim=True).clamp(min=_EPS)
-            r = torch.where(rej[:, None], residual, torch.where(acc[:, None], p[rows, child_c], r))
-            if qcur is not None:
-                q_rm = qcur.scatter(1, x[:, None], torch.zeros_like(qx)[:, None])
-                q_rm = q_rm / q_rm.sum(-1, keepdim=True).clamp(min=_EPS)
-                qcur = torch.where(rej[:, None], q_rm, torch.where(acc[:, None], q[rows, child_c], qcur))
-            if relax.kind == "delta":
-                left = ((budget - shift) / reject_prob.clamp(min=_EPS)).clamp(min=0.0)
-                budget = torch.where(rej, left, torch.where(acc, torch.full_like(budget, relax.delta), budget))
-            relax_mass = relax_mass + torch.where(acc, shift, torch.zeros_like(shift))
-            node = torch.where(acc, child_c, node)
-            level_ok = level_ok | acc
-        done = done | ~level_ok
-        depth_accepted[:, d] = level_ok
-        count = count + level_ok.long()
-        path[:, d + 1] = node
-    bonus = torch.argmax(torch.log(r) + rng.gumbel(*r.shape), dim=-1)
+    b, n1 = tokens.shape
+    v = p.size(-1)
+    k = tree.max_children
+    # one draw per node (its acceptance test) and one Gumbel row for the bonus
+    noise = rng.uniform(b, n1 + v)
+    u, gumbel = noise[:, :n1], gumbel_from_uniform(noise[:, n1:])
+    child = torch.where(tree.children >= 0, tree.children, n1)  # (N+1, K); n1 = padding node
+    tokens_pad = torch.cat([tokens, torch.full_like(tokens[:, :1], v)], 1)
+    xs = tokens_pad[:, child]  # (B, P=N+1, K) child tokens per parent, V where none
+    slot = tree.parent * k + tree.rank  # node -> (parent, rank) in a flattened (P, K)
+
+    if q is None and not relax.active:
+        px = p.reshape(b, -1).gather(1, tree.parent * v + tokens)  # (B, N+1) r(x) at the parent
+        z = 1.0 - px @ tree.earlier_sibling.T.to(px.dtype)
+        a = px / z.clamp(min=_EPS)
+        shift = torch.zeros_like(a)
+        residual = None
+    else:
+        a_pk, shift_pk, residual = _sibling_stages(xs, p, q, relax)
+        a = a_pk.reshape(b, -1)[:, slot]
+        shift = shift_pk.reshape(b, -1)[:, slot]
+
+    acc = u < a
+    beaten = (acc.to(p.dtype) @ tree.earlier_sibling.T.to(p.dtype)) > 0
+    win = (acc & ~beaten) | (tree.depth == 0)[None]
+    all_ok = ~(tree.ancestor_mask[None] & ~win[:, None, :]).any(-1)  # (B, N+1)
+    best = torch.where(all_ok, tree.depth[None] + 1, 0).argmax(-1)  # first of the deepest
+    count = tree.depth[best] + 1
+    path = tree.path_table[best]
+    rows = torch.arange(b, device=p.device)
+    # bonus: from the residual left after every child of `best` was rejected
+    p_best = p[rows, best]
+    if residual is None:  # exact deterministic: p after best with its children's tokens removed
+        kids = xs[rows, best]  # (B, K)
+        keep = torch.ones(b, v + 1, dtype=p.dtype, device=p.device).scatter_(1, kids, 0.0)
+        r = p_best * keep[:, :v]
+    elif residual.dim() == 4:  # sampled drafts: the residual after best's last real child
+        r = residual[rows, best, (tree.children[best] >= 0).sum(-1), :v]
+    else:
+        r = residual[rows, best, :v]
+    r = torch.where(r.sum(-1, keepdim=True) > 0, r, p_best)
+    bonus = torch.argmax(torch.log(r) + gumbel, dim=-1)
+    d = torch.arange(1, tree.max_depth + 1, device=p.device)
+    depth_accepted = count[:, None] > d[None]
+    relax_mass = (shift * tree.ancestor_mask[best]).sum(-1)
     return Accepted(path, count, bonus, depth_accepted, relax_mass)
+
+
+def _sibling_stages(xs: torch.Tensor, p: torch.Tensor, q: torch.Tensor | None,
+                    relax: Relaxation) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The K sibling stages of every parent at once, each assuming its earlier siblings failed.
+
+    xs: (B, P, K) child tokens (V = no child); p: (B, P, V); q: (B, P, V) or None.
+    Returns a (B, P, K) acceptance probabilities, shift (B, P, K) the relaxation mass each
+    stage used, and the residual a parent leaves when all its children are rejected (its
+    bonus distribution; column V is padding): (B, P, V+1) unnormalised for deterministic
+    drafts, where missing children change nothing, or (B, P, K+1, V+1) after each stage
+    (stage 0 = before any) for sampled drafts.
+    """
+    b, n_par, k = xs.shape
+    pad = (0, 1)
+    accept, shifts = [], []
+    if q is None:
+        # Deterministic drafts, relaxed (LANTERN): r is kept unnormalised; z is its mass and
+        # the additive budget in the same units shrinks by each stage's moved mass.
+        nb_table = relax.padded_neighbours()
+        r = F.pad(p, pad)
+        z = torch.ones(b, n_par, dtype=p.dtype, device=p.device)
+        budget = torch.full_like(z, float(relax.delta))
+        ext = torch.cat([xs[..., None], nb_table[xs]], -1)  # (B, P, K, 1 + k): x, then neighbours
+        for s in range(k):
+            idx = ext[:, :, s]
+            mass = r.gather(2, idx)  # (B, P, 1 + k)
+            if relax.kind == "delta":
+                inside = mass[..., 1:].cumsum(-1) <= budget[..., None]
+            else:
+                inside = mass[..., 1:].cumsum(-1) <= (relax.lam - 1.0) * mass[..., :1]
+            moved = (mass[..., 1:] * inside).sum(-1)
+            taken = mass.masked_fill(F.pad(inside, (1, 0), value=True), 0.0)
+            r = r.scatter(2, idx, taken)  # x and the neighbours moved onto it leave r
+            accept.append((mass[..., 0] + moved) / z.clamp(min=_EPS))
+            shifts.append(moved / z.clamp(min=_EPS))
+            z = z - mass[..., 0] - moved
+            budget = budget - moved
+        return torch.stack(accept, -1).clamp(max=1.0), torch.stack(shifts, -1), r
+
+    # Sampled drafts: r and q normalised; a stage's target is r (exact) or the mixture M.
+    # A missing child still runs its stage (the loop has a fixed bound), which would move r,
+    # so the residual after each stage is kept and the bonus takes the one after the last
+    # real child.
+    r, qc = F.pad(p, pad), F.pad(q, pad)
+    if relax.active:
+        m = min(MIXTURE_CANDIDATES, p.size(-1))
+        cand = torch.topk(q, m, dim=-1).indices  # fixed by q alone (see relaxed_mixture)
+        nb = relax.padded_neighbours()[cand]  # (B, P, m, k)
+        nb_flat = nb.flatten(2)
+        idx_all = torch.cat([cand, nb_flat], 2)  # one gather reads r at candidates and neighbours
+        budget = torch.full((b, n_par), float(relax.delta), dtype=p.dtype, device=p.device)
+        gains = []
+    residuals = [r]
+    for s in range(k):
+        x = xs[:, :, s, None]
+        if relax.active:
+            r_all = r.gather(2, idx_all)
+            mass = r_all[..., m:].view(nb.shape)
+            if relax.kind == "delta":
+                bound = budget[..., None, None]
+            else:
+                bound = (relax.lam - 1.0) * r_all[..., :m, None]
+            moved = mass * (mass.cumsum(-1) <= bound)
+            q_cand = qc.gather(2, cand)
+            gained = q_cand * moved.sum(-1)
+            target = r.scatter_add(2, cand, gained).scatter_add(2, nb_flat, -(q_cand[..., None] * moved).flatten(2))
+            gains.append(gained)
+            if relax.kind == "delta":
+                shift = gained.sum(-1)  # E_q[c_x] >= TVD(r, target)
+        else:
+            target = r
+        qx = qc.gather(2, x).squeeze(2)
+        # a sample outside the proposal's support (q exhausted) is not a draft: never accepted
+        accept.append(torch.where(qx > 0, target.gather(2, x).squeeze(2) / qx, 0.0))
+        res = (target - qc).clamp(min=0.0)
+        reject = res.sum(-1, keepdim=True)  # = TV(target, q): P(reject) over x ~ q
+        r = res / reject.clamp(min=_EPS)
+        residuals.append(r)
+        if relax.kind == "delta":
+            budget = ((budget - shift) / reject.squeeze(-1).clamp(min=_EPS)).clamp(min=0.0)
+        q_rm = qc.scatter(2, x, 0.0)
+        qc = q_rm / q_rm.sum(-1, keepdim=True).clamp(min=_EPS)
+    shift_all = torch.stack(gains, 2).sum(-1) if relax.active else torch.zeros_like(xs, dtype=p.dtype)
+    return torch.stack(accept, -1).clamp(max=1.0), shift_all, torch.stack(residuals, 2)

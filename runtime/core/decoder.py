@@ -32,8 +32,6 @@ from runtime.errors import UserError
 from runtime.models.drafter import Drafter
 from runtime.models.gpt import Transformer
 
-# Score penalty per depth so a child never ties its parent when EAGLE-2 reranks nodes.
-_DEPTH_TIE_BREAK = 1e-6
 # Floor for log q in EAGLE-2 scores: keeps filtered-out tokens finite and parent > child.
 _LOG_FLOOR = -80.0
 
@@ -90,6 +88,17 @@ class RunStats:
         }
 
 
+def child_scores(parent: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
+    """EAGLE-2 score of children: parent score + log q, strictly below the parent's score.
+
+    parent broadcasts against logq. A child with log q == 0 (or one whose log q is lost in
+    float32 rounding at large |score|) would tie its parent; it takes the next float below
+    instead, so in any top-n selection a kept child implies a kept parent.
+    """
+    below = torch.nextafter(parent, torch.full_like(parent, float("-inf")))
+    return torch.minimum(parent + logq, below)
+
+
 class _NullTimer:
     def phase(self, name: str):
         import contextlib
@@ -137,7 +146,9 @@ class Decoder:
             self.tree = static_buffers(load_tree(spec.tree_spec)).to(dev)
             self.levels = [self.tree.level(d) for d in range(1, self.tree.max_depth + 1)]
         else:
-            k, d = spec.top_k_draft, spec.depth
+            # EAGLE-2's `depth` counts the expansions after the root's own top-k, so the tree
+            # is depth + 1 levels deep (reference `topK_genrate`; depth 4 -> 5 levels).
+            k, d = spec.top_k_draft, spec.depth + 1
             n1 = spec.total_tokens
             self.tree = TreeBuffers(torch.zeros(n1, dtype=torch.long, device=dev),
                                     torch.zeros(n1, dtype=torch.long, device=dev),
@@ -159,8 +170,12 @@ class Decoder:
         self.relax = Relaxation(kind, spec.lantern_delta, spec.lantern_lambda, neighbours)
 
         # -- state (fixed shapes; identities never change) -----------------------------------
-        capacity = self.cls + self.num_tokens + self.n1 + m + 8
-        self.cache = target.new_cache(self.rows, capacity, dev)
+        # Target: committed tokens + one verified tree. Drafter: committed tokens + the pending
+        # block + every drafted node it writes, which for EAGLE-2 is depth x top_k frontier
+        # slots (all candidates expanded), not the tree size.
+        committed = self.cls + self.num_tokens + m
+        self.cache = target.new_cache(self.rows, committed + self.n1, dev)
+        draft_slots = spec.depth * spec.top_k_draft if spec.drafting == "dynamic" else self.n1
         self.rng = CounterRNG(dev)
         self.out = torch.zeros(self.num_tokens + m + 1, dtype=torch.long, device=dev)
         self.count = torch.zeros((), dtype=torch.long, device=dev)  # tokens known, pending root included
@@ -176,7 +191,7 @@ class Decoder:
         self.causal_m = torch.ones(m, m, dtype=torch.bool, device=dev).tril()
         if spec.drafting != "none":
             dcfg = drafter.config
-            self.dcache = drafter.new_cache(self.rows, capacity, dev)
+            self.dcache = drafter.new_cache(self.rows, committed + draft_slots, dev)
             self.q = torch.zeros(self.n1, self.vocab, device=dev)
             self.draft_hidden = torch.zeros(self.rows, self.n1, dcfg.hidden_size, device=dev, dtype=self.dtype)
             self.pend_tokens = torch.zeros(m, dtype=torch.long, device=dev)
@@ -184,13 +199,15 @@ class Decoder:
             self.pend_count = torch.ones((), dtype=torch.long, device=dev)
         if spec.drafting == "dynamic":
             k, d = spec.top_k_draft, spec.depth
-            self.n_cand = k + (d - 1) * k * k
+            self.n_cand = k + d * k * k
 
         # -- steps: eager until `_capture_steps` swaps in captured replays ------------------
         self._draft: Callable[[], None] | None = self._draft_step if spec.drafting != "none" else None
         self._verify: Callable[[], None] = self._verify_step
         self._accept: Callable[[], None] = self._accept_step
         self.captured = backend is None or not getattr(backend, "graph_mode", False)
+        # kernels the graph compiler generated for each captured step (phase -> count)
+        self.kernels_per_step: dict[str, int] = {}
 
     # ------------------------------------------------------------------------------------
     def _capture_steps(self, cond: torch.Tensor, cond_mask: torch.Tensor | None) -> None:
@@ -200,11 +217,16 @@ class Decoder:
         caches; the real image's prefill resets all state afterwards.
         """
         self.prefill(cond, cond_mask, seed=0)
-        name = self.spec.method
+        name = f"{self.spec.method}#{id(self):x}"
+        steps = {"verify": self._verify_step, "accept": self._accept_step}
         if self._draft is not None:
-            self._draft = self.backend.capture(self._draft_step, name=f"{name}.draft")
-        self._verify = self.backend.capture(self._verify_step, name=f"{name}.verify")
-        self._accept = self.backend.capture(self._accept_step, name=f"{name}.accept")
+            steps = {"draft": self._draft_step, **steps}
+        kernels = getattr(self.backend, "kernel_count", None)
+        for phase, step in steps.items():
+            replay = self.backend.capture(step, name=f"{name}.{phase}")
+            setattr(self, f"_{phase}", replay)
+            if kernels is not None and kernels.get(f"{name}.{phase}"):
+                self.kernels_per_step[phase] = int(kernels[f"{name}.{phase}"])
         self.captured = True
 
     def _timer(self):
@@ -314,24 +336,28 @@ class Decoder:
             parent_start, parent_end = start, end
 
     def _draft_dynamic(self) -> None:
-        """EAGLE-2: expand the top-k frontier `depth - 1` times, keep the best total_tokens - 1."""
+        """EAGLE-2: the root's top-k, expanded `depth` times; keep the best total_tokens - 1.
+
+        A node's score is its path's summed log q, made strictly lower than its parent's
+        (`child_scores`), so the kept top set always holds a node's parent.
+        """
         k, depth, dev = self.spec.top_k_draft, self.spec.depth, self.device
         logq = torch.log(self.q[0].clamp(min=1e-30)).clamp(min=_LOG_FLOOR)
         top = torch.topk(logq, k)
-        cand_tok, cand_score = [top.indices], [top.values - _DEPTH_TIE_BREAK]
+        cand_tok, cand_score = [top.indices], [child_scores(torch.zeros((), device=dev), top.values)]
         cand_parent = [torch.full((k,), -1, dtype=torch.long, device=dev)]
         frontier = torch.arange(k, device=dev)  # candidate ids of the frontier
         fr_tok, fr_score = top.indices, cand_score[0]
         fr_hidden = self.draft_hidden[:, :1].expand(self.rows, k, -1)
         fr_anc = torch.eye(k, dtype=torch.bool, device=dev)  # (k, l*k) over frontier blocks
         base = k
-        for level in range(1, depth):
+        for level in range(1, depth + 1):
             positions = (self.dcache.length - 1 + level).expand(k)
             out = self.drafter.forward_cached(self._rows(fr_tok), fr_hidden, positions, fr_anc,
                                               self.dcache, offset=(level - 1) * k)
             lq = torch.log(self._drafter_dist(out, level).clamp(min=1e-30)).clamp(min=_LOG_FLOOR)
             ch = torch.topk(lq, k, dim=-1)  # (k, k)
-            scores = (fr_score[:, None] + ch.values - _DEPTH_TIE_BREAK).reshape(-1)
+            scores = child_scores(fr_score[:, None], ch.values).reshape(-1)
             cand_tok.append(ch.indices.reshape(-1))
             cand_score.append(scores)
             cand_parent.append(frontier.repeat_interleave(k))
@@ -358,11 +384,11 @@ class Decoder:
         earlier = torch.ones(self.n1, self.n1, dtype=torch.bool, device=dev).tril(-1)
         earlier[:, 0] = False  # the root shares parent id 0 with its children but is not a sibling
         rank = (same & earlier).sum(1)
-        built = buffers_from_parents(parent, rank, depth, k)
+        built = buffers_from_parents(parent, rank, depth + 1, k)
         t = self.tree
         for dst, src in ((t.parent, built.parent), (t.depth, built.depth), (t.rank, built.rank),
                          (t.ancestor_mask, built.ancestor_mask), (t.children, built.children),
-                         (t.path_table, built.path_table)):
+                         (t.path_table, built.path_table), (t.earlier_sibling, built.earlier_sibling)):
             dst.copy_(src)
         self.tokens[1:] = tok[sel]
 
@@ -374,6 +400,9 @@ class Decoder:
         self.p.copy_(self._dist(self.target.logits(hidden), self.tree.depth))
 
     def _accept_step(self) -> None:
+        if not self.max_depth:
+            self._accept_ar()
+            return
         tokens, p = self.tokens[None], self.p[None]
         if self.params.greedy:
             acc: Accepted = accept_greedy(tokens, p, self.tree, self.relax)
@@ -399,6 +428,16 @@ class Decoder:
             self.pend_tokens.copy_(block)
             self.pend_hidden.copy_(self.hidden[:, path])
             self.pend_count.copy_(n)
+
+    def _accept_ar(self) -> None:
+        """AR: the verified token is already in the cache; pick the next one from p."""
+        token = self._pick(self.p[:1])
+        self.cache.advance(1)
+        self.out.index_copy_(0, self.count.view(1), token)
+        self.count.add_(1)
+        self.tokens[:1] = token
+        self.iterations.add_(1)
+        self.accepted_total.add_(1)
 
     # -- the loop -------------------------------------------------------------------------------
     @torch.no_grad()

@@ -8,6 +8,11 @@
     lantern++  static tree (`tree`)              relaxed, multiplicative bound lambda
 
 With lantern_delta = 0 / lantern_lambda = 1 the relaxed methods are exact.
+
+`depth` means what it means in the reference EAGLE-2 / LANTERN code for the dynamic trees:
+the number of expansions after the root's own top-k, so the tree has depth + 1 levels and
+top_k + depth * top_k^2 candidates (LANTERN's LlamaGen default depth 4 -> 5 levels). For
+`sd` it is the length of the drafted chain.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ class MethodSpec:
     method: str = "lantern++"
     sampling: SamplingParams = field(default_factory=SamplingParams)
     tree: str = "naive_extend_57"
-    depth: int = 5
+    depth: int = 4
     top_k_draft: int = 10
     total_tokens: int = 60
     lantern_k: int = 1000
@@ -53,7 +58,7 @@ class MethodSpec:
             if not ok:
                 raise UserError(message)
         if self.drafting == "dynamic":
-            limit = self.top_k_draft + (self.depth - 1) * self.top_k_draft ** 2
+            limit = self.top_k_draft + self.depth * self.top_k_draft ** 2
             if self.total_tokens - 1 > limit:
                 raise UserError(f"--total-tokens {self.total_tokens} exceeds the {limit + 1} nodes a "
                                 f"depth-{self.depth}, top-k-{self.top_k_draft} EAGLE-2 tree can hold")

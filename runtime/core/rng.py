@@ -5,6 +5,11 @@ splitmix64 over int64 tensors. Nothing is read back to the host, the state is a 
 device tensors updated in place (so a captured graph replays correctly), and the same seed
 gives the same numbers on CPU, CUDA and HPU. Only 24-bit floats are produced so no fp64 is
 needed (Gaudi has none).
+
+Uniforms are (k + 0.5) / 2^23 for a 23-bit integer k: every value is exact in float32 and lies
+in [2^-24, 1 - 2^-24], so log(u) and log(-log(u)) are finite. (A 24-bit k rounds k + 0.5 up to
+2^24 for the largest k, giving u = 1.0 and Gumbel noise +inf, which picks its index whatever
+its probability: about one categorical sample in a thousand at V = 16384.)
 """
 
 from __future__ import annotations
@@ -47,27 +52,38 @@ def derive_seed(seed: int, *keys: int | str) -> int:
 class CounterRNG:
     """Stream of uniforms in (0, 1) keyed by a seed tensor and an advancing counter.
 
-    seed, counter: 0-d int64 device tensors. `uniform(shape)` returns float32 of `shape` and
+    seed, counter: 0-d int64 device tensors; key = splitmix64(seed), kept so a draw does not
+    rehash the seed. `uniform(shape)` returns float32 of `shape` in [2^-24, 1 - 2^-24] and
     advances the counter by numel(shape), so successive draws never overlap.
     """
 
     def __init__(self, device: torch.device | str, seed: int = 0) -> None:
         self.seed = torch.tensor(seed, dtype=torch.long, device=device)
+        self.key = splitmix64(self.seed)
         self.counter = torch.zeros((), dtype=torch.long, device=device)
 
     def reset(self, seed: int) -> None:
         """Restart the stream at `seed` in place (buffers keep their identity for graphs)."""
         self.seed.fill_(seed)
+        self.key.copy_(splitmix64(self.seed))
         self.counter.zero_()
 
     def uniform(self, *shape: int) -> torch.Tensor:
         n = 1
         for s in shape:
             n *= s
-        idx = self.counter + torch.arange(n, device=self.counter.device)
-        bits = splitmix64(splitmix64(self.seed) ^ idx)
+        bits = splitmix64(self.key ^ (self.counter + torch.arange(n, device=self.counter.device)))
         self.counter.add_(n)
-        return ((_shr(bits, 40).float() + 0.5) * (1.0 / (1 << 24))).view(shape)
+        return ((_shr(bits, 41).float() + 0.5) * (1.0 / (1 << 23))).view(shape)
 
     def gumbel(self, *shape: int) -> torch.Tensor:
-        return -torch.log(-torch.log(self.uniform(*shape)))
+        return gumbel_from_uniform(self.uniform(*shape))
+
+
+def gumbel_from_uniform(u: torch.Tensor) -> torch.Tensor:
+    """Standard Gumbel noise -log(-log(u)) for u in (0, 1); finite for every u `uniform` returns.
+
+    -log(u) is floored at the smallest normal float32 so that a device whose log rounds
+    log(1 - 2^-24) to 0 still yields finite noise.
+    """
+    return -torch.log((-torch.log(u)).clamp(min=1.1754944e-38))

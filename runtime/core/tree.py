@@ -123,10 +123,15 @@ class TreeBuffers:
     # children_at[d]: most children any node at depth d has (bounds the sibling loop); dynamic
     # trees, whose shape is only known on the device, use max_children everywhere.
     children_at: tuple[int, ...] = ()
+    # earlier_sibling (N+1, N+1) bool: [i, j] = j shares i's parent and has a lower rank (the
+    # root has no siblings). Built from the other buffers when not given.
+    earlier_sibling: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if not self.children_at:
             self.children_at = (self.max_children,) * self.max_depth
+        if self.earlier_sibling is None:
+            self.earlier_sibling = earlier_siblings(self.parent, self.rank)
 
     @property
     def size(self) -> int:
@@ -142,7 +147,8 @@ class TreeBuffers:
     def to(self, device: torch.device | str) -> "TreeBuffers":
         return TreeBuffers(self.parent.to(device), self.depth.to(device), self.rank.to(device),
                            self.ancestor_mask.to(device), self.children.to(device),
-                           self.path_table.to(device), self.max_depth, self.max_children, self.children_at)
+                           self.path_table.to(device), self.max_depth, self.max_children, self.children_at,
+                           self.earlier_sibling.to(device))
 
 
 def static_buffers(tree: StaticTree) -> TreeBuffers:
@@ -157,6 +163,13 @@ def static_buffers(tree: StaticTree) -> TreeBuffers:
     buffers.children_at = tuple(
         max((p[-1] + 1 for p in tree.paths if len(p) == d + 1), default=0) for d in range(tree.max_depth))
     return buffers
+
+
+def earlier_siblings(parent: torch.Tensor, rank: torch.Tensor) -> torch.Tensor:
+    """(N+1, N+1) bool: [i, j] = j is a sibling of i with a lower rank; row and column 0 False."""
+    not_root = torch.arange(parent.numel(), device=parent.device) != 0
+    same = (parent[:, None] == parent[None, :]) & not_root[:, None] & not_root[None, :]
+    return same & (rank[None, :] < rank[:, None])
 
 
 def buffers_from_parents(parent: torch.Tensor, rank: torch.Tensor, max_depth: int,

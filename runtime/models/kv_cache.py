@@ -8,8 +8,11 @@ is what lets a decoding step be captured once as a device graph and replayed.
 Slot == sequence position for every committed token. Uncommitted slots (a tree that was
 just verified) sit after `length` and are invisible to later blocks until compacted.
 
-Each layer has its own key and value tensors, written with `index_put_`: a compiler
-(torch.compile) then updates them in place instead of copying one large buffer per write.
+Keys (and values) of all layers live in one buffer (n_layer, batch, kv_heads, capacity,
+head_dim); each layer writes its own view with `index_put_`, which a compiler
+(torch.compile) updates in place (measured: no copy of the buffer per write). One buffer
+makes the commit two index ops per cache whatever the depth of the model, instead of two
+per layer.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ import torch
 class StaticKVCache:
     """Keys and values for `n_layer` layers.
 
-    k, v: lists of n_layer tensors (batch, kv_heads, capacity, head_dim), model dtype.
+    k_all, v_all: (n_layer, batch, kv_heads, capacity, head_dim), model dtype.
+    k, v: lists of the n_layer views k_all[i], v_all[i] (batch, kv_heads, capacity, head_dim).
     length: 0-d int64 tensor on the device; number of committed slots (same for all rows).
     prefix_valid: (batch, capacity) bool; False only on padded condition positions (t2i
         captions are left-padded). Slots >= length are masked by `length`, not by this.
@@ -29,8 +33,10 @@ class StaticKVCache:
     def __init__(self, n_layer: int, batch: int, kv_heads: int, head_dim: int, capacity: int,
                  device: torch.device | str, dtype: torch.dtype) -> None:
         shape = (batch, kv_heads, capacity, head_dim)
-        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
-        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
+        self.k_all = torch.zeros((n_layer, *shape), device=device, dtype=dtype)
+        self.v_all = torch.zeros((n_layer, *shape), device=device, dtype=dtype)
+        self.k = [self.k_all[i] for i in range(n_layer)]
+        self.v = [self.v_all[i] for i in range(n_layer)]
         self.length = torch.zeros((), device=device, dtype=torch.long)
         self.prefix_valid = torch.ones(batch, capacity, device=device, dtype=torch.bool)
         self.slot_ids = torch.arange(capacity, device=device)
@@ -79,8 +85,8 @@ class StaticKVCache:
         """
         src = self.length + path
         dst = self.length + self.slot_ids[: path.numel()]
-        for buf in (*self.k, *self.v):
-            buf[:, :, dst] = buf[:, :, src]  # the gather is materialised before the write
+        for buf in (self.k_all, self.v_all):
+            buf[:, :, :, dst] = buf[:, :, :, src]  # the gather is materialised before the write
         self.length.add_(count)
 
     def advance(self, count: int | torch.Tensor) -> None:

@@ -1,0 +1,68 @@
+"""Device-op budget of a decoding step, counted without a device.
+
+An eager step dispatches one aten op per device kernel launch (roughly: a view costs no launch).
+Counting non-view aten ops at the dispatcher therefore gives, on the CPU, the number of kernels
+the same step would launch eagerly on a GPU: the replay overhead a graph without fusion pays.
+
+    with OpCounter() as c:
+        decoder._accept_step()
+    c.count        # non-view aten ops dispatched
+    c.by_op        # Counter of op names, for finding what to remove
+
+`phase_ops(decoder, ...)` runs a decoder eagerly for a few iterations and returns the mean ops
+per iteration of each phase (draft / verify / accept).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+PHASES = ("draft", "verify", "accept")
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts non-view aten ops dispatched inside the `with` block.
+
+    Views (`view`, `expand`, `select`, slicing, ...) alias memory and launch nothing, so they
+    are not counted; everything else is, including in-place ops and copies.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+        self.by_op: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if not func.is_view:
+            self.count += 1
+            self.by_op[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@torch.no_grad()
+def phase_ops(decoder: Any, cond: torch.Tensor, cond_mask: torch.Tensor | None = None, *,
+              seed: int = 0, iterations: int = 4) -> dict[str, float]:
+    """Mean non-view aten ops per iteration of each phase, from `iterations` eager iterations.
+
+    Runs the decoder's step functions directly (never its captured replays), after a prefill
+    of `cond`. Phases the method does not have (AR has no draft) are absent.
+    """
+    decoder.prefill(cond, cond_mask, seed)
+    steps = {"verify": decoder._verify_step, "accept": decoder._accept_step}
+    if decoder.spec.drafting != "none":
+        steps = {"draft": decoder._draft_step, **steps}
+    totals = {name: 0 for name in steps}
+    done = 0
+    for _ in range(iterations):
+        if int(decoder.count) >= decoder.num_tokens:
+            break
+        for name, step in steps.items():
+            with OpCounter() as counter:
+                step()
+            totals[name] += counter.count
+        done += 1
+    return {name: totals[name] / max(done, 1) for name in steps}
