@@ -28,6 +28,7 @@ COMMAND_MODULES: list[str] = [
     "runtime.cli.train_cmd",
     "runtime.cli.eval_cmd",
     "runtime.cli.bench_cmd",
+    "runtime.cli.selfcheck_cmd",
 ]
 
 

@@ -1,0 +1,240 @@
+"""`runtime selfcheck`: the device checks that make a backend trustworthy, in one command.
+
+Checks (each a named entry in `selfcheck.json`; a failed one makes the command exit 1):
+
+    graph_equals_eager     captured steps give the eager tokens (fp32, greedy, demo model)
+    greedy_exact           every method reproduces AR greedy token for token (fp32, demo)
+    no_zero_probability    10^5 categorical draws from distributions with zeros hit none
+    no_hidden_host_sync    replayed steps never sync with the host (CUDA: sync debug mode
+                           "error" around each replay; HPU: no graph compilation after
+                           warm-up, from Habana's metrics; CPU: not applicable, skipped)
+
+Measurements (not pass/fail): per-phase seconds, ops per iteration and compiler kernels for
+`ar` and `lantern++` on the demo, peak memory, and the AR step / verify / draft-level costs of
+a LlamaGen-XL-shaped model with random weights (the projection input for real models).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from runtime.core import Decoder, MethodSpec, SamplingParams, neighbours_for
+from runtime.core.opcount import phase_ops
+from runtime.core.sampling import sample
+
+METHODS = ("sd", "eagle2", "lantern", "lantern++")
+
+
+@dataclass
+class Check:
+    name: str
+    passed: bool | None  # None = skipped (not applicable on this device)
+    detail: str
+
+
+@dataclass
+class SelfcheckReport:
+    device: dict[str, Any]
+    checks: list[Check] = field(default_factory=list)
+    phases: dict[str, Any] = field(default_factory=dict)
+    xl_shape: dict[str, Any] | None = None
+    seconds: float = 0.0
+
+    @property
+    def failed(self) -> list[str]:
+        return [c.name for c in self.checks if c.passed is False]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"device": self.device, "passed": not self.failed, "failed": self.failed,
+                "checks": [{"name": c.name, "passed": c.passed, "detail": c.detail} for c in self.checks],
+                "phases": self.phases, "xl_shape": self.xl_shape, "seconds": self.seconds}
+
+
+def _spec(method: str, greedy: bool, **kw: Any) -> MethodSpec:
+    params = SamplingParams(greedy=greedy, cfg=3.0)
+    return MethodSpec(method, params, tree=kw.pop("tree", "chain3"), lantern_k=32, **kw)
+
+
+def _decode(bundle: Any, spec: MethodSpec, backend: Any, cls: int = 3, seed: int = 5) -> tuple[torch.Tensor, Decoder]:
+    nb = neighbours_for(bundle.vq, spec, bundle.gpt.config.vocab_size)
+    dec = Decoder(bundle.gpt, bundle.drafter, spec, neighbours=nb, backend=backend)
+    tokens, _ = dec.generate_one(torch.tensor([cls], device=bundle.gpt.tok_embeddings.weight.device), None, seed)
+    return tokens.cpu(), dec
+
+
+@contextlib.contextmanager
+def _replay_guard(backend: Any) -> Any:
+    """A wrapper factory for replays that fails on a host sync (CUDA) and the check's outcome."""
+    if backend.name == "cuda":
+        def wrap(fn: Callable[[], None]) -> Callable[[], None]:
+            def guarded() -> None:
+                torch.cuda.set_sync_debug_mode("error")
+                try:
+                    fn()
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+            return guarded
+        yield wrap
+    else:
+        yield lambda fn: fn
+
+
+def _hpu_compilations() -> int | None:
+    try:
+        from habana_frameworks.torch.hpu.metrics import metric_global  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    stats = dict(metric_global("graph_compilation").stats())
+    return int(stats.get("TotalNumber", 0))
+
+
+def check_graph_and_sync(bundle: Any, backend: Any) -> list[Check]:
+    """Graph == eager (greedy, fp32) for ar and lantern++, and no host sync inside replays."""
+    checks = []
+    if not backend.graph_mode:
+        return [Check("graph_equals_eager", None, "graph mode off (--no-graph)"),
+                Check("no_hidden_host_sync", None, "graph mode off (--no-graph)")]
+    mismatches, sync_error = [], None
+    for method in ("ar", "lantern++"):
+        spec = _spec(method, greedy=True)
+        eager, _ = _decode(bundle, spec, None)
+        graph, dec = _decode(bundle, spec, backend)  # captures, then decodes with replays
+        if not torch.equal(eager, graph):
+            first = int((eager != graph).nonzero()[0, 0])
+            mismatches.append(f"{method} differs from token {first}")
+        # a second image through guarded replays: a sync inside a step raises on CUDA
+        before = _hpu_compilations() if backend.name == "hpu" else None
+        with _replay_guard(backend) as wrap:
+            for phase in ("_draft", "_verify", "_accept"):
+                fn = getattr(dec, phase)
+                if fn is not None:
+                    setattr(dec, phase, wrap(fn))
+            try:
+                dec.generate_one(torch.tensor([5], device=backend.device), None, 9)
+            except RuntimeError as err:
+                sync_error = f"{method}: {str(err).splitlines()[0]}"
+        if before is not None and (_hpu_compilations() or 0) > before:
+            sync_error = f"{method}: HPU graphs recompiled after warm-up"
+    checks.append(Check("graph_equals_eager", not mismatches,
+                        "; ".join(mismatches) or "ar and lantern++ chain3: identical tokens"))
+    if backend.name == "cpu":
+        checks.append(Check("no_hidden_host_sync", None, "CPU: host and device are one"))
+    else:
+        checks.append(Check("no_hidden_host_sync", sync_error is None, sync_error or "no sync inside replays"))
+    return checks
+
+
+def check_greedy_exact(bundle: Any, backend: Any) -> Check:
+    """Every method with relaxation off equals AR greedy (eager steps on the device)."""
+    ar, _ = _decode(bundle, _spec("ar", True), None)
+    bad = []
+    for method in METHODS:
+        spec = _spec(method, True, tree="naive_extend_57", lantern_lambda=1.0, lantern_delta=0.0)
+        tokens, _ = _decode(bundle, spec, None)
+        if not torch.equal(tokens, ar):
+            bad.append(f"{method} differs from token {int((tokens != ar).nonzero()[0, 0])}")
+    return Check("greedy_exact", not bad, "; ".join(bad) or f"{', '.join(METHODS)} equal AR greedy")
+
+
+def check_no_zero_probability(device: torch.device, draws: int = 100_000, vocab: int = 64) -> Check:
+    """`draws` samples from distributions with about half their entries zero."""
+    from runtime.core.rng import CounterRNG
+
+    g = torch.Generator().manual_seed(0)
+    p = torch.rand(draws, vocab, generator=g) * (torch.rand(draws, vocab, generator=g) < 0.5)
+    p[:, 0] += (p.sum(-1) == 0).float()
+    p = (p / p.sum(-1, keepdim=True)).to(device)
+    x = sample(p, CounterRNG(device, seed=1))
+    bad = int((p.gather(1, x[:, None]) == 0).sum())
+    return Check("no_zero_probability", bad == 0, f"{bad} of {draws} draws had probability 0")
+
+
+def measure_phases(bundle: Any, backend: Any) -> dict[str, Any]:
+    """Seconds per phase (one image), ops per iteration, kernels and peak memory."""
+    out = {}
+    for method, greedy in (("ar", False), ("lantern++", False), ("lantern++", True)):
+        spec = _spec(method, greedy, tree="naive_extend_57")
+        nb = neighbours_for(bundle.vq, spec, bundle.gpt.config.vocab_size)
+        dec = Decoder(bundle.gpt, bundle.drafter, spec, neighbours=nb, backend=backend)
+        cond = torch.tensor([3], device=backend.device)
+        dec.generate_one(cond, None, 1)  # capture / warm up
+        backend.reset_peak_memory()
+        timer = backend.timer()
+        dec.timer = timer
+        dec.generate_one(cond, None, 2)
+        phases = timer.summary()
+        ops = phase_ops(dec, cond, seed=3)
+        out[f"{method} {'greedy' if greedy else 'sampling'}"] = {
+            "seconds": {k: v["seconds"] for k, v in phases.items()},
+            "ops_per_iteration": ops,
+            "kernels_per_step": dict(dec.kernels_per_step),
+            "peak_bytes": backend.memory_stats().get("peak_bytes"),
+        }
+    return out
+
+
+def measure_xl_shape(backend: Any, repeats: int = 3) -> dict[str, Any]:
+    """AR step, verify (naive_extend_57) and one draft level of a LlamaGen-XL shape, random weights."""
+    from runtime.models.configs import DrafterConfig, gpt_config
+    from runtime.models.drafter import Drafter
+    from runtime.models.gpt import Transformer
+
+    cfg = gpt_config("GPT-XL", image_size=256)
+    with torch.device(backend.device):
+        target = Transformer(cfg).to(backend.dtype).eval()
+        drafter = Drafter(DrafterConfig.for_target(cfg)).to(backend.dtype).eval()
+    costs: dict[str, Any] = {"model": "GPT-XL c2i 256px (random weights)", "dtype": str(backend.dtype)}
+    for label, spec in (("ar_step", _spec("ar", False)),
+                        ("lantern++ naive_extend_57", _spec("lantern++", False, tree="naive_extend_57",
+                                                            lantern_lambda=1.0))):
+        dec = Decoder(target, drafter, spec, backend=backend)
+        dec.captured = True  # time eager steps: compiling a 775M-parameter model is not the point here
+        dec.prefill(torch.tensor([1], device=backend.device), None, 0)
+        steps = {"verify": dec._verify_step}
+        if spec.drafting != "none":
+            steps["draft"] = dec._draft_step
+        result = {}
+        with torch.no_grad():
+            for name, step in steps.items():
+                step()  # warm-up
+                backend.synchronize()
+                began = time.perf_counter()
+                for _ in range(repeats):
+                    step()
+                backend.synchronize()
+                result[f"{name}_s"] = (time.perf_counter() - began) / repeats
+            result["ops_per_iteration"] = phase_ops(dec, torch.tensor([1], device=backend.device), seed=0,
+                                                    iterations=1)
+        costs[label] = result
+    ar = costs["ar_step"]["verify_s"]
+    tree = costs["lantern++ naive_extend_57"]
+    costs["verify_over_ar_step"] = tree["verify_s"] / ar
+    costs["draft_over_ar_step"] = tree["draft_s"] / ar
+    return costs
+
+
+def run_selfcheck(backend: Any, *, xl: bool = True, progress: Callable[[str], None] | None = None) -> SelfcheckReport:
+    from runtime.demo.bundle import load_demo_bundle
+
+    began = time.perf_counter()
+    say = progress or (lambda _msg: None)
+    report = SelfcheckReport(device=backend.info())
+    bundle = load_demo_bundle(device=backend.device, dtype=torch.float32)
+    say("graph == eager, host syncs")
+    report.checks.extend(check_graph_and_sync(bundle, backend))
+    say("greedy exactness of every method")
+    report.checks.append(check_greedy_exact(bundle, backend))
+    say("no zero-probability samples")
+    report.checks.append(check_no_zero_probability(backend.device))
+    say("per-phase time, ops, kernels, memory")
+    report.phases = measure_phases(bundle, backend)
+    if xl:
+        say("LlamaGen-XL-shaped step costs")
+        report.xl_shape = measure_xl_shape(backend)
+    report.seconds = time.perf_counter() - began
+    return report
