@@ -34,6 +34,7 @@ from backends.base import Backend, PhaseTimer
 from runtime.errors import UserError
 
 LAZY_MODE_ENV = "PT_HPU_LAZY_MODE"
+INT64_ENV = "PT_ENABLE_INT64_SUPPORT"
 CONTAINER_HINT = "run inside the Gaudi container (docker/Dockerfile.hpu) or use --device cpu"
 
 
@@ -56,6 +57,9 @@ def _import_bridge() -> tuple[ModuleType, ModuleType]:
     """Import ``habana_frameworks.torch`` (lazy mode unless the env says otherwise) and its ``core``."""
     if not bridge_imported():
         os.environ.setdefault(LAZY_MODE_ENV, "1")
+        # The counter RNG and the KV-cache indices are int64; without this the bridge narrows
+        # int64 to int32 on the device and splitmix64 hashes wrong.
+        os.environ.setdefault(INT64_ENV, "1")
     import habana_frameworks.torch as htorch  # type: ignore[import-not-found]
     import habana_frameworks.torch.core as htcore  # type: ignore[import-not-found]
 
