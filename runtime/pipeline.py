@@ -1,7 +1,8 @@
 """What `runtime run` and `runtime bench` share: load a model, resolve settings, generate, decode.
 
-Settings precedence (highest first): command-line flag, hardware profile, the model bundle's
-recommended settings, the code default.
+Settings precedence (highest first): command-line flag, hardware profile, the model's
+recommended settings (the demo bundle's manifest; for official LlamaGen checkpoints the
+defaults of LlamaGen's own sampling scripts, by model kind), the code default.
 """
 
 from __future__ import annotations
@@ -21,6 +22,17 @@ from runtime.errors import UserError
 # LlamaGen's demo labels (sample_c2i.py), used when an official c2i model runs without --classes.
 LLAMAGEN_DEMO_CLASSES = [207, 360, 387, 974, 88, 979, 417, 279]
 
+# Sampling settings of official LlamaGen checkpoints, by model kind: the argparse defaults of
+# LlamaGen's sampling scripts (FoundationVision/LlamaGen autoregressive/sample/sample_c2i.py:
+# cfg 4.0, top-k 2000; sample_t2i.py: cfg 7.5, top-k 1000; both temperature 1.0, top-p 1.0).
+# Applied as the model's recommendation, so a profile or a flag overrides them.
+LLAMAGEN_SAMPLING: dict[str, dict[str, Any]] = {
+    "c2i": {"cfg": 4.0, "top_k": 2000, "temperature": 1.0, "top_p": 1.0},
+    "t2i": {"cfg": 7.5, "top_k": 1000, "temperature": 1.0, "top_p": 1.0},
+}
+LLAMAGEN_SAMPLING_SOURCE = {"c2i": "model default (LlamaGen sample_c2i.py)",
+                            "t2i": "model default (LlamaGen sample_t2i.py)"}
+
 
 @dataclass
 class LoadedModel:
@@ -34,6 +46,7 @@ class LoadedModel:
     class_names: list[str] | None = None
     recommended: dict[str, Any] = field(default_factory=dict)
     bundle: Any = None  # the DemoBundle when the model is the demo (classifier for quality)
+    recommended_source: str = "model recommendation"  # how result files name `recommended`
 
     @property
     def config(self):
@@ -63,9 +76,11 @@ def load_model(*, model: str | None, gpt_model: str | None, gpt_ckpt: str | None
         vq = build_vq(vq_ckpt, trust=trust)
         size = int(round(target.config.block_size ** 0.5)) * vq.downsample
         draft = build_drafter(drafter, target.config) if drafter else None
+        kind = target.config.model_type
         return LoadedModel(gpt_model or Path(gpt_ckpt).stem, target.to(device, dtype).eval(),
                            draft.to(device, dtype).eval() if draft is not None else None,
-                           vq.to(device).eval(), size)
+                           vq.to(device).eval(), size, recommended=dict(LLAMAGEN_SAMPLING[kind]),
+                           recommended_source=LLAMAGEN_SAMPLING_SOURCE[kind])
     from runtime.demo.bundle import load_demo_bundle
 
     path = None if model in (None, "demo") else model
@@ -73,35 +88,72 @@ def load_model(*, model: str | None, gpt_model: str | None, gpt_ckpt: str | None
         raise UserError(f"--model {path}: not a directory; give 'demo', a bundle directory from "
                         "'runtime train demo', or official checkpoints with --gpt-ckpt/--vq-ckpt")
     bundle = load_demo_bundle(path, device=device, dtype=dtype)
+    if image_size is not None and image_size != bundle.image_size:
+        raise UserError(f"--image-size {image_size}: the model bundle generates {bundle.image_size} px images "
+                        "(its size is fixed); drop --image-size, which is for --gpt-ckpt checkpoints")
     name = bundle.manifest.get("name", "demo")
     return LoadedModel(name, bundle.gpt, bundle.drafter, bundle.vq, bundle.image_size,
-                       bundle.class_names, bundle.recommended, bundle)
+                       bundle.class_names, bundle.recommended, bundle,
+                       recommended_source="model bundle recommendation (manifest.json)")
 
 
 _SPEC_KEYS = ("tree", "depth", "top_k_draft", "total_tokens", "lantern_k", "lantern_delta", "lantern_lambda")
-_SAMPLING_KEYS = ("greedy", "temperature", "top_k", "top_p", "cfg")
+_SAMPLING_KEYS = ("greedy", "temperature", "top_k", "top_p", "cfg", "cfg_interval")
+_FLAG_NAMES = {"greedy": "--greedy/--sample"}
 
 
-def resolve_spec(method: str | None, flags: dict[str, Any], profile: Any, recommended: dict[str, Any]) -> MethodSpec:
-    """MethodSpec from flag > profile > bundle recommendation > default. `flags` None = unset."""
+def _layers(flags: dict[str, Any], profile: Any, recommended: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(source kind, settings) from highest to lowest precedence: "flag", "profile", "model"."""
     pinned = profile.method.pinned() if profile is not None else {}
     if profile is not None:
         pinned.setdefault("tree", profile.tree.name)
+    return [("flag", flags), ("profile", pinned), ("model", recommended)]
+
+
+def _source_of(key: str, layers: list[tuple[str, dict[str, Any]]]) -> str:
+    """"flag", "profile", "model" or "default": where the setting `key` comes from."""
+    return next((kind for kind, values in layers if values.get(key) is not None), "default")
+
+
+def resolve_spec(method: str | None, flags: dict[str, Any], profile: Any, recommended: dict[str, Any]) -> MethodSpec:
+    """MethodSpec from flag > profile > model recommendation > default. `flags` None = unset.
+
+    A cfg_interval >= 0 without guidance (cfg <= 1) would do nothing and is refused.
+    """
+    layers = _layers(flags, profile, recommended)
 
     def pick(key: str, default: Any) -> Any:
-        for source in (flags, pinned, recommended):
-            if source.get(key) is not None:
-                return source[key]
-        return default
+        return next((values[key] for _, values in layers if values.get(key) is not None), default)
 
     name = method or (profile.method.name if profile is not None else None) or recommended.get("method") or "lantern++"
     base = MethodSpec()
     sampling = SamplingParams(**{k: pick(k, getattr(SamplingParams(), k)) for k in _SAMPLING_KEYS})
     spec = MethodSpec(method=name, sampling=sampling,
                       **{k: pick(k, getattr(base, k)) for k in _SPEC_KEYS})
+    if sampling.cfg_interval >= 0 and not sampling.uses_cfg:
+        where = {"flag": "--cfg-interval", "profile": f"profile {getattr(profile, 'name', '?')} cfg_interval",
+                 "model": "the model's recommended cfg_interval"}[_source_of("cfg_interval", layers)]
+        raise UserError(f"{where} {sampling.cfg_interval} does nothing without classifier-free guidance "
+                        f"(cfg {sampling.cfg:g}); give --cfg above 1 or drop the cfg interval")
     if spec.drafting == "static":
         load_tree(spec.tree_spec)  # unknown tree or malformed file: fail before any work
     return spec
+
+
+def sampling_sources(flags: dict[str, Any], profile: Any, loaded: LoadedModel) -> dict[str, str]:
+    """Where each sampling setting `resolve_spec` picks comes from, for result files:
+    {"cfg": "flag (--cfg)", "top_k": "model default (LlamaGen sample_c2i.py)", ...}."""
+    layers = _layers(flags, profile, loaded.recommended)
+
+    def label(key: str) -> str:
+        kind = _source_of(key, layers)
+        if kind == "flag":
+            return f"flag ({_FLAG_NAMES.get(key, '--' + key.replace('_', '-'))})"
+        if kind == "profile":
+            return f"profile {profile.name}"
+        return loaded.recommended_source if kind == "model" else "default"
+
+    return {key: label(key) for key in _SAMPLING_KEYS}
 
 
 def parse_classes(text: str | None, num_images: int | None, loaded: LoadedModel) -> list[int]:

@@ -13,7 +13,8 @@ Schema (every key of a section is listed in :data:`SCHEMA`; anything else is ref
     [device]  dtype = "bf16"|"fp16"|"fp32"; graph = true|false; hpu_mode = "lazy"|"eager" (optional)
     [tree]    name = "naive_extend_57"   # a preset name or a path (relative to the profile file)
     [method]  name = "ar"|"sd"|"eagle2"|"lantern"|"lantern++"; optional: lantern_k, lantern_lambda,
-              lantern_delta, temperature, top_k, top_p, cfg, greedy, depth, top_k_draft, total_tokens
+              lantern_delta, temperature, top_k, top_p, cfg, cfg_interval, greedy, depth, top_k_draft,
+              total_tokens
     [bench]   warmup = 3; repeats = 10
 """
 
@@ -85,6 +86,7 @@ class MethodSettings:
     top_k: int | None = None
     top_p: float | None = None
     cfg: float | None = None
+    cfg_interval: int | None = None
     greedy: bool | None = None
     depth: int | None = None
     top_k_draft: int | None = None
@@ -207,6 +209,7 @@ SCHEMA: dict[str, dict[str, _Key]] = {
         "top_k": _Key(_integer(0)),
         "top_p": _Key(_real(0.0, 1.0, low_open=True)),
         "cfg": _Key(_real(0.0)),
+        "cfg_interval": _Key(_integer(-1)),
         "greedy": _Key(_boolean),
         "depth": _Key(_integer(1)),
         "top_k_draft": _Key(_integer(1)),

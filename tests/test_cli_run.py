@@ -68,6 +68,10 @@ def test_run_writes_images_tokens_and_result(official_ckpts, tmp_path, run_cli):
     (["--method", "lantern++", "--tree", "nope"], "unknown tree 'nope'"),
     (["--method", "sd"], "needs a drafter"),
     (["--temperature", "0"], "--temperature must be > 0"),
+    (["--cfg", "1", "--cfg-interval", "3"], "--cfg-interval 3 does nothing without classifier-free guidance"),
+    (["--cfg-interval", "-2"], "--cfg-interval must be -1 (always) or >= 0, got -2"),
+    (["--attention", "flash"], "--attention 'flash' is not a kernel setting; choose auto or math"),
+    (["--image-size", "100"], "--image-size 100 is not a positive multiple of 16"),
 ])
 def test_bad_arguments_are_refused_before_anything_is_written(official_ckpts, tmp_path, run_cli, extra, message):
     out = tmp_path / "out"
@@ -76,6 +80,23 @@ def test_bad_arguments_are_refused_before_anything_is_written(official_ckpts, tm
     assert message in res.stderr and res.stderr.count("\n") == 1
     assert not out.exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]  # no staging left behind
+
+
+def test_result_records_each_sampling_setting_its_source_and_the_attention_kernel(official_ckpts, tmp_path, run_cli):
+    out = tmp_path / "out"
+    res = run_cli(*base_args(official_ckpts, out), "--method", "ar", "--num-images", "1", "--top-p", "0.9",
+                  "--cfg-interval", "4", "--attention", "math")
+    assert res.exit_code == 0, res.stderr
+    result = json.loads((out / "result.json").read_text())
+    sampling = result["sampling"]
+    # LlamaGen's sample_c2i.py defaults fill what neither a flag nor the cpu profile sets
+    assert (sampling["cfg"], sampling["top_k"], sampling["temperature"]) == (4.0, 2000, 1.0)
+    assert (sampling["top_p"], sampling["cfg_interval"], sampling["greedy"]) == (0.9, 4, False)
+    llamagen = "model default (LlamaGen sample_c2i.py)"
+    assert result["sampling_source"] == {"greedy": "default", "temperature": llamagen, "top_k": llamagen,
+                                         "top_p": "flag (--top-p)", "cfg": llamagen,
+                                         "cfg_interval": "flag (--cfg-interval)"}
+    assert result["attention"] == "math"
 
 
 def test_missing_checkpoint_and_unavailable_devices_are_one_line(official_ckpts, tmp_path, run_cli):

@@ -83,6 +83,11 @@ def test_a_valid_file_loads_with_its_values(tmp_path: Path) -> None:
     assert profile.to_dict()["device"] == {"dtype": "bf16", "graph": True, "hpu_mode": None}
 
 
+def test_a_profile_may_pin_the_cfg_interval(tmp_path: Path) -> None:
+    profile = load_profile(write_profile(tmp_path, VALID.replace("top_k_draft = 10", "cfg_interval = 20")))
+    assert profile.method.pinned() == {"lantern_k": 1000, "lantern_lambda": 2.0, "cfg_interval": 20}
+
+
 @pytest.mark.parametrize(
     ("old", "new", "expected"),
     [
@@ -95,6 +100,7 @@ def test_a_valid_file_loads_with_its_values(tmp_path: Path) -> None:
         ("lantern_lambda = 2", "lantern_lambda = 0.5", "'method.lantern_lambda' must be a number >= 1"),
         ('name = "lantern++"', 'name = "medusa"', "'method.name' must be one of 'ar', 'sd', 'eagle2'"),
         ("top_k_draft = 10", "top_p = 0", "'method.top_p' must be a number in (0, 1], got 0"),
+        ("top_k_draft = 10", "cfg_interval = -2", "'method.cfg_interval' must be an integer >= -1, got -2"),
         ("repeats = 5", "", "missing key 'bench.repeats'"),
         ("[tree]", "[trees]", "unknown key 'trees' (known: description, device, tree, method, bench)"),
         ('description = "test profile"', "description = 3", "'description' must be a string"),

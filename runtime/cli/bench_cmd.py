@@ -40,6 +40,8 @@ def bench(
     top_k: opt.TopK = None,
     top_p: opt.TopP = None,
     cfg: opt.Cfg = None,
+    cfg_interval: opt.CfgInterval = None,
+    attention: opt.Attention = "auto",
     tree: opt.Tree = None,
     lantern_k: opt.LanternK = None,
     lantern_delta: opt.LanternDelta = None,
@@ -60,6 +62,7 @@ def bench(
     from runtime.bench.runner import plan_runs
     from runtime.bench.schema import save_bench
     from runtime.core.methods import METHODS
+    from runtime.models.layers import use_attention_kernel
     from runtime.pipeline import load_model, parse_classes
 
     method_list = [m.strip() for m in methods.split(",") if m.strip()]
@@ -71,32 +74,35 @@ def bench(
         if value is not None and value < (1 if name == "--repeats" else 0):
             raise UserError(f"{name} must be >= {1 if name == '--repeats' else 0}, got {value}")
     plan = plan_runs(method_list, sweep)
-    flags = opt.MethodFlags(greedy, temperature, top_k, top_p, cfg, tree, lantern_k, lantern_delta,
-                            lantern_lambda, depth, top_k_draft, total_tokens).as_dict()
-    backend, prof = opt.open_backend(device, profile_name, graph, dtype)
-    loaded = load_model(model=model, gpt_model=gpt_model, gpt_ckpt=gpt_ckpt, vq_ckpt=vq_ckpt,
-                        image_size=image_size, drafter=drafter, gpt_type=gpt_type, trust=trust_checkpoint,
-                        device=backend.device, dtype=backend.dtype)
-    if loaded.config.model_type != "c2i":
-        raise UserError("runtime bench supports class-conditional models for now; use runtime run for t2i")
-    conditions = parse_classes(classes, num_images, loaded)
-    from runtime.pipeline import resolve_spec
+    flags = opt.MethodFlags(greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, cfg=cfg,
+                            cfg_interval=cfg_interval, tree=tree, lantern_k=lantern_k,
+                            lantern_delta=lantern_delta, lantern_lambda=lantern_lambda, depth=depth,
+                            top_k_draft=top_k_draft, total_tokens=total_tokens).as_dict()
+    with use_attention_kernel(attention):  # refuses an unknown kernel before any work
+        backend, prof = opt.open_backend(device, profile_name, graph, dtype)
+        loaded = load_model(model=model, gpt_model=gpt_model, gpt_ckpt=gpt_ckpt, vq_ckpt=vq_ckpt,
+                            image_size=image_size, drafter=drafter, gpt_type=gpt_type, trust=trust_checkpoint,
+                            device=backend.device, dtype=backend.dtype)
+        if loaded.config.model_type != "c2i":
+            raise UserError("runtime bench supports class-conditional models for now; use runtime run for t2i")
+        conditions = parse_classes(classes, num_images, loaded)
+        from runtime.pipeline import resolve_spec
 
-    for p in plan:  # refuse bad settings before the long part starts
-        resolve_spec(p.method, {**flags, **p.overrides}, prof, loaded.recommended)
+        for p in plan:  # refuse bad settings before the long part starts
+            resolve_spec(p.method, {**flags, **p.overrides}, prof, loaded.recommended)
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
-        task = bar.add_task("bench", total=None)
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
+            task = bar.add_task("bench", total=None)
 
-        def progress(label: str, done: int, total: int) -> None:
-            bar.update(task, description=f"bench: {label}", completed=done, total=total)
+            def progress(label: str, done: int, total: int) -> None:
+                bar.update(task, description=f"bench: {label}", completed=done, total=total)
 
-        result = run_bench(loaded, backend, prof, plan, flags, conditions, seed=seed,
-                           warmup=prof.bench.warmup if warmup is None else warmup,
-                           repeats=prof.bench.repeats if repeats is None else repeats,
-                           quality=quality, command_line=INVOCATION or ["runtime"] + sys.argv[1:],
-                           interleave=interleave, progress=progress)
-    path = save_bench(result, out)
+            result = run_bench(loaded, backend, prof, plan, flags, conditions, seed=seed,
+                               warmup=prof.bench.warmup if warmup is None else warmup,
+                               repeats=prof.bench.repeats if repeats is None else repeats,
+                               quality=quality, command_line=INVOCATION or ["runtime"] + sys.argv[1:],
+                               interleave=interleave, progress=progress)
+        path = save_bench(result, out)
 
     table = Table(title=f"runtime bench on {result.device.name} ({result.device.backend}) -> {path}")
     for col in ("method", "params", "tau", "speedup", "images/s", "p50 s", "quality"):

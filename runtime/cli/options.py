@@ -1,7 +1,7 @@
 """Options shared by `runtime run` and `runtime bench` (model, device, method and sampling flags).
 
 Method and sampling options default to None: unset flags fall back to the hardware profile,
-then to the model bundle's recommended settings (see runtime.pipeline.resolve_spec).
+then to the model's recommended settings (see runtime.pipeline.resolve_spec).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ GptModel = Annotated[Optional[str], typer.Option("--gpt-model", help="Official L
 GptCkpt = Annotated[Optional[str], typer.Option("--gpt-ckpt", help="Official GPT checkpoint (.pt/.pth/.safetensors) or an HF LlamaGen folder.")]
 GptType = Annotated[str, typer.Option("--gpt-type", help="c2i or t2i (for --gpt-ckpt files).")]
 VqCkpt = Annotated[Optional[str], typer.Option("--vq-ckpt", help="Official VQ checkpoint, e.g. vq_ds16_c2i.pt.")]
-ImageSize = Annotated[Optional[int], typer.Option("--image-size", help="Image size the GPT checkpoint was trained for (256, 384, 512).")]
+ImageSize = Annotated[Optional[int], typer.Option("--image-size", help="Image size the GPT checkpoint was trained for (256, 384, 512); default: the size in the file name (c2i_XL_384.pt).")]
 DrafterDir = Annotated[Optional[str], typer.Option("--drafter", help="LANTERN drafter folder (config.json + weights).")]
 Trust = Annotated[bool, typer.Option("--trust-checkpoint", help="Allow checkpoints that contain pickled Python objects (only for files you trust).")]
 Device = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or hpu.")]
@@ -29,6 +29,8 @@ Temperature = Annotated[Optional[float], typer.Option("--temperature")]
 TopK = Annotated[Optional[int], typer.Option("--top-k", help="Target top-k filter (0 = off).")]
 TopP = Annotated[Optional[float], typer.Option("--top-p", help="Target nucleus filter (1 = off).")]
 Cfg = Annotated[Optional[float], typer.Option("--cfg", help="Classifier-free guidance scale (<= 1 = off).")]
+CfgInterval = Annotated[Optional[int], typer.Option("--cfg-interval", help="LlamaGen's cfg_interval: -1 = guide every token; N >= 0 = no guidance after decode step N (needs --cfg > 1).")]
+Attention = Annotated[str, typer.Option("--attention", help="Attention kernel: auto (fastest available) or math (LlamaGen's reference kernel: bf16 tokens match the reference).")]
 Tree = Annotated[Optional[str], typer.Option("--tree", help="Static tree: a preset (naive_extend_57, mc_sim_7b_63, chain, small_12), chainN, or a TOML file.")]
 LanternK = Annotated[Optional[int], typer.Option("--lantern-k", help="Nearest codebook neighbours considered for the proximity set.")]
 LanternDelta = Annotated[Optional[float], typer.Option("--lantern-delta", help="LANTERN total-variation budget (0 = exact).")]
@@ -52,6 +54,7 @@ class MethodFlags:
     top_k: int | None = None
     top_p: float | None = None
     cfg: float | None = None
+    cfg_interval: int | None = None
     tree: str | None = None
     lantern_k: int | None = None
     lantern_delta: float | None = None

@@ -47,6 +47,8 @@ def run(
     top_k: opt.TopK = None,
     top_p: opt.TopP = None,
     cfg: opt.Cfg = None,
+    cfg_interval: opt.CfgInterval = None,
+    attention: opt.Attention = "auto",
     tree: opt.Tree = None,
     lantern_k: opt.LanternK = None,
     lantern_delta: opt.LanternDelta = None,
@@ -63,16 +65,20 @@ def run(
 ) -> None:
     """Generate images (default: the embedded demo with LANTERN++ sampling) into --out."""
     from runtime.distributed import destroy, gather_objects, init_distributed, shard
-    from runtime.pipeline import load_model, make_decoder, resolve_spec, run_generation
+    from runtime.models.layers import set_attention_kernel
+    from runtime.pipeline import load_model, make_decoder, resolve_spec, run_generation, sampling_sources
 
-    flags = opt.MethodFlags(greedy, temperature, top_k, top_p, cfg, tree, lantern_k, lantern_delta,
-                            lantern_lambda, depth, top_k_draft, total_tokens)
+    flags = opt.MethodFlags(greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, cfg=cfg,
+                            cfg_interval=cfg_interval, tree=tree, lantern_k=lantern_k,
+                            lantern_delta=lantern_delta, lantern_lambda=lantern_lambda, depth=depth,
+                            top_k_draft=top_k_draft, total_tokens=total_tokens)
     if num_images is not None and num_images < 1:
         raise UserError(f"--num-images must be >= 1, got {num_images}")
     out_dir = Path(out)
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"--out {out}: exists and is not a folder")
 
+    previous_kernel = set_attention_kernel(attention)  # refuses an unknown kernel before any work
     ctx = init_distributed(_backend_name(device))
     try:
         backend, prof = opt.open_backend(device, profile_name, graph, dtype, index=ctx.device_index)
@@ -80,6 +86,7 @@ def run(
                             image_size=image_size, drafter=drafter, gpt_type=gpt_type,
                             trust=trust_checkpoint, device=backend.device, dtype=backend.dtype)
         spec = resolve_spec(method, flags.as_dict(), prof, loaded.recommended)
+        sources = sampling_sources(flags.as_dict(), prof, loaded)
         conditions, cond_masks, labels = _conditions(loaded, classes, prompts, t5_path, num_images, backend)
         n = len(labels)
         decoder = make_decoder(loaded, spec, backend)
@@ -100,7 +107,8 @@ def run(
                     "phases": result.phases, "memory": backend.memory_stats(), "device": backend.info()}
             parts = gather_objects(part, ctx)
             if ctx.is_main:
-                summary = _write_outputs(staging, parts, n, labels, loaded, spec, prof, backend, seed)
+                settings = {"sampling_source": sources, "attention": attention}
+                summary = _write_outputs(staging, parts, n, labels, loaded, spec, prof, backend, seed, settings)
                 _move_into_place(staging, out_dir)
                 staging = None
                 _print_summary(summary, out_dir)
@@ -109,6 +117,7 @@ def run(
                 shutil.rmtree(staging, ignore_errors=True)
     finally:
         destroy(ctx)
+        set_attention_kernel(previous_kernel)
 
 
 def _backend_name(device: str) -> str:
@@ -190,7 +199,10 @@ def _maybe_profiled(backend, trace: Path | None, fn):
         return fn()
 
 
-def _write_outputs(staging: Path, parts: list[dict], n: int, labels: list, loaded, spec, prof, backend, seed: int) -> dict:
+def _write_outputs(staging: Path, parts: list[dict], n: int, labels: list, loaded, spec, prof, backend, seed: int,
+                   settings: dict[str, Any]) -> dict:
+    """Write images, grid, tokens and result.json into `staging`. `settings`: "sampling_source"
+    (where each sampling setting came from) and "attention" (the kernel setting)."""
     from PIL import Image
 
     from runtime.distributed import merge_indexed
@@ -222,6 +234,8 @@ def _write_outputs(staging: Path, parts: list[dict], n: int, labels: list, loade
         "model": {"name": loaded.name, "params": loaded.params, "tokens_per_image": loaded.config.block_size,
                   "image_size": loaded.image_size, "type": loaded.config.model_type},
         "sampling": spec.describe(),
+        "sampling_source": settings["sampling_source"],
+        "attention": settings["attention"],
         "num_images": n,
         "seed": seed,
         "stats": stats,

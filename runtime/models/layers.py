@@ -2,11 +2,51 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import Iterator
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from runtime.errors import UserError
 from runtime.models.kv_cache import StaticKVCache
+
+# Which scaled-dot-product-attention kernel `attend` asks for (`--attention`):
+#   "auto": PyTorch picks (flash / memory-efficient / math, whatever fits the inputs);
+#   "math": the math kernel only, as LlamaGen's sampling forces it. In bf16 the fused kernels
+#           accumulate differently, and tokens part from the reference after 15-20 tokens.
+# One process-wide setting, read when a step runs or is traced: torch.compile guards on it
+# (a change recompiles) and a captured graph keeps the kernel it was captured with, so set it
+# before building the decoder. fp32 results agree between the two up to rounding.
+ATTENTION_KERNELS: tuple[str, ...] = ("auto", "math")
+_attention_kernel = "auto"
+
+
+def set_attention_kernel(name: str) -> str:
+    """Make every `attend` call use kernel `name` ("auto" or "math"); returns the previous one."""
+    global _attention_kernel
+    if name not in ATTENTION_KERNELS:
+        raise UserError(f"--attention {name!r} is not a kernel setting; choose "
+                        f"{' or '.join(ATTENTION_KERNELS)} (math: LlamaGen's reference kernel)")
+    previous, _attention_kernel = _attention_kernel, name
+    return previous
+
+
+def attention_kernel() -> str:
+    """The kernel setting `attend` uses now ("auto" or "math")."""
+    return _attention_kernel
+
+
+@contextmanager
+def use_attention_kernel(name: str) -> Iterator[None]:
+    """`set_attention_kernel(name)` for the duration of a `with` block, then the previous one."""
+    previous = set_attention_kernel(name)
+    try:
+        yield
+    finally:
+        set_attention_kernel(previous)
 
 
 class RMSNorm(nn.Module):
@@ -40,6 +80,13 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layer: int,
         rep = q.size(1) // k.size(1)
         k = k.repeat_interleave(rep, dim=1)
         v = v.repeat_interleave(rep, dim=1)
+    if _attention_kernel == "math":
+        with sdpa_kernel(SDPBackend.MATH):
+            return _sdpa(q, k, v, mask)
+    return _sdpa(q, k, v, mask)
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     if mask is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
     return F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask)
