@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from runtime.atomic import atomic_path
+from runtime.core.opcount import kernels_generated
 from runtime.errors import UserError
 
 DTYPES: dict[str, torch.dtype] = {
@@ -328,15 +329,6 @@ class Backend(abc.ABC):
         if before is not None:
             self.kernel_count[name] += kernels_generated() - before
         return replay
-
-
-def kernels_generated() -> int | None:
-    """Inductor's running count of generated kernels in this process (None if unavailable)."""
-    try:
-        from torch._inductor import metrics
-    except ImportError:  # pragma: no cover - inductor ships with torch >= 2.0
-        return None
-    return int(getattr(metrics, "generated_kernel_count", 0))
 
 
 def _eager_replay(fn: Callable[..., None], static_args: tuple[Tensor, ...]) -> Callable[[], None]:

@@ -10,8 +10,11 @@ at its first import in a process (the bridge reads the variable once):
   compiled with ``torch.compile(backend="hpu_backend")``. HPU graphs are not available.
 
 If the variable is unset when this module first imports ``habana_frameworks``, it is set to
-lazy, the mode HPU graphs need. On SynapseAI >= 1.21 a plain ``import torch`` may already have
-auto-loaded the bridge in eager mode; the backend then uses the mode that is active
+eager (Intel's default and recommended mode from SynapseAI 1.21; lazy mode is a legacy path
+Intel no longer develops), so steps are compiled with ``hpu_backend``. Lazy mode with HPU graphs
+stays available with ``PT_HPU_LAZY_MODE=1`` or a profile's ``hpu_mode = "lazy"``. On SynapseAI
+>= 1.21 a plain ``import torch`` may already have auto-loaded the bridge in eager mode; the
+backend then uses the mode that is active
 (:attr:`HpuBackend.lazy_mode` says which). Set ``PT_HPU_LAZY_MODE`` in the environment (the
 Gaudi container does) to be sure.
 """
@@ -56,7 +59,7 @@ def request_lazy_mode(lazy: bool | None) -> None:
 def _import_bridge() -> tuple[ModuleType, ModuleType]:
     """Import ``habana_frameworks.torch`` (lazy mode unless the env says otherwise) and its ``core``."""
     if not bridge_imported():
-        os.environ.setdefault(LAZY_MODE_ENV, "1")
+        os.environ.setdefault(LAZY_MODE_ENV, "0")
         # The counter RNG and the KV-cache indices are int64; without this the bridge narrows
         # int64 to int32 on the device and splitmix64 hashes wrong.
         os.environ.setdefault(INT64_ENV, "1")

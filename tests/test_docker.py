@@ -263,8 +263,9 @@ def test_every_package_of_the_distribution_is_copied(image: str) -> None:
 
 def test_hpu_image_documents_and_sets_the_execution_mode() -> None:
     text = (DOCKER / "Dockerfile.hpu").read_text()
-    assert re.search(r"^ENV PT_HPU_LAZY_MODE=1\b", text, flags=re.M)
-    assert "PT_HPU_LAZY_MODE=0" in text  # the eager alternative is documented
+    assert re.search(r"^ENV PT_HPU_LAZY_MODE=0\b", text, flags=re.M)
+    assert "PT_HPU_LAZY_MODE=1" in text  # the lazy alternative is documented
+    assert "PT_ENABLE_INT64_SUPPORT=1" in text
 
 
 def test_compose_services_have_the_device_flags() -> None:

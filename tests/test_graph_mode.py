@@ -36,3 +36,19 @@ def test_graph_equals_eager_and_steps_compile_once(method):
     assert dict(backend.capture_count) == {f"{method}.{s}": 1 for s in steps}
     assert again.stats["target_forwards"] > 2 * 2
     assert torch.equal(again.tokens, generate(target, drafter, spec, [3, 0], seed=2, neighbours=nb).tokens)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["sd", "lantern", "lantern++"])
+def test_sampled_acceptance_compiles_whole_and_matches_eager(method):
+    """Sampling paths (sibling stages over all parents, relaxed and exact) compile fullgraph."""
+    target, drafter = tiny_pair(vocab=8, sharpness=1.0)
+    nb = compute_neighbours(torch.randn(8, 2, generator=torch.Generator().manual_seed(0)), 3)
+    spec = MethodSpec(method=method, sampling=SamplingParams(cfg=2.0), tree="small_12", depth=2,
+                      top_k_draft=3, total_tokens=8, lantern_lambda=2.0, lantern_delta=0.2, lantern_k=3)
+    eager = generate(target, drafter, spec, [0, 1], seed=4, neighbours=nb)
+    backend = get_backend("cpu", graph_mode=True)
+    graph = generate(target, drafter, spec, [0, 1], seed=4, neighbours=nb, backend=backend)
+    assert torch.equal(graph.tokens, eager.tokens)
+    assert graph.stats["target_forwards"] == eager.stats["target_forwards"]
+    assert all(v == 1 for v in backend.capture_count.values())

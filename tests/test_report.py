@@ -233,3 +233,38 @@ def test_a_bad_file_leaves_an_earlier_report_untouched(run_cli: Any, tmp_path: P
     result = run_cli("report", str(cpu_and_gpu[1]), str(tmp_path / "missing.json"), "--out", str(out))
     assert result.exit_code == 2 and "missing.json: no such file" in result.stderr
     assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
+def test_device_budget_round_trips_and_is_reported_with_the_loop_efficiency(tmp_path: Path) -> None:
+    from runtime.bench.schema import DeviceOps
+
+    path = write_bench(tmp_path / "b.json", "cpu", "Xeon", [("ar", {}, 4.0, 64, None), ("lantern++", {}, 2.0, 20, None)])
+    bench = load_bench(path)
+    bench.runs[1].device_ops = {"draft": DeviceOps(300.0, 12), "verify": DeviceOps(760.0, 40),
+                                "accept": DeviceOps(120.5, None)}
+    save_bench(bench, path)
+    again = load_bench(path)
+    assert again.runs[1].device_ops["accept"].ops_per_iteration == 120.5
+    assert again.runs[1].device_ops["draft"].kernels_per_step == 12
+    out = tmp_path / "report"
+    write_report([path], out)
+    md = (out / "report.md").read_text()
+    budget = [t for t in md_tables(md) if t and "loop efficiency" in t[0]][0]
+    row = [r for r in budget if r["method"] == "lantern++"][0]
+    assert row["draft ops / kernels"] == "300 / 12" and row["accept ops / kernels"] == "120"
+    assert row["(draft + accept) / verify ops"] == f"{100 * 420.5 / 760:.0f}%"
+    # verify time per call / iteration time: (2.0 * 0.6 / 20) / (2.0 / 20) = 0.6
+    assert row["loop efficiency"] == "0.60"
+
+
+def test_an_unknown_device_ops_phase_is_refused(tmp_path: Path) -> None:
+    import json
+
+    from runtime.errors import UserError
+
+    path = write_bench(tmp_path / "b.json", "cpu", "Xeon", [("ar", {}, 4.0, 64, None)])
+    data = json.loads(path.read_text())
+    data["runs"][0]["device_ops"] = {"decode": {"ops_per_iteration": 1.0, "kernels_per_step": None}}
+    path.write_text(json.dumps(data))
+    with pytest.raises(UserError, match="device_ops.decode"):
+        load_bench(path)

@@ -93,3 +93,36 @@ def test_1e5_draws_through_every_sampling_path_never_hit_zero_probability():
         last = acc.path.gather(1, (acc.count - 1)[:, None]).squeeze(1)
         # the bonus is drawn from p after the last accepted node (or a residual of it)
         assert (p[torch.arange(b), last].gather(1, acc.bonus[:, None]) > 0).all()
+
+
+def test_relaxed_rules_never_return_a_token_of_target_probability_zero():
+    """Drafts the target rules out (p = 0) are neither accepted nor relaxed, whatever the rule."""
+    from runtime.core.acceptance import Relaxation, accept_greedy
+    from runtime.core.proximity import compute_neighbours
+
+    g = torch.Generator().manual_seed(3)
+    v, b = 16, 20_000
+    nb = compute_neighbours(torch.randn(v, 2, generator=g), 6)
+    tree = static_buffers(load_tree("small_12"))
+    rng = CounterRNG("cpu", seed=5)
+    p = torch.stack([_sparse(b, v, g) for _ in range(tree.size)], 1)
+    q = torch.stack([_sparse(b, v, g) for _ in range(tree.size)], 1)
+    # drafts drawn from q regardless of p: many have p = 0 at their parent
+    tokens = torch.multinomial(q[:, tree.parent].reshape(-1, v), 1).view(b, tree.size)
+    for relax in (Relaxation("delta", delta=0.5, neighbours=nb), Relaxation("lambda", lam=8.0, neighbours=nb)):
+        for sampled in (False, True):
+            acc = accept_sampling(tokens, p, tree, rng, q=q if sampled else None, relax=relax)
+            rows = torch.arange(b)
+            for d in range(1, tree.max_depth + 1):  # every accepted draft has p > 0 at its parent
+                node = acc.path[:, d]
+                ok = acc.count > d
+                px = p[rows, tree.parent[node]].gather(1, tokens[rows, node][:, None]).squeeze(1)
+                assert (px[ok] > 0).all(), (relax.kind, sampled, d)
+            last = acc.path.gather(1, (acc.count - 1)[:, None]).squeeze(1)
+            assert (p[rows, last].gather(1, acc.bonus[:, None]) > 0).all(), (relax.kind, sampled)
+        greedy = accept_greedy(tokens, p, tree, relax)
+        for d in range(1, tree.max_depth + 1):
+            node = greedy.path[:, d]
+            ok = greedy.count > d
+            px = p[torch.arange(b), tree.parent[node]].gather(1, tokens[torch.arange(b), node][:, None]).squeeze(1)
+            assert (px[ok] > 0).all()

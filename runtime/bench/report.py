@@ -213,6 +213,45 @@ def decompose(run: RunResult, ar: RunResult) -> Decomposition:
     )
 
 
+def loop_efficiency(run: RunResult) -> float | None:
+    """speedup / (tau x AR step / verify time) = verify time / iteration time.
+
+    The share of an iteration spent in the target's verify forward: 1.0 means drafting,
+    acceptance and the host loop cost nothing; the rest is loop overhead. None without a
+    recorded verify phase.
+    """
+    verify = run.phases.get("verify")
+    if verify is None or verify.count == 0:
+        return None
+    iteration = run.latency_s.p50 / run.stats.target_forwards
+    return (verify.seconds / verify.count) / iteration
+
+
+def _ops_cell(run: RunResult, phase: str) -> str:
+    o = run.device_ops.get(phase)
+    if o is None:
+        return "-"
+    kernels = "" if o.kernels_per_step is None else f" / {o.kernels_per_step}"
+    return f"{o.ops_per_iteration:.0f}{kernels}"
+
+
+def device_budget_table(runs: Sequence[RunResult]) -> Table | None:
+    """Ops per iteration (and compiler kernels per step) per phase, and the loop efficiency."""
+    if not any(r.device_ops for r in runs):
+        return None
+    rows = []
+    for run in runs:
+        ops = run.device_ops
+        verify = ops.get("verify")
+        side = sum(ops[p].ops_per_iteration for p in ("draft", "accept") if p in ops)
+        share = f"{100 * side / verify.ops_per_iteration:.0f}%" if verify and verify.ops_per_iteration else "-"
+        eff = loop_efficiency(run)
+        rows.append([run.method, run.params.label(), _ops_cell(run, "draft"), _ops_cell(run, "verify"),
+                     _ops_cell(run, "accept"), share, "-" if eff is None else f"{eff:.2f}"])
+    return Table(["method", "params", "draft ops / kernels", "verify ops / kernels", "accept ops / kernels",
+                  "(draft + accept) / verify ops", "loop efficiency"], rows)
+
+
 # --------------------------------------------------------------------------------------------
 # Plots (matplotlib, Agg canvas; no pyplot global state)
 # --------------------------------------------------------------------------------------------
@@ -407,6 +446,15 @@ def _device_section(bench: BenchFile, slug: str) -> list[Block]:
     blocks.append(Table(
         ["method", "params", "speedup", "= tau (AR fwd / fwd)", "x step ratio", "AR step ms", "iteration ms"], drows
     ))
+    budget = device_budget_table(result.runs)
+    if budget is not None:
+        blocks.append(Paragraph(
+            "Device budget: non-view aten ops dispatched per iteration in each phase (counted eagerly; "
+            "the kernels a GPU would launch without fusion) / kernels the graph compiler generated for "
+            "the phase's captured step. Loop efficiency = speedup / (tau x AR step / verify time) = "
+            "verify time / iteration time: 1.00 would mean drafting, acceptance and the host loop are free."
+        ))
+        blocks.append(budget)
     phases = plot_phases(bench)
     if phases is not None:
         blocks.append(Figure(f"{slug}-phases", phases, f"Phase breakdown per method, {bench.label}"))

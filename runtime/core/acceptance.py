@@ -13,7 +13,7 @@ Result (`Accepted`):
     path    (B, D+1) long  accepted nodes root-first; entries at and past `count` repeat
     count   (B,)     long  accepted nodes including the root (1 .. D+1)
     bonus   (B,)     long  the token the target adds after the accepted path
-    depth_accepted (B, D) bool  whether a node at depth d+1 was accepted
+    depth_accepted (B, D) bool  whether a node at depth d+1 was accepted (derived from count)
     relax_mass (B,)  float sum over accepted drafts of the relaxation mass c they used
 
 Relaxation (LANTERN / LANTERN++). For draft x and the current target r, the proximity set
@@ -22,12 +22,15 @@ target mass c_j = r(n_1)+...+r(n_j) stays within the bound:
     LANTERN   (additive):        c_j <= delta_remaining      (delta for the first sibling)
     LANTERN++ (multiplicative):  c_j <= (lambda - 1) * r(x), i.e. r~(x) <= lambda * r(x)
 The relaxed target r~ moves that mass onto x: r~(x) = r(x) + c_j, r~(n_i) = 0 for i <= j.
-TVD(r, r~) = c_j exactly.
+TVD(r, r~) = c_j exactly. A draft the target gives probability 0 is not relaxed (its additive
+budget is 0 too; the multiplicative bound already is), so no rule ever moves mass onto, or
+returns, a token of target probability 0.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -74,8 +77,13 @@ class Accepted:
     path: torch.Tensor
     count: torch.Tensor
     bonus: torch.Tensor
-    depth_accepted: torch.Tensor
     relax_mass: torch.Tensor
+
+    @property
+    def depth_accepted(self) -> torch.Tensor:
+        """(B, D) bool: whether a node at depth d+1 was accepted (count > d + 1)."""
+        d = torch.arange(1, self.path.size(1), device=self.count.device)
+        return self.count[:, None] > d[None]
 
 
 def relaxed_target(r: torch.Tensor, x: torch.Tensor, relax: Relaxation,
@@ -90,10 +98,12 @@ def relaxed_target(r: torch.Tensor, x: torch.Tensor, relax: Relaxation,
     nb = relax.neighbours[x]  # (B, k)
     mass = r.gather(1, nb)  # (B, k)
     cum = mass.cumsum(1)
+    rx = r.gather(1, x[:, None]).squeeze(1)
     if relax.kind == "delta":
         bound = budget if budget is not None else torch.full_like(cum[:, 0], relax.delta)
+        bound = torch.where(rx > 0, bound, 0.0)
     else:
-        bound = (relax.lam - 1.0) * r.gather(1, x[:, None]).squeeze(1)
+        bound = (relax.lam - 1.0) * rx
     inside = cum <= bound[:, None]  # a prefix, since masses are >= 0
     c = (mass * inside).sum(1)
     r_t = r.scatter(1, nb, torch.where(inside, torch.zeros_like(mass), mass))
@@ -137,11 +147,8 @@ def accept_greedy(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers,
     count = tree.depth[best] + 1
     path = tree.path_table[best]
     bonus = p[torch.arange(b, device=p.device), best].argmax(-1)
-    d = torch.arange(1, tree.max_depth + 1, device=p.device)
-    depth_accepted = count[:, None] > d[None]
-    on_path = tree.ancestor_mask[best]  # (B, N+1)
-    relax_mass = (mass_used * on_path).sum(-1)
-    return Accepted(path, count, bonus, depth_accepted, relax_mass)
+    relax_mass = (mass_used * tree.ancestor_mask[best]).sum(-1) if relax.active else torch.zeros_like(bonus, dtype=p.dtype)
+    return Accepted(path, count, bonus, relax_mass)
 
 
 # A sampled draft's relaxation is computed for the proposal's top-m tokens only (see below).
@@ -170,6 +177,7 @@ def relaxed_mixture(r: torch.Tensor, q: torch.Tensor, relax: Relaxation,
     if relax.kind == "delta":
         bound = (budget if budget is not None else torch.full((b,), relax.delta, device=r.device,
                                                                dtype=r.dtype))[:, None].expand(b, m)
+        bound = torch.where(r.gather(1, xc) > 0, bound, 0.0)
     else:
         bound = (relax.lam - 1.0) * r.gather(1, xc)
     moved = mass * (cum <= bound[..., None])  # (B, m, k) mass moved from neighbour j onto x
@@ -232,25 +240,26 @@ def accept_sampling(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers, rn
     """
     b, n1 = tokens.shape
     v = p.size(-1)
-    k = tree.max_children
     # one draw per node (its acceptance test) and one Gumbel row for the bonus
     noise = rng.uniform(b, n1 + v)
     u, gumbel = noise[:, :n1], gumbel_from_uniform(noise[:, n1:])
-    child = torch.where(tree.children >= 0, tree.children, n1)  # (N+1, K); n1 = padding node
-    tokens_pad = torch.cat([tokens, torch.full_like(tokens[:, :1], v)], 1)
-    xs = tokens_pad[:, child]  # (B, P=N+1, K) child tokens per parent, V where none
-    slot = tree.parent * k + tree.rank  # node -> (parent, rank) in a flattened (P, K)
+    tokens_pad = torch.cat([tokens, torch.full_like(tokens[:, :1], v)], 1)  # node n1 = "no child"
 
-    if q is None and not relax.active:
+    if q is not None:
+        if tree.stages is None:
+            raise ValueError("sampled drafts need a static tree (TreeBuffers.stages)")
+        a, shift, bonus_rows = _sampled_stages(tokens_pad, p, q, tree, relax)
+    elif relax.active:
+        k = tree.max_children
+        child = torch.where(tree.children >= 0, tree.children, n1)
+        a_pk, shift_pk, bonus_rows = _deterministic_stages(tokens_pad[:, child], p, relax)
+        slot = tree.parent * k + tree.rank
+        a, shift = a_pk.reshape(b, -1)[:, slot], shift_pk.reshape(b, -1)[:, slot]
+    else:  # exact deterministic drafts: closed form
         px = p.reshape(b, -1).gather(1, tree.parent * v + tokens)  # (B, N+1) r(x) at the parent
-        z = 1.0 - px @ tree.earlier_sibling.T.to(px.dtype)
-        a = px / z.clamp(min=_EPS)
+        a = px / (1.0 - px @ tree.earlier_sibling.T.to(px.dtype)).clamp(min=_EPS)
         shift = torch.zeros_like(a)
-        residual = None
-    else:
-        a_pk, shift_pk, residual = _sibling_stages(xs, p, q, relax)
-        a = a_pk.reshape(b, -1)[:, slot]
-        shift = shift_pk.reshape(b, -1)[:, slot]
+        bonus_rows = None
 
     acc = u < a
     beaten = (acc.to(p.dtype) @ tree.earlier_sibling.T.to(p.dtype)) > 0
@@ -262,90 +271,95 @@ def accept_sampling(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers, rn
     rows = torch.arange(b, device=p.device)
     # bonus: from the residual left after every child of `best` was rejected
     p_best = p[rows, best]
-    if residual is None:  # exact deterministic: p after best with its children's tokens removed
-        kids = xs[rows, best]  # (B, K)
-        keep = torch.ones(b, v + 1, dtype=p.dtype, device=p.device).scatter_(1, kids, 0.0)
-        r = p_best * keep[:, :v]
-    elif residual.dim() == 4:  # sampled drafts: the residual after best's last real child
-        r = residual[rows, best, (tree.children[best] >= 0).sum(-1), :v]
+    if bonus_rows is None:  # exact deterministic: p after best without its children's tokens
+        kids = tokens_pad[rows[:, None], torch.where(tree.children[best] >= 0, tree.children[best], n1)]
+        r = p_best * torch.ones(b, v + 1, dtype=p.dtype, device=p.device).scatter_(1, kids, 0.0)[:, :v]
     else:
-        r = residual[rows, best, :v]
+        r = bonus_rows(best)
     r = torch.where(r.sum(-1, keepdim=True) > 0, r, p_best)
     bonus = torch.argmax(torch.log(r) + gumbel, dim=-1)
-    d = torch.arange(1, tree.max_depth + 1, device=p.device)
-    depth_accepted = count[:, None] > d[None]
-    relax_mass = (shift * tree.ancestor_mask[best]).sum(-1)
-    return Accepted(path, count, bonus, depth_accepted, relax_mass)
+    relax_mass = (shift * tree.ancestor_mask[best]).sum(-1) if relax.active else torch.zeros_like(bonus, dtype=p.dtype)
+    return Accepted(path, count, bonus, relax_mass)
 
 
-def _sibling_stages(xs: torch.Tensor, p: torch.Tensor, q: torch.Tensor | None,
-                    relax: Relaxation) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The K sibling stages of every parent at once, each assuming its earlier siblings failed.
+def _deterministic_stages(xs: torch.Tensor, p: torch.Tensor, relax: Relaxation
+                          ) -> tuple[torch.Tensor, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
+    """Relaxed stages of deterministic drafts for every parent at once (a loop over ranks).
 
-    xs: (B, P, K) child tokens (V = no child); p: (B, P, V); q: (B, P, V) or None.
-    Returns a (B, P, K) acceptance probabilities, shift (B, P, K) the relaxation mass each
-    stage used, and the residual a parent leaves when all its children are rejected (its
-    bonus distribution; column V is padding): (B, P, V+1) unnormalised for deterministic
-    drafts, where missing children change nothing, or (B, P, K+1, V+1) after each stage
-    (stage 0 = before any) for sampled drafts.
+    xs: (B, P, K) child tokens per parent (V = no child, whose mass is zero: a no-op stage);
+    p: (B, P, V). r is kept unnormalised: z, the mass left before a stage, is 1 minus what
+    earlier stages removed (the draft and the neighbours moved onto it), and the additive
+    budget in those units shrinks by each stage's moved mass. Returns acceptance
+    probabilities (B, P, K), shifts (B, P, K) and a function giving the bonus rows (B, V) of
+    the given parents (B,) after all their children were rejected.
     """
     b, n_par, k = xs.shape
-    pad = (0, 1)
-    accept, shifts = [], []
-    if q is None:
-        # Deterministic drafts, relaxed (LANTERN): r is kept unnormalised; z is its mass and
-        # the additive budget in the same units shrinks by each stage's moved mass.
-        nb_table = relax.padded_neighbours()
-        r = F.pad(p, pad)
-        z = torch.ones(b, n_par, dtype=p.dtype, device=p.device)
-        budget = torch.full_like(z, float(relax.delta))
-        ext = torch.cat([xs[..., None], nb_table[xs]], -1)  # (B, P, K, 1 + k): x, then neighbours
-        for s in range(k):
-            idx = ext[:, :, s]
-            mass = r.gather(2, idx)  # (B, P, 1 + k)
-            if relax.kind == "delta":
-                inside = mass[..., 1:].cumsum(-1) <= budget[..., None]
-            else:
-                inside = mass[..., 1:].cumsum(-1) <= (relax.lam - 1.0) * mass[..., :1]
-            moved = (mass[..., 1:] * inside).sum(-1)
-            taken = mass.masked_fill(F.pad(inside, (1, 0), value=True), 0.0)
-            r = r.scatter(2, idx, taken)  # x and the neighbours moved onto it leave r
-            accept.append((mass[..., 0] + moved) / z.clamp(min=_EPS))
-            shifts.append(moved / z.clamp(min=_EPS))
-            z = z - mass[..., 0] - moved
-            budget = budget - moved
-        return torch.stack(accept, -1).clamp(max=1.0), torch.stack(shifts, -1), r
+    v = p.size(-1)
+    r = F.pad(p, (0, 1))  # a fresh buffer: the stages below update it in place
+    budget = torch.full((b, n_par), float(relax.delta), dtype=p.dtype, device=p.device)
+    ext = torch.cat([xs[..., None], relax.padded_neighbours()[xs]], -1)  # (B, P, K, 1 + k): x, neighbours
+    taken, own = [], []
+    for s in range(k):
+        idx = ext[:, :, s]
+        mass = r.gather(2, idx)  # (B, P, 1 + k): x, then its neighbours
+        # x's own column passes trivially (mass[0] <= bound + mass[0]), so x leaves r too
+        if relax.kind == "delta":  # a draft of probability 0 gets no budget
+            limit = torch.where(mass[..., :1] > 0, budget[..., None], 0.0) + mass[..., :1]
+        else:
+            limit = relax.lam * mass[..., :1]
+        keep = mass.cumsum(-1) > limit
+        r.scatter_(2, idx, mass * keep)
+        gone = (mass * ~keep).sum(-1)
+        taken.append(gone)
+        own.append(mass[..., 0])
+        if relax.kind == "delta":
+            budget = budget - gone + mass[..., 0]
+    taken_t = torch.stack(taken, -1)  # (B, P, K): r(x) + c, unnormalised
+    z = (1.0 - (taken_t.cumsum(-1) - taken_t)).clamp(min=_EPS)  # mass before each stage
+    accept = (taken_t / z).clamp(max=1.0)
+    shifts = (taken_t - torch.stack(own, -1)) / z
+    return accept, shifts, lambda best: r[torch.arange(b, device=p.device), best, :v]
 
-    # Sampled drafts: r and q normalised; a stage's target is r (exact) or the mixture M.
-    # A missing child still runs its stage (the loop has a fixed bound), which would move r,
-    # so the residual after each stage is kept and the bonus takes the one after the last
-    # real child.
-    r, qc = F.pad(p, pad), F.pad(q, pad)
+
+def _sampled_stages(tokens_pad: torch.Tensor, p: torch.Tensor, q: torch.Tensor, tree: TreeBuffers,
+                    relax: Relaxation) -> tuple[torch.Tensor, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
+    """Stages of sampled drafts on a static tree, every parent at once.
+
+    Parents are taken in `tree.stages.order` (most children first), so stage s runs on the
+    first rows[s] of them: the parents that have a child of rank s. r and q are the stage's
+    target residual and proposal, normalised. Returns per-node acceptance probabilities
+    (B, N+1), per-node shifts (B, N+1) and a function giving the bonus rows (B, V) of the
+    given parents (B,) after all their children were rejected.
+    """
+    lay = tree.stages
+    b = p.size(0)
+    v = p.size(-1)
+    order = lay.order
+    r, qc = p[:, order], q[:, order]  # (B, P, V) in stage order
+    xs = tokens_pad[:, lay.child]  # (B, P, K)
     if relax.active:
-        m = min(MIXTURE_CANDIDATES, p.size(-1))
-        cand = torch.topk(q, m, dim=-1).indices  # fixed by q alone (see relaxed_mixture)
-        nb = relax.padded_neighbours()[cand]  # (B, P, m, k)
+        m = min(MIXTURE_CANDIDATES, v)
+        cand = torch.topk(qc[:, : lay.rows[0]], m, dim=-1).indices  # fixed by q alone (relaxed_mixture)
+        nb = relax.neighbours[cand]  # (B, rows0, m, k)
         nb_flat = nb.flatten(2)
         idx_all = torch.cat([cand, nb_flat], 2)  # one gather reads r at candidates and neighbours
-        budget = torch.full((b, n_par), float(relax.delta), dtype=p.dtype, device=p.device)
-        gains = []
-    residuals = [r]
-    for s in range(k):
-        x = xs[:, :, s, None]
+        budget = torch.full((b, lay.rows[0]), float(relax.delta), dtype=p.dtype, device=p.device)
+    accept, gains, last = [], [], []
+    for s, n in enumerate(lay.rows):
+        r, qc, x = r[:, :n], qc[:, :n], xs[:, :n, s, None]
         if relax.active:
-            r_all = r.gather(2, idx_all)
-            mass = r_all[..., m:].view(nb.shape)
-            if relax.kind == "delta":
-                bound = budget[..., None, None]
+            r_all = r.gather(2, idx_all[:, :n])
+            mass = r_all[..., m:].view(b, n, m, -1)
+            if relax.kind == "delta":  # a candidate of probability 0 gets no budget
+                bound = torch.where(r_all[..., :m, None] > 0, budget[:, :n, None, None], 0.0)
             else:
                 bound = (relax.lam - 1.0) * r_all[..., :m, None]
             moved = mass * (mass.cumsum(-1) <= bound)
-            q_cand = qc.gather(2, cand)
-            gained = q_cand * moved.sum(-1)
-            target = r.scatter_add(2, cand, gained).scatter_add(2, nb_flat, -(q_cand[..., None] * moved).flatten(2))
-            gains.append(gained)
-            if relax.kind == "delta":
-                shift = gained.sum(-1)  # E_q[c_x] >= TVD(r, target)
+            q_cand = qc.gather(2, cand[:, :n])
+            gained = q_cand * moved.sum(-1)  # (B, n, m): q(x) c_x per candidate
+            target = r.scatter_add(2, cand[:, :n], gained).scatter_add(
+                2, nb_flat[:, :n], -(q_cand[..., None] * moved).flatten(2))
+            gains.append(gained.sum(-1))  # E_q[c_x] >= TVD(r, target)
         else:
             target = r
         qx = qc.gather(2, x).squeeze(2)
@@ -354,10 +368,14 @@ def _sibling_stages(xs: torch.Tensor, p: torch.Tensor, q: torch.Tensor | None,
         res = (target - qc).clamp(min=0.0)
         reject = res.sum(-1, keepdim=True)  # = TV(target, q): P(reject) over x ~ q
         r = res / reject.clamp(min=_EPS)
-        residuals.append(r)
+        nxt = lay.rows[s + 1] if s + 1 < len(lay.rows) else 0
+        last.append(r[:, nxt:])  # parents whose last child is this stage's
         if relax.kind == "delta":
-            budget = ((budget - shift) / reject.squeeze(-1).clamp(min=_EPS)).clamp(min=0.0)
-        q_rm = qc.scatter(2, x, 0.0)
-        qc = q_rm / q_rm.sum(-1, keepdim=True).clamp(min=_EPS)
-    shift_all = torch.stack(gains, 2).sum(-1) if relax.active else torch.zeros_like(xs, dtype=p.dtype)
-    return torch.stack(accept, -1).clamp(max=1.0), shift_all, torch.stack(residuals, 2)
+            budget = ((budget[:, :n] - gains[-1]) / reject.squeeze(-1).clamp(min=_EPS)).clamp(min=0.0)
+        qc = qc.scatter(2, x, 0.0) / (1.0 - qx[..., None]).clamp(min=_EPS)
+    flat_a = torch.cat(accept, 1).clamp(max=1.0)  # (B, sum(rows)) in stage-major order
+    a = flat_a[:, lay.node_slot]
+    shift = torch.cat(gains, 1)[:, lay.node_slot] if relax.active else torch.zeros_like(a)
+    # bonus rows, stage order: parents with K children come from the last stage, ..., leaves keep p
+    bonus_table = torch.cat(last[::-1] + [p[:, order[lay.rows[0]:]]], 1)
+    return a, shift, lambda best: bonus_table[torch.arange(b, device=p.device), lay.position[best]]

@@ -25,13 +25,15 @@ import torch
 
 from runtime.core.acceptance import Accepted, Relaxation, accept_greedy, accept_sampling
 from runtime.core.methods import MethodSpec
+from runtime.core.opcount import kernels_generated
 from runtime.core.rng import CounterRNG
-from runtime.core.sampling import apply_cfg, cfg_off_mask, probabilities, sample_without_replacement
+from runtime.core.sampling import apply_cfg, cfg_off_mask, probabilities
 from runtime.core.tree import TreeBuffers, buffers_from_parents, load_tree, static_buffers
 from runtime.errors import UserError
 from runtime.models.drafter import Drafter
 from runtime.models.gpt import Transformer
 
+_SMALLEST_NORMAL = 1.1754944e-38
 # Floor for log q in EAGLE-2 scores: keeps filtered-out tokens finite and parent > child.
 _LOG_FLOOR = -80.0
 
@@ -96,6 +98,9 @@ def child_scores(parent: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
     instead, so in any top-n selection a kept child implies a kept parent.
     """
     below = torch.nextafter(parent, torch.full_like(parent, float("-inf")))
+    # next to 0 the next float is denormal, which a flush-to-zero CPU mode (set by compiled
+    # kernels) turns back into 0: step down by the smallest normal float there instead
+    below = torch.minimum(below, parent - _SMALLEST_NORMAL)
     return torch.minimum(parent + logq, below)
 
 
@@ -145,6 +150,9 @@ class Decoder:
         elif spec.drafting == "static":
             self.tree = static_buffers(load_tree(spec.tree_spec)).to(dev)
             self.levels = [self.tree.level(d) for d in range(1, self.tree.max_depth + 1)]
+            # per level: each node's parent as an index into the previous level's rows
+            starts = [0] + [start for start, _ in self.levels]
+            self.level_parent = [self.tree.parent[a:b] - starts[d] for d, (a, b) in enumerate(self.levels)]
         else:
             # EAGLE-2's `depth` counts the expansions after the root's own top-k, so the tree
             # is depth + 1 levels deep (reference `topK_genrate`; depth 4 -> 5 levels).
@@ -168,6 +176,8 @@ class Decoder:
         if neighbours is not None:
             neighbours = neighbours[:, : spec.lantern_k].to(dev)
         self.relax = Relaxation(kind, spec.lantern_delta, spec.lantern_lambda, neighbours)
+        if self.relax.active:
+            self.relax.padded_neighbours()  # built here, not inside a step being compiled
 
         # -- state (fixed shapes; identities never change) -----------------------------------
         # Target: committed tokens + one verified tree. Drafter: committed tokens + the pending
@@ -182,11 +192,11 @@ class Decoder:
         self.tokens = torch.zeros(self.n1, dtype=torch.long, device=dev)
         self.p = torch.zeros(self.n1, self.vocab, device=dev)
         self.hidden = torch.zeros(self.rows, self.n1, cfg.dim, device=dev, dtype=self.dtype)
-        self.iterations = torch.zeros((), dtype=torch.long, device=dev)
-        self.accepted_total = torch.zeros((), dtype=torch.long, device=dev)
-        self.depth_accepted = torch.zeros(max(self.max_depth, 1), dtype=torch.long, device=dev)
+        # count_hist[c]: iterations that accepted c nodes (root included); every other counter
+        # (iterations, accepted drafts, per-depth acceptance) follows from it and `count`
+        self.count_hist = torch.zeros(m + 1, dtype=torch.long, device=dev)
+        self.one = torch.ones(1, dtype=torch.long, device=dev)
         self.relax_mass = torch.zeros((), device=dev)
-        self.drafts_accepted = torch.zeros((), dtype=torch.long, device=dev)
         self.block_ids = torch.arange(m, device=dev)
         self.causal_m = torch.ones(m, m, dtype=torch.bool, device=dev).tril()
         if spec.drafting != "none":
@@ -217,16 +227,16 @@ class Decoder:
         caches; the real image's prefill resets all state afterwards.
         """
         self.prefill(cond, cond_mask, seed=0)
-        name = f"{self.spec.method}#{id(self):x}"
         steps = {"verify": self._verify_step, "accept": self._accept_step}
         if self._draft is not None:
             steps = {"draft": self._draft_step, **steps}
-        kernels = getattr(self.backend, "kernel_count", None)
         for phase, step in steps.items():
-            replay = self.backend.capture(step, name=f"{name}.{phase}")
+            before = kernels_generated()
+            replay = self.backend.capture(step, name=f"{self.spec.method}.{phase}")
             setattr(self, f"_{phase}", replay)
-            if kernels is not None and kernels.get(f"{name}.{phase}"):
-                self.kernels_per_step[phase] = int(kernels[f"{name}.{phase}"])
+            made = kernels_generated() - before if before is not None else 0
+            if made > 0:  # zero: the backend captured without a compiler (eager, CUDA graph)
+                self.kernels_per_step[phase] = made
         self.captured = True
 
     def _timer(self):
@@ -251,12 +261,6 @@ class Decoder:
             return probs.argmax(-1)
         return torch.argmax(torch.log(probs) + self.rng.gumbel(*probs.shape), dim=-1)
 
-    def _children(self, probs: torch.Tensor, k: int) -> torch.Tensor:
-        """k children per row of (P, V): top-k (greedy) or k samples without replacement."""
-        if self.params.greedy:
-            return torch.topk(probs, k, dim=-1).indices
-        return sample_without_replacement(probs, k, self.rng)
-
     def _rows(self, t: torch.Tensor) -> torch.Tensor:
         return t[None].expand(self.rows, *t.shape)
 
@@ -266,8 +270,7 @@ class Decoder:
         """Reset state and run the condition. cond: (1,) label or (1, cls, caption_dim)."""
         self.cache.reset()
         self.rng.reset(seed)
-        for t in (self.count, self.iterations, self.accepted_total, self.depth_accepted,
-                  self.relax_mass, self.drafts_accepted):
+        for t in (self.count, self.count_hist, self.relax_mass):
             t.zero_()
         if self.params.uses_cfg:
             cond = torch.cat([cond, self.target.null_condition(cond)])
@@ -278,7 +281,6 @@ class Decoder:
         self.out[0] = first[0]
         self.tokens[0] = first[0]
         self.count.fill_(1)
-        self.accepted_total.fill_(1)
         if self.spec.drafting == "none":
             return
         self.dcache.reset()
@@ -321,13 +323,21 @@ class Decoder:
     def _draft_static(self) -> None:
         tree, k = self.tree, self.tree.max_children
         parent_start, parent_end = 0, 1
+        # Sampled drafts: the Gumbel noise of every level in one draw (rows = nodes with
+        # children-to-be, i.e. all nodes above the deepest level), one RNG call per step.
+        noise = None if self.params.greedy else self.rng.gumbel(self.levels[-1][0], self.vocab)
+        base = self.dcache.length - 1
         for d, (start, end) in enumerate(self.levels, start=1):
-            cand = self._children(self.q[parent_start:parent_end], k)  # (parents, k)
+            q = self.q[parent_start:parent_end]
+            if noise is None:
+                cand = torch.topk(q, k, dim=-1).indices  # (parents, k)
+            else:  # k samples without replacement (Gumbel-top-k)
+                cand = torch.topk(torch.log(q) + noise[parent_start:parent_end], k, dim=-1).indices
             par = tree.parent[start:end]
-            self.tokens[start:end] = cand[par - parent_start, tree.rank[start:end]]
+            self.tokens[start:end] = cand[self.level_parent[d - 1], tree.rank[start:end]]
             if d < self.max_depth:
                 hid = self.draft_hidden[:, par]
-                positions = (self.dcache.length - 1 + d).expand(end - start)
+                positions = (base + d).expand(end - start)
                 out = self.drafter.forward_cached(self._rows(self.tokens[start:end]), hid, positions,
                                                   tree.ancestor_mask[start:end, 1:end], self.dcache,
                                                   offset=start - 1)
@@ -418,12 +428,9 @@ class Decoder:
         self.out.index_copy_(0, self.count + self.block_ids[:m], block)
         self.count.add_(n)
         self.tokens[0] = bonus
-        self.iterations.add_(1)
-        self.accepted_total.add_(n)
-        if self.max_depth:
-            self.depth_accepted.add_(acc.depth_accepted[0].long())
-        self.relax_mass.add_(acc.relax_mass[0])
-        self.drafts_accepted.add_(n - 1)
+        self.count_hist.index_add_(0, n.view(1), self.one)
+        if self.relax.active:
+            self.relax_mass.add_(acc.relax_mass[0])
         if self.spec.drafting != "none":
             self.pend_tokens.copy_(block)
             self.pend_hidden.copy_(self.hidden[:, path])
@@ -436,8 +443,7 @@ class Decoder:
         self.out.index_copy_(0, self.count.view(1), token)
         self.count.add_(1)
         self.tokens[:1] = token
-        self.iterations.add_(1)
-        self.accepted_total.add_(1)
+        self.count_hist[1:2].add_(1)
 
     # -- the loop -------------------------------------------------------------------------------
     @torch.no_grad()
@@ -464,10 +470,12 @@ class Decoder:
         return self.out[: self.num_tokens].clone(), self._stats()
 
     def _stats(self) -> ImageStats:
-        iters = int(self.iterations)
-        depth_acc = self.depth_accepted.tolist()[: self.max_depth]
+        hist = self.count_hist.tolist()  # hist[c]: iterations accepting c nodes, root included
+        iters = sum(hist)
+        depth_acc = [sum(hist[d + 2:]) for d in range(self.max_depth)]
         reached = [iters] + depth_acc[:-1] if self.max_depth else []
+        accepted = int(self.count)  # tokens known: the prefill's first one plus n per iteration
         return ImageStats(tokens=self.num_tokens, target_forwards=1 + iters,
-                          accepted_tokens=int(self.accepted_total), depth_accepted=depth_acc,
+                          accepted_tokens=accepted, depth_accepted=depth_acc,
                           depth_reached=reached, relax_mass=float(self.relax_mass),
-                          accepted_drafts=int(self.drafts_accepted))
+                          accepted_drafts=accepted - 1 - iters)

@@ -9,6 +9,7 @@ the same step would launch eagerly on a GPU: the replay overhead a graph without
     c.count        # non-view aten ops dispatched
     c.by_op        # Counter of op names, for finding what to remove
 
+`kernels_generated()` reads inductor's kernel counter, for the kernels a captured step compiled to.
 `phase_ops(decoder, ...)` runs a decoder eagerly for a few iterations and returns the mean ops
 per iteration of each phase (draft / verify / accept).
 """
@@ -22,6 +23,18 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 PHASES = ("draft", "verify", "accept")
+
+
+def kernels_generated() -> int | None:
+    """Inductor's running count of generated kernels in this process (None if unavailable).
+
+    The difference around a compilation is the number of kernels that compilation made.
+    """
+    try:
+        from torch._inductor import metrics
+    except ImportError:  # pragma: no cover - inductor ships with torch >= 2.0
+        return None
+    return int(getattr(metrics, "generated_kernel_count", 0))
 
 
 class OpCounter(TorchDispatchMode):

@@ -106,6 +106,9 @@ def validate_paths(name: str, paths: list[tuple[int, ...]], source: str = "tree"
     for p in paths:
         if len(p) > 1 and p[:-1] not in seen:
             raise UserError(f"{source}: path {list(p)} has no parent {list(p[:-1])}; every prefix must be listed")
+        if p[-1] > 0 and p[:-1] + (p[-1] - 1,) not in seen:
+            raise UserError(f"{source}: path {list(p)} has no sibling {list(p[:-1] + (p[-1] - 1,))}; the ranks "
+                            "under a node must run 0, 1, 2, ... (a draft's k-th choice is verified after the earlier ones)")
     ordered = tuple(sorted(paths, key=lambda p: (len(p), p)))
     return StaticTree(name, ordered)
 
@@ -126,6 +129,9 @@ class TreeBuffers:
     # earlier_sibling (N+1, N+1) bool: [i, j] = j shares i's parent and has a lower rank (the
     # root has no siblings). Built from the other buffers when not given.
     earlier_sibling: torch.Tensor | None = None
+    # Static trees only (None for dynamic ones): the layout of sibling stages over parents
+    # sorted by child count, see `StageLayout`.
+    stages: "StageLayout | None" = None
 
     def __post_init__(self) -> None:
         if not self.children_at:
@@ -148,7 +154,55 @@ class TreeBuffers:
         return TreeBuffers(self.parent.to(device), self.depth.to(device), self.rank.to(device),
                            self.ancestor_mask.to(device), self.children.to(device),
                            self.path_table.to(device), self.max_depth, self.max_children, self.children_at,
-                           self.earlier_sibling.to(device))
+                           self.earlier_sibling.to(device),
+                           self.stages.to(device) if self.stages is not None else None)
+
+
+@dataclass
+class StageLayout:
+    """Where each sibling stage of a static tree's acceptance reads and writes.
+
+    Parents are sorted by child count, most first, so the parents that have a child of rank s
+    are the first `rows[s]` of that order, for every s: stage s works on a prefix (a view).
+
+    order      (N+1,)      long  node ids sorted by child count (descending, then id)
+    position   (N+1,)      long  inverse of `order`: where node i sits in it
+    child      (N+1, K)    long  child of rank s of parent order[j] at [j, s]; N+1 where none
+    node_slot  (N+1,)      long  where node i's stage result sits when the stages' results
+                                 (rows[0] of stage 0, then rows[1] of stage 1, ...) are
+                                 concatenated; 0 for the root
+    rows       tuple[int]        parents with more than s children, s = 0..K-1
+    """
+
+    order: torch.Tensor
+    position: torch.Tensor
+    child: torch.Tensor
+    node_slot: torch.Tensor
+    rows: tuple[int, ...]
+
+    def to(self, device: torch.device | str) -> "StageLayout":
+        return StageLayout(self.order.to(device), self.position.to(device), self.child.to(device),
+                           self.node_slot.to(device), self.rows)
+
+
+def stage_layout(parent: list[int], rank: list[int], k: int) -> StageLayout:
+    """The `StageLayout` of a tree given as host lists (node 0 = root, ranks contiguous)."""
+    n = len(parent)
+    kids: list[list[int]] = [[] for _ in range(n)]
+    for i in range(1, n):
+        kids[parent[i]].append(i)
+    for c in kids:
+        c.sort(key=lambda i: rank[i])
+    order = sorted(range(n), key=lambda i: (-len(kids[i]), i))
+    position = [0] * n
+    for j, i in enumerate(order):
+        position[i] = j
+    rows = tuple(sum(1 for c in kids if len(c) > s) for s in range(k))
+    child = [[kids[i][s] if s < len(kids[i]) else n for s in range(k)] for i in order]
+    start = [sum(rows[:s]) for s in range(k)]
+    node_slot = [0] + [start[rank[i]] + position[parent[i]] for i in range(1, n)]
+    return StageLayout(torch.tensor(order), torch.tensor(position), torch.tensor(child).view(n, k),
+                       torch.tensor(node_slot), rows)
 
 
 def static_buffers(tree: StaticTree) -> TreeBuffers:
@@ -162,6 +216,7 @@ def static_buffers(tree: StaticTree) -> TreeBuffers:
     buffers = buffers_from_parents(parent, rank, tree.max_depth, k)
     buffers.children_at = tuple(
         max((p[-1] + 1 for p in tree.paths if len(p) == d + 1), default=0) for d in range(tree.max_depth))
+    buffers.stages = stage_layout(parent.tolist(), rank.tolist(), k)
     return buffers
 
 
