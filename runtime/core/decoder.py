@@ -210,6 +210,15 @@ class Decoder:
         if spec.drafting == "dynamic":
             k, d = spec.top_k_draft, spec.depth
             self.n_cand = k + d * k * k
+            # constants of every EAGLE-2 draft, built once (a captured step would rebuild them)
+            earlier = torch.ones(self.n1, self.n1, dtype=torch.bool, device=dev).tril(-1)
+            earlier[:, 0] = False  # the root shares parent id 0 with its children but is no sibling
+            self._dyn = {
+                "zero": torch.zeros((), device=dev), "zero_long": torch.zeros(1, dtype=torch.long, device=dev),
+                "no_parent": torch.full((k,), -1, dtype=torch.long, device=dev),
+                "arange_k": torch.arange(k, device=dev), "eye_k": torch.eye(k, dtype=torch.bool, device=dev),
+                "arange_nodes": torch.arange(self.n1 - 1, device=dev), "earlier": earlier,
+            }
 
         # -- steps: eager until `_capture_steps` swaps in captured replays ------------------
         self._draft: Callable[[], None] | None = self._draft_step if spec.drafting != "none" else None
@@ -352,20 +361,21 @@ class Decoder:
         (`child_scores`), so the kept top set always holds a node's parent.
         """
         k, depth, dev = self.spec.top_k_draft, self.spec.depth, self.device
-        logq = torch.log(self.q[0].clamp(min=1e-30)).clamp(min=_LOG_FLOOR)
+        c = self._dyn
+        logq = torch.log(self.q[0]).clamp(min=_LOG_FLOOR)  # log 0 = -inf -> the floor
         top = torch.topk(logq, k)
-        cand_tok, cand_score = [top.indices], [child_scores(torch.zeros((), device=dev), top.values)]
-        cand_parent = [torch.full((k,), -1, dtype=torch.long, device=dev)]
-        frontier = torch.arange(k, device=dev)  # candidate ids of the frontier
+        cand_tok, cand_score = [top.indices], [child_scores(c["zero"], top.values)]
+        cand_parent = [c["no_parent"]]
+        frontier = c["arange_k"]  # candidate ids of the frontier
         fr_tok, fr_score = top.indices, cand_score[0]
         fr_hidden = self.draft_hidden[:, :1].expand(self.rows, k, -1)
-        fr_anc = torch.eye(k, dtype=torch.bool, device=dev)  # (k, l*k) over frontier blocks
+        fr_anc = c["eye_k"]  # (k, l*k) over frontier blocks
         base = k
         for level in range(1, depth + 1):
             positions = (self.dcache.length - 1 + level).expand(k)
             out = self.drafter.forward_cached(self._rows(fr_tok), fr_hidden, positions, fr_anc,
                                               self.dcache, offset=(level - 1) * k)
-            lq = torch.log(self._drafter_dist(out, level).clamp(min=1e-30)).clamp(min=_LOG_FLOOR)
+            lq = torch.log(self._drafter_dist(out, level)).clamp(min=_LOG_FLOOR)
             ch = torch.topk(lq, k, dim=-1)  # (k, k)
             scores = child_scores(fr_score[:, None], ch.values).reshape(-1)
             cand_tok.append(ch.indices.reshape(-1))
@@ -377,23 +387,18 @@ class Decoder:
             fr_tok = ch.indices.reshape(-1)[best]
             fr_score = scores[best]
             fr_hidden = out[:, parent_local]
-            own = torch.zeros(k, k, dtype=torch.bool, device=dev)
-            own[torch.arange(k, device=dev), torch.arange(k, device=dev)] = True
-            fr_anc = torch.cat([fr_anc[parent_local], own], dim=1)
+            fr_anc = torch.cat([fr_anc[parent_local], c["eye_k"]], dim=1)
             base += k * k
         tok = torch.cat(cand_tok)
         score = torch.cat(cand_score)
         par = torch.cat(cand_parent)
         sel = torch.topk(score, self.n1 - 1).indices.sort().values  # parents before children
         inv = torch.full((self.n_cand,), -1, dtype=torch.long, device=dev)
-        inv[sel] = torch.arange(self.n1 - 1, device=dev)
+        inv[sel] = c["arange_nodes"]
         sel_par = par[sel]
-        node_parent = torch.where(sel_par < 0, torch.zeros_like(sel_par), inv[sel_par.clamp(min=0)] + 1)
-        parent = torch.cat([torch.zeros(1, dtype=torch.long, device=dev), node_parent])
-        same = parent[:, None] == parent[None, :]
-        earlier = torch.ones(self.n1, self.n1, dtype=torch.bool, device=dev).tril(-1)
-        earlier[:, 0] = False  # the root shares parent id 0 with its children but is not a sibling
-        rank = (same & earlier).sum(1)
+        node_parent = torch.where(sel_par < 0, 0, inv[sel_par.clamp(min=0)] + 1)
+        parent = torch.cat([c["zero_long"], node_parent])
+        rank = ((parent[:, None] == parent[None, :]) & c["earlier"]).sum(1)
         built = buffers_from_parents(parent, rank, depth + 1, k)
         t = self.tree
         for dst, src in ((t.parent, built.parent), (t.depth, built.depth), (t.rank, built.rank),

@@ -23,6 +23,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 PHASES = ("draft", "verify", "accept")
+# aten ops that return an alias of their input without being flagged as views
+_ALIASES = frozenset({"_unsafe_view", "_reshape_alias", "alias", "lift_fresh"})
 
 
 def kernels_generated() -> int | None:
@@ -41,7 +43,9 @@ class OpCounter(TorchDispatchMode):
     """Counts non-view aten ops dispatched inside the `with` block.
 
     Views (`view`, `expand`, `select`, slicing, ...) alias memory and launch nothing, so they
-    are not counted; everything else is, including in-place ops and copies.
+    are not counted, nor are the aliasing reshapes that are not flagged as views
+    (`_unsafe_view`, `_reshape_alias`, `alias`); everything else is, including in-place ops
+    and copies.
     """
 
     def __init__(self) -> None:
@@ -50,7 +54,7 @@ class OpCounter(TorchDispatchMode):
         self.by_op: Counter[str] = Counter()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        if not func.is_view:
+        if not func.is_view and func.overloadpacket.__name__ not in _ALIASES:
             self.count += 1
             self.by_op[func.overloadpacket.__name__] += 1
         return func(*args, **(kwargs or {}))
