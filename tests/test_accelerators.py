@@ -53,3 +53,18 @@ def test_graph_capture_equals_eager_on_device(device, method):
     assert torch.equal(graph.tokens, eager.tokens)
     assert graph.stats["target_forwards"] == eager.stats["target_forwards"]
     assert all(v == 1 for v in backend.capture_count.values())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", DEVICES)
+def test_selfcheck_passes_on_device(device, tmp_path):
+    """`runtime selfcheck` on the accelerator: graph == eager, no host sync in replays, exactness."""
+    import json
+
+    from runtime.cli.app import main
+
+    out = tmp_path / "selfcheck.json"
+    main(["selfcheck", "--device", device, "--no-xl", "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert report["passed"], report["failed"]
+    assert {c["name"]: c["passed"] for c in report["checks"]}["no_hidden_host_sync"] is True
