@@ -27,7 +27,6 @@ import torch
 from torch import Tensor, nn
 
 from runtime.atomic import atomic_path
-from runtime.core.opcount import kernels_generated
 from runtime.errors import UserError
 
 DTYPES: dict[str, torch.dtype] = {
@@ -190,8 +189,6 @@ class Backend(abc.ABC):
         self.dtype: torch.dtype = self.default_dtype if dtype is None else parse_dtype(dtype)
         self.graph_mode = graph_mode
         self.capture_count: Counter[str] = Counter()
-        # kernels the graph compiler generated per captured step name (inductor only)
-        self.kernel_count: Counter[str] = Counter()
 
     # -- availability and identity -------------------------------------------------------------
 
@@ -319,15 +316,12 @@ class Backend(abc.ABC):
 
         compiled = torch.compile(fn, backend=counting_backend, fullgraph=True, dynamic=False)
         replay = _eager_replay(compiled, static_args)
-        before = kernels_generated()
         # Dynamo caches compiled graphs per code object, so closures made by one `def` (e.g. one
         # step per tree level) share a cache whose default limit of 8 entries would fail the 9th
         # capture. Each capture is meant, so lift the limit while compiling it; a later
         # unexpected recompile still meets the default limit (and shows in capture_count).
         with torch._dynamo.config.patch(recompile_limit=1_000_000, accumulated_recompile_limit=1_000_000):
             replay()
-        if before is not None:
-            self.kernel_count[name] += kernels_generated() - before
         return replay
 
 

@@ -16,7 +16,6 @@ a LlamaGen-XL-shaped model with random weights (the projection input for real mo
 
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -67,21 +66,19 @@ def _decode(bundle: Any, spec: MethodSpec, backend: Any, cls: int = 3, seed: int
     return tokens.cpu(), dec
 
 
-@contextlib.contextmanager
-def _replay_guard(backend: Any) -> Any:
-    """A wrapper factory for replays that fails on a host sync (CUDA) and the check's outcome."""
-    if backend.name == "cuda":
-        def wrap(fn: Callable[[], None]) -> Callable[[], None]:
-            def guarded() -> None:
-                torch.cuda.set_sync_debug_mode("error")
-                try:
-                    fn()
-                finally:
-                    torch.cuda.set_sync_debug_mode("default")
-            return guarded
-        yield wrap
-    else:
-        yield lambda fn: fn
+def _no_sync(backend: Any, replay: Callable[[], None]) -> Callable[[], None]:
+    """`replay` that raises on a host sync inside it (CUDA sync debug mode); as is elsewhere."""
+    if backend.name != "cuda":
+        return replay
+
+    def guarded() -> None:
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            replay()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    return guarded
 
 
 def _hpu_compilations() -> int | None:
@@ -109,15 +106,13 @@ def check_graph_and_sync(bundle: Any, backend: Any) -> list[Check]:
             mismatches.append(f"{method} differs from token {first}")
         # a second image through guarded replays: a sync inside a step raises on CUDA
         before = _hpu_compilations() if backend.name == "hpu" else None
-        with _replay_guard(backend) as wrap:
-            for phase in ("_draft", "_verify", "_accept"):
-                fn = getattr(dec, phase)
-                if fn is not None:
-                    setattr(dec, phase, wrap(fn))
-            try:
-                dec.generate_one(torch.tensor([5], device=backend.device), None, 9)
-            except RuntimeError as err:
-                sync_error = f"{method}: {str(err).splitlines()[0]}"
+        for phase in ("_draft", "_verify", "_accept"):
+            if getattr(dec, phase) is not None:
+                setattr(dec, phase, _no_sync(backend, getattr(dec, phase)))
+        try:
+            dec.generate_one(torch.tensor([5], device=backend.device), None, 9)
+        except RuntimeError as err:
+            sync_error = f"{method}: {str(err).splitlines()[0]}"
         if before is not None and (_hpu_compilations() or 0) > before:
             sync_error = f"{method}: HPU graphs recompiled after warm-up"
     checks.append(Check("graph_equals_eager", not mismatches,

@@ -13,7 +13,6 @@ Result (`Accepted`):
     path    (B, D+1) long  accepted nodes root-first; entries at and past `count` repeat
     count   (B,)     long  accepted nodes including the root (1 .. D+1)
     bonus   (B,)     long  the token the target adds after the accepted path
-    depth_accepted (B, D) bool  whether a node at depth d+1 was accepted (derived from count)
     relax_mass (B,)  float sum over accepted drafts of the relaxation mass c they used
 
 Relaxation (LANTERN / LANTERN++). For draft x and the current target r, the proximity set
@@ -29,7 +28,7 @@ returns, a token of target probability 0.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -58,18 +57,14 @@ class Relaxation:
     def active(self) -> bool:
         return (self.kind == "delta" and self.delta > 0) or (self.kind == "lambda" and self.lam > 1)
 
-    def padded_neighbours(self) -> torch.Tensor:
-        """(V+1, k): the table plus a row for the padding token V whose neighbours are all V.
+    # (V+1, k): `neighbours` plus a row for the padding token V whose neighbours are all V
+    # (a missing child); built with the Relaxation, so a captured step reads a fixed buffer
+    padded: torch.Tensor | None = field(init=False, default=None, repr=False)
 
-        Built once per Relaxation (the decoder keeps one for its lifetime), so a captured step
-        reads a fixed buffer.
-        """
-        padded = self.__dict__.get("_padded")
-        if padded is None:
-            nb = self.neighbours
-            padded = torch.cat([nb, torch.full_like(nb[:1], nb.size(0))])
-            object.__setattr__(self, "_padded", padded)
-        return padded
+    def __post_init__(self) -> None:
+        nb = self.neighbours
+        if nb is not None:
+            object.__setattr__(self, "padded", torch.cat([nb, torch.full_like(nb[:1], nb.size(0))]))
 
 
 @dataclass
@@ -78,12 +73,6 @@ class Accepted:
     count: torch.Tensor
     bonus: torch.Tensor
     relax_mass: torch.Tensor
-
-    @property
-    def depth_accepted(self) -> torch.Tensor:
-        """(B, D) bool: whether a node at depth d+1 was accepted (count > d + 1)."""
-        d = torch.arange(1, self.path.size(1), device=self.count.device)
-        return self.count[:, None] > d[None]
 
 
 def relaxed_target(r: torch.Tensor, x: torch.Tensor, relax: Relaxation,
@@ -156,37 +145,37 @@ MIXTURE_CANDIDATES = 64
 
 
 def relaxed_mixture(r: torch.Tensor, q: torch.Tensor, relax: Relaxation,
-                    budget: torch.Tensor | None = None,
-                    candidates: int = MIXTURE_CANDIDATES) -> tuple[torch.Tensor, torch.Tensor]:
+                    budget: torch.Tensor | None = None, candidates: int = MIXTURE_CANDIDATES,
+                    support: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The relaxed target for a draft *sampled* from q: M = E_{x~q}[ r~_x ].
 
-    r, q: (B, V). Each of q's top-`candidates` tokens x gets its proximity set and mass c_x
+    r, q: (..., V). Each of q's top-`candidates` tokens x gets its proximity set and mass c_x
     (as in `relaxed_target`); every other token keeps r~_x = r (no relaxation), which keeps
     the cost at O(candidates * k) instead of O(V * k) and only makes the relaxation smaller.
-    The top-m set depends on q alone, never on which sample came out, so M is a fixed target.
-    Returns (M (B, V), tvd (B,)) with tvd = TVD(r, M) <= E_q[c_x], which is <= delta
-    (LANTERN) or <= (lambda - 1) * E_q[r(x)] (LANTERN++). A deterministic draft
-    (q = one-hot x) gives M = r~_x, i.e. `relaxed_target`.
+    The candidate set depends on q alone, never on which sample came out, so M is a fixed
+    target. `support` = (cand (..., m), neighbours[cand] (..., m, k)) fixes the candidates
+    instead (the sibling stages keep those of the parent's first proposal). budget: (...,)
+    additive bound (kind "delta", default delta); a candidate of probability 0 gets none.
+    Returns (M (..., V), shift (...,)) with shift = E_q[c_x] >= TVD(r, M); shift is <= delta
+    (LANTERN) or <= (lambda - 1) * E_q[r(x)] (LANTERN++). A deterministic draft (q = one-hot
+    x) gives M = r~_x and shift = c_x, i.e. `relaxed_target`.
     """
-    b, v = r.shape
-    m = min(candidates, v)
-    qc, xc = torch.topk(q, m, dim=-1)  # (B, m)
-    nb = relax.neighbours[xc]  # (B, m, k)
-    mass = r.gather(1, nb.reshape(b, -1)).view(nb.shape)
-    cum = mass.cumsum(-1)
+    if support is None:
+        cand = torch.topk(q, min(candidates, q.size(-1)), dim=-1).indices
+        support = cand, relax.neighbours[cand]
+    cand, nb = support
+    nb_flat = nb.flatten(-2)
+    r_cand, q_cand = r.gather(-1, cand), q.gather(-1, cand)
+    mass = r.gather(-1, nb_flat).view(nb.shape)
     if relax.kind == "delta":
-        bound = (budget if budget is not None else torch.full((b,), relax.delta, device=r.device,
-                                                               dtype=r.dtype))[:, None].expand(b, m)
-        bound = torch.where(r.gather(1, xc) > 0, bound, 0.0)
+        bound = budget[..., None] if budget is not None else torch.full_like(r_cand, relax.delta)
+        bound = torch.where(r_cand > 0, bound, 0.0)
     else:
-        bound = (relax.lam - 1.0) * r.gather(1, xc)
-    moved = mass * (cum <= bound[..., None])  # (B, m, k) mass moved from neighbour j onto x
-    c = moved.sum(-1)  # (B, m)
-    gained = torch.zeros_like(r).scatter_add_(1, xc, qc * c)
-    taken = torch.zeros_like(r).scatter_add_(1, nb.reshape(b, -1), (qc[..., None] * moved).reshape(b, -1))
-    mix = r + gained - taken
-    tvd = 0.5 * (mix - r).abs().sum(-1)
-    return mix, tvd
+        bound = (relax.lam - 1.0) * r_cand
+    moved = mass * (mass.cumsum(-1) <= bound[..., None])  # (..., m, k) moved from neighbour j onto x
+    gained = q_cand * moved.sum(-1)  # (..., m): q(x) c_x
+    mix = r.scatter_add(-1, cand, gained).scatter_add(-1, nb_flat, -(q_cand[..., None] * moved).flatten(-2))
+    return mix, gained.sum(-1)
 
 
 def accept_sampling(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers, rng: CounterRNG,
@@ -226,7 +215,8 @@ def accept_sampling(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers, rn
     relaxed mode TVD(t, r) = c_x (deterministic) or <= E_q[c_x] (sampled), with c bounded by
     delta (LANTERN) or (lambda - 1) * r(x) (LANTERN++). For LANTERN the additive budget is
     shared by the siblings of a node: after a stage with rejection probability beta the next
-    stage may use (budget - TVD) / beta, so each node's output stays within TVD delta of p.
+    stage may use (budget - c) / beta, c being the stage's shift (>= its TVD), so each node's
+    output stays within TVD delta of p.
     `relax_mass` sums c_x (deterministic) or E_q[c_x] (sampled) over the accepted drafts.
     A residual of zero mass (reachable only through float rounding) falls back to p after
     the node, so no token of probability zero is ever returned.
@@ -297,7 +287,7 @@ def _deterministic_stages(xs: torch.Tensor, p: torch.Tensor, relax: Relaxation
     v = p.size(-1)
     r = F.pad(p, (0, 1))  # a fresh buffer: the stages below update it in place
     budget = torch.full((b, n_par), float(relax.delta), dtype=p.dtype, device=p.device)
-    ext = torch.cat([xs[..., None], relax.padded_neighbours()[xs]], -1)  # (B, P, K, 1 + k): x, neighbours
+    ext = torch.cat([xs[..., None], relax.padded[xs]], -1)  # (B, P, K, 1 + k): x, neighbours
     taken, own = [], []
     for s in range(k):
         idx = ext[:, :, s]
@@ -337,29 +327,18 @@ def _sampled_stages(tokens_pad: torch.Tensor, p: torch.Tensor, q: torch.Tensor, 
     order = lay.order
     r, qc = p[:, order], q[:, order]  # (B, P, V) in stage order
     xs = tokens_pad[:, lay.child]  # (B, P, K)
-    if relax.active:
-        m = min(MIXTURE_CANDIDATES, v)
-        cand = torch.topk(qc[:, : lay.rows[0]], m, dim=-1).indices  # fixed by q alone (relaxed_mixture)
+    if relax.active:  # the candidates of each parent's first proposal serve all its stages
+        cand = torch.topk(qc[:, : lay.rows[0]], min(MIXTURE_CANDIDATES, v), dim=-1).indices
         nb = relax.neighbours[cand]  # (B, rows0, m, k)
-        nb_flat = nb.flatten(2)
-        idx_all = torch.cat([cand, nb_flat], 2)  # one gather reads r at candidates and neighbours
-        budget = torch.full((b, lay.rows[0]), float(relax.delta), dtype=p.dtype, device=p.device)
+    budget = (torch.full((b, lay.rows[0]), float(relax.delta), dtype=p.dtype, device=p.device)
+              if relax.kind == "delta" else None)
     accept, gains, last = [], [], []
     for s, n in enumerate(lay.rows):
         r, qc, x = r[:, :n], qc[:, :n], xs[:, :n, s, None]
         if relax.active:
-            r_all = r.gather(2, idx_all[:, :n])
-            mass = r_all[..., m:].view(b, n, m, -1)
-            if relax.kind == "delta":  # a candidate of probability 0 gets no budget
-                bound = torch.where(r_all[..., :m, None] > 0, budget[:, :n, None, None], 0.0)
-            else:
-                bound = (relax.lam - 1.0) * r_all[..., :m, None]
-            moved = mass * (mass.cumsum(-1) <= bound)
-            q_cand = qc.gather(2, cand[:, :n])
-            gained = q_cand * moved.sum(-1)  # (B, n, m): q(x) c_x per candidate
-            target = r.scatter_add(2, cand[:, :n], gained).scatter_add(
-                2, nb_flat[:, :n], -(q_cand[..., None] * moved).flatten(2))
-            gains.append(gained.sum(-1))  # E_q[c_x] >= TVD(r, target)
+            stage_budget = budget[:, :n] if budget is not None else None
+            target, shift = relaxed_mixture(r, qc, relax, stage_budget, support=(cand[:, :n], nb[:, :n]))
+            gains.append(shift)
         else:
             target = r
         qx = qc.gather(2, x).squeeze(2)

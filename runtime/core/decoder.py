@@ -176,8 +176,6 @@ class Decoder:
         if neighbours is not None:
             neighbours = neighbours[:, : spec.lantern_k].to(dev)
         self.relax = Relaxation(kind, spec.lantern_delta, spec.lantern_lambda, neighbours)
-        if self.relax.active:
-            self.relax.padded_neighbours()  # built here, not inside a step being compiled
 
         # -- state (fixed shapes; identities never change) -----------------------------------
         # Target: committed tokens + one verified tree. Drafter: committed tokens + the pending
