@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from runtime.core import Decoder, MethodSpec, SamplingParams, generate
-from runtime.core.decoder import child_scores
+from runtime.core.drafting import child_scores
 from runtime.errors import UserError
 from tests.tiny_models import tiny_pair
 
@@ -22,7 +22,7 @@ def test_depth_counts_expansions_after_the_root_as_in_the_reference(depth):
     spec = MethodSpec("eagle2", SamplingParams(greedy=True), depth=depth, top_k_draft=3, total_tokens=12)
     dec = Decoder(target, drafter, spec)
     assert dec.max_depth == depth + 1
-    assert dec.n_cand == 3 + depth * 9
+    assert dec.policy.n_cand == 3 + depth * 9
     dec.prefill(torch.tensor([1]), None, seed=0)
     dec._draft_step()
     assert int(dec.tree.depth.max()) <= depth + 1

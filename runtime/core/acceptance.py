@@ -358,3 +358,99 @@ def _sampled_stages(tokens_pad: torch.Tensor, p: torch.Tensor, q: torch.Tensor, 
     # bonus rows, stage order: parents with K children come from the last stage, ..., leaves keep p
     bonus_table = torch.cat(last[::-1] + [p[:, order[lay.rows[0]:]]], 1)
     return a, shift, lambda best: bonus_table[torch.arange(b, device=p.device), lay.position[best]]
+
+
+@dataclass(frozen=True)
+class GroupRule:
+    """GSD-style grouped acceptance (lossy): a draft is judged with the mass of its cluster.
+
+    The cluster of draft x at a position with target r: the tokens whose rank in r lies
+    within `window` of x's rank, whose probability differs from r(x) by less than `gap`, and
+    whose input-embedding rows (L2-normalised, so the threshold does not depend on the
+    model's embedding scale; GSD uses raw rows) lie within squared distance `dist` of x's.
+    x is always in its cluster. embed: (V, dim) float32 normalised rows.
+    """
+
+    window: int
+    gap: float
+    dist: float
+    embed: torch.Tensor
+
+    @classmethod
+    def for_target(cls, target: torch.nn.Module, window: int, gap: float, dist: float) -> "GroupRule":
+        emb = F.normalize(target.tok_embeddings.weight.detach().float(), dim=-1)
+        return cls(window, gap, dist, emb)
+
+    def cluster(self, r: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """r (P, V), x (P, m) -> members (P, m, 2W+1) long and inside (P, m, 2W+1) bool."""
+        n_par, v = r.shape
+        m, w = x.size(1), self.window
+        order = r.argsort(-1, descending=True)
+        rank = torch.empty_like(order).scatter_(-1, order, torch.arange(v, device=r.device).expand(n_par, v))
+        pos = rank.gather(-1, x)[..., None] + torch.arange(-w, w + 1, device=r.device)  # (P, m, 2W+1)
+        valid = (pos >= 0) & (pos < v)
+        members = order.gather(-1, pos.clamp(0, v - 1).view(n_par, -1)).view(n_par, m, -1)
+        close = (r.gather(-1, members.view(n_par, -1)).view(members.shape) - r.gather(-1, x)[..., None]).abs() < self.gap
+        near = (self.embed[members] - self.embed[x][..., None, :]).square().sum(-1) < self.dist
+        return members, valid & close & near
+
+    def acceptance(self, r: torch.Tensor, q: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """min(1, r(C_x) / q(C_x)) for drafts x (P, m) at targets r and proposals q (P, V)."""
+        members, inside = self.cluster(r, x)
+        flat = members.view(r.size(0), -1)
+        r_c = (r.gather(-1, flat).view(members.shape) * inside).sum(-1)
+        q_c = (q.gather(-1, flat).view(members.shape) * inside).sum(-1)
+        return torch.where(q.gather(-1, x) > 0, r_c / q_c.clamp(min=_EPS), 0.0).clamp(max=1.0)
+
+    def bound(self, r: torch.Tensor, q: torch.Tensor, candidates: int = MIXTURE_CANDIDATES) -> torch.Tensor:
+        """(P,) upper bound on TVD(output, r) of one grouped stage with proposal q.
+
+        Coupled with exact speculative sampling on the same draft x ~ q and uniform, the two
+        differ only when their accept decisions do, which happens with probability
+        |a(x) - min(1, r(x)/q(x))|; so TVD <= E_q|a - a0|, summed here over q's top
+        `candidates` tokens, plus q's remaining mass counted as fully different.
+        """
+        top = torch.topk(q, min(candidates, q.size(-1)), dim=-1)
+        x, qx = top.indices, top.values
+        a = self.acceptance(r, q, x)
+        a0 = torch.where(qx > 0, r.gather(-1, x) / qx.clamp(min=_EPS), 0.0).clamp(max=1.0)
+        return (qx * (a - a0).abs()).sum(-1) + (1.0 - qx.sum(-1)).clamp(min=0.0)
+
+
+def accept_grouped(tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor, tree: TreeBuffers,
+                   rng: CounterRNG, rule: GroupRule) -> Accepted:
+    """Grouped acceptance of sampled drafts on a chain (one child per node), every node at once.
+
+    Node i (drafted from q[parent]) is accepted with probability min(1, r(C) / q(C)), C its
+    cluster under the target r = p[parent] (`GroupRule`); at the first rejection the bonus is
+    sampled from norm(max(r - q, 0)), as in SJD/GSD. Lossy: each committed token's
+    distribution lies within TVD `GroupRule.bound` of the target's; `relax_mass` sums those
+    bounds over the positions that committed a token from a judged stage (accepted drafts
+    and the stage whose residual gave the bonus).
+    """
+    if tree.max_children != 1:
+        raise ValueError("grouped acceptance judges one draft per position (a chain)")
+    b, n1 = tokens.shape
+    v = p.size(-1)
+    noise = rng.uniform(b, n1 + v)
+    u, gumbel = noise[:, :n1], gumbel_from_uniform(noise[:, n1:])
+    flat_p, flat_q = p.reshape(b * n1, v), q.reshape(b * n1, v)
+    child = tree.children[:, 0]  # (N+1,) -1 at the leaf
+    x = tokens[:, child.clamp(min=0)].reshape(b * n1, 1)
+    a_par = rule.acceptance(flat_p, flat_q, x).view(b, n1)
+    a_par = torch.where(child >= 0, a_par, 0.0)
+    bound_par = rule.bound(flat_p, flat_q).view(b, n1) * (child >= 0)
+    a = a_par[:, tree.parent]  # node i judged at its parent
+    win = (u < a) | (tree.depth == 0)[None]
+    all_ok = ~(tree.ancestor_mask[None] & ~win[:, None, :]).any(-1)
+    best = torch.where(all_ok, tree.depth[None] + 1, 0).argmax(-1)
+    count = tree.depth[best] + 1
+    path = tree.path_table[best]
+    rows = torch.arange(b, device=p.device)
+    p_best = p[rows, best]
+    res = (p_best - q[rows, best]).clamp(min=0.0) * (child[best] >= 0)[:, None]
+    r = torch.where(res.sum(-1, keepdim=True) > 0, res, p_best)
+    bonus = torch.argmax(torch.log(r) + gumbel, dim=-1)
+    bound_node = bound_par[:, tree.parent] * (tree.depth > 0)[None]
+    mass = (bound_node * tree.ancestor_mask[best]).sum(-1) + bound_par[rows, best]
+    return Accepted(path, count, bonus, mass)

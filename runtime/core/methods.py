@@ -6,8 +6,16 @@
     eagle2     EAGLE-2 dynamic tree              exact
     lantern    EAGLE-2 dynamic tree              relaxed, additive bound delta
     lantern++  static tree (`tree`)              relaxed, multiplicative bound lambda
+    sjd        Jacobi window of `window` future  exact (default), relaxed (`relax` delta or
+               positions, no drafter (jacobi.py) lambda), or grouped (`accept`, GSD-style)
 
 With lantern_delta = 0 / lantern_lambda = 1 the relaxed methods are exact.
+
+sjd options: `init` (prior of fresh window positions: uniform, repeat-h = the token to the
+left, repeat-v = the token above), `coupling` (how the stale tail is redrafted: none = sample
+the current p, maximal = keep the old draft with probability min(1, p/q), gumbel =
+position-keyed Gumbel noise), `proactive` (K, D): a K-ary tree of depth D drafted at the
+rejection point before the chain.
 
 `depth` means what it means in the reference EAGLE-2 / LANTERN code for the dynamic trees:
 the number of expansions after the root's own top-k, so the tree has depth + 1 levels and
@@ -22,7 +30,11 @@ from dataclasses import asdict, dataclass, field
 from runtime.core.sampling import SamplingParams
 from runtime.errors import UserError
 
-METHODS = ("ar", "sd", "eagle2", "lantern", "lantern++")
+METHODS = ("ar", "sd", "eagle2", "lantern", "lantern++", "sjd")
+JACOBI_INITS = ("uniform", "repeat-h", "repeat-v")
+COUPLINGS = ("none", "maximal", "gumbel")
+ACCEPT_RULES = ("exact", "grouped")
+RELAXATIONS = ("none", "delta", "lambda")
 
 
 @dataclass(frozen=True)
@@ -36,6 +48,17 @@ class MethodSpec:
     lantern_k: int = 1000
     lantern_delta: float = 0.1
     lantern_lambda: float = 2.0
+    # relaxation of sjd drafts ("none", "delta" or "lambda"); None = the method's own
+    # (lantern: delta, lantern++: lambda, the others none)
+    relax: str | None = None
+    window: int = 16
+    init: str = "repeat-v"
+    coupling: str = "none"
+    proactive: tuple[int, int] | None = None
+    accept: str = "exact"
+    group_window: int = 7
+    group_gap: float = 0.15
+    group_dist: float = 0.5
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -53,26 +76,74 @@ class MethodSpec:
             (self.lantern_k >= 1, f"--lantern-k must be >= 1, got {self.lantern_k}"),
             (self.lantern_delta >= 0, f"--lantern-delta must be >= 0, got {self.lantern_delta}"),
             (self.lantern_lambda >= 1, f"--lantern-lambda must be >= 1, got {self.lantern_lambda}"),
+            (1 <= self.window <= 64, f"--window must be in [1, 64], got {self.window}"),
+            (self.init in JACOBI_INITS, f"--init must be one of {', '.join(JACOBI_INITS)}, got {self.init!r}"),
+            (self.coupling in COUPLINGS, f"--coupling must be one of {', '.join(COUPLINGS)}, got {self.coupling!r}"),
+            (self.accept in ACCEPT_RULES, f"--accept must be one of {', '.join(ACCEPT_RULES)}, got {self.accept!r}"),
+            (self.relax is None or self.relax in RELAXATIONS,
+             f"relax must be one of {', '.join(RELAXATIONS)}, got {self.relax!r}"),
+            (self.group_window >= 1, f"--group-window must be >= 1, got {self.group_window}"),
+            (self.group_gap > 0, f"--group-gap must be > 0, got {self.group_gap}"),
+            (self.group_dist > 0, f"--group-dist must be > 0, got {self.group_dist}"),
         ]
         for ok, message in checks:
             if not ok:
                 raise UserError(message)
+        self._check_jacobi()
         if self.drafting == "dynamic":
             limit = self.top_k_draft + self.depth * self.top_k_draft ** 2
             if self.total_tokens - 1 > limit:
                 raise UserError(f"--total-tokens {self.total_tokens} exceeds the {limit + 1} nodes a "
                                 f"depth-{self.depth}, top-k-{self.top_k_draft} EAGLE-2 tree can hold")
 
+    def _check_jacobi(self) -> None:
+        """Options that only mean something for sjd (or only in some combinations) are refused."""
+        s = self.sampling
+        if self.method != "sjd":
+            if self.relax not in (None, self.own_relaxation):
+                raise UserError(f"method {self.method} has its own relaxation; a chosen relaxation is for sjd")
+            for name, value, default in (("--coupling", self.coupling, "none"), ("--proactive", self.proactive, None),
+                                         ("--accept", self.accept, "exact")):
+                if value != default:
+                    raise UserError(f"{name} applies to --method sjd only (got --method {self.method})")
+            return
+        if self.proactive is not None:
+            k, d = self.proactive
+            if not (1 <= k <= 8 and 1 <= d <= 4):
+                raise UserError(f"--proactive K,D needs 1 <= K <= 8 and 1 <= D <= 4, got {k},{d}")
+            if d >= self.window:
+                raise UserError(f"--proactive depth {d} must be below --window {self.window}")
+            if s.greedy:
+                raise UserError("--proactive drafts several candidates from the residual, which only sampling "
+                                "has; drop --proactive or use --sample")
+        if s.greedy and self.coupling != "none":
+            raise UserError(f"--coupling {self.coupling} does nothing with --greedy (greedy drafts are the argmax); "
+                            "drop --coupling or use --sample")
+        if self.accept == "grouped":
+            if s.greedy:
+                raise UserError("--accept grouped is a sampling rule; drop it or use --sample")
+            if self.relaxation_kind != "none":
+                raise UserError("--accept grouped and --lantern-delta/--lantern-lambda are two relaxations; "
+                                "choose one")
+            if self.proactive is not None:
+                raise UserError("--accept grouped judges one draft per position; drop --proactive")
+
     @property
     def drafting(self) -> str:
-        """"none", "static" or "dynamic"."""
-        return {"ar": "none", "sd": "static", "lantern++": "static"}.get(self.method, "dynamic")
+        """"none", "static", "dynamic" or "jacobi"."""
+        return {"ar": "none", "sd": "static", "lantern++": "static", "sjd": "jacobi"}.get(self.method, "dynamic")
+
+    @property
+    def own_relaxation(self) -> str:
+        return {"lantern": "delta", "lantern++": "lambda"}.get(self.method, "none")
 
     @property
     def relaxation_kind(self) -> str:
-        if self.method == "lantern" and self.lantern_delta > 0:
+        """The relaxation in effect: "none", "delta" or "lambda"."""
+        kind = self.relax if self.relax is not None else self.own_relaxation
+        if kind == "delta" and self.lantern_delta > 0:
             return "delta"
-        if self.method == "lantern++" and self.lantern_lambda > 1:
+        if kind == "lambda" and self.lantern_lambda > 1:
             return "lambda"
         return "none"
 
@@ -94,4 +165,14 @@ class MethodSpec:
             out.update(lantern_k=self.lantern_k, lantern_delta=self.lantern_delta)
         if self.method == "lantern++":
             out.update(lantern_k=self.lantern_k, lantern_lambda=self.lantern_lambda)
+        if self.method == "sjd":
+            out.update(window=self.window, init=self.init, coupling=self.coupling,
+                       proactive=list(self.proactive) if self.proactive else None, accept=self.accept,
+                       relax=self.relaxation_kind)
+            if self.relaxation_kind == "delta":
+                out.update(lantern_k=self.lantern_k, lantern_delta=self.lantern_delta)
+            if self.relaxation_kind == "lambda":
+                out.update(lantern_k=self.lantern_k, lantern_lambda=self.lantern_lambda)
+            if self.accept == "grouped":
+                out.update(group_window=self.group_window, group_gap=self.group_gap, group_dist=self.group_dist)
         return out

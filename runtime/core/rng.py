@@ -79,6 +79,17 @@ class CounterRNG:
     def gumbel(self, *shape: int) -> torch.Tensor:
         return gumbel_from_uniform(self.uniform(*shape))
 
+    def keyed_uniform(self, index: torch.Tensor, stream: int = 1) -> torch.Tensor:
+        """Uniforms that are a pure function of (seed, stream, index), float32 like `uniform`.
+
+        The counter is not used or advanced: the same index gives the same number every time
+        it is drawn (position-keyed noise, e.g. Gumbel-coupled Jacobi drafts). index: long,
+        any shape; stream >= 1 keeps these numbers apart from the counter stream.
+        """
+        stream_key = splitmix64(self.key + _signed(stream * 0x9E3779B97F4A7C15))
+        bits = splitmix64(stream_key ^ index)
+        return (_shr(bits, 41).float() + 0.5) * (1.0 / (1 << 23))
+
 
 def gumbel_from_uniform(u: torch.Tensor) -> torch.Tensor:
     """Standard Gumbel noise -log(-log(u)) for u in (0, 1); finite for every u `uniform` returns.

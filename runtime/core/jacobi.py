@@ -1,0 +1,195 @@
+"""Jacobi-window drafting (speculative Jacobi decoding, SJD): no drafter, any target.
+
+The drafts are the target's own predictions. A window of L draft tokens follows the root (the
+last committed token); one verify forward over [root, x_1..x_L] gives p_1..p_{L+1}, and the
+shared acceptance rule judges x_i against p with q_i = the distribution x_i was drawn from.
+After n nodes were accepted (root included) the bonus becomes the next root, and the window
+moves on by n:
+
+    stale tail   old node j = n + i (j <= L) becomes new node i. Its position's p from this
+                 forward saw a stale context, so it is a proposal, not a target: the token is
+                 redrafted from it and q_i := that p (the "coupling" decides how):
+                   none     a fresh sample of p                                 (SJD)
+                   maximal  keep the old draft with probability min(1, p/q_old),
+                            else sample norm(max(p - q_old, 0))                (MC-SJD)
+                   gumbel   argmax(log p + g_pos), g keyed by the image position, so
+                            the draft changes only where p does                 (SCD-GS)
+                 Greedy decoding redrafts the argmax.
+    fresh        positions past the old window get the prior (`init`): a uniform token, the
+                 token to the left (repeat-h) or the one above (repeat-v; its row in the
+                 token grid), with a one-hot q (a deterministic draft).
+
+Every variant is lossless: a draft's noise never depends on the target it is judged against
+(drafts only see earlier positions, and acceptance draws fresh uniforms), and q is the exact
+distribution it was drawn from. Everything is fixed-shape on the device.
+
+Proactive drafting (`proactive` = (K, D), SJD-PAC style): the verified tree is a K-ary tree of
+depth D under the root, followed by a chain along its rank-0 path out to L drafts. The tree's
+children of a node at depth d are K samples without replacement from the stale proposal of
+that position (the window's p there); the rank-0 path and the chain carry the window as
+above. Multi-candidate acceptance (`accept_sampling`) judges the siblings in turn against the
+residual, so a rejected first draft leaves K - 1 more chances at each of the first D positions.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from runtime.core.drafting import DraftPolicy
+from runtime.core.rng import gumbel_from_uniform
+from runtime.core.tree import StaticTree, TreeBuffers, chain_tree, static_buffers, validate_paths
+
+if TYPE_CHECKING:
+    from runtime.core.decoder import Decoder
+
+
+def proactive_tree(k: int, d: int, window: int) -> StaticTree:
+    """K-ary tree of depth d, then a chain along the rank-0 path to `window` levels."""
+    paths: list[tuple[int, ...]] = []
+    level: list[tuple[int, ...]] = [()]
+    for _ in range(d):
+        level = [p + (r,) for p in level for r in range(k)]
+        paths.extend(level)
+    spine = (0,) * d
+    paths.extend(spine + (0,) * e for e in range(1, window - d + 1))
+    return validate_paths(f"proactive{k}x{d}_w{window}", paths)
+
+
+class JacobiPolicy(DraftPolicy):
+    """The `jacobi` drafting policy (method sjd); see the module docstring."""
+
+    kind = "jacobi"
+    needs_q = True
+
+    @property
+    def sampled_q(self) -> bool:  # type: ignore[override]
+        return not self.loop.params.greedy
+
+    def build_tree(self, device: torch.device) -> TreeBuffers:
+        spec = self.loop.spec
+        self.window = spec.window
+        if spec.proactive is None:
+            tree = static_buffers(chain_tree(spec.window))
+        else:
+            tree = static_buffers(proactive_tree(*spec.proactive, spec.window))
+        # the window's L nodes: the rank-0 path from the root (the whole chain without PAC)
+        spine = [0]
+        for _ in range(spec.window):
+            spine.append(int(tree.children[spine[-1], 0]))
+        self.spine_nodes = spine
+        return tree.to(device)
+
+    def allocate(self, committed: int) -> None:
+        loop, dev, w = self.loop, self.loop.device, self.window
+        grid = int(round(math.sqrt(loop.num_tokens)))
+        # how far back a fresh position copies its token from (0: uniform prior)
+        self.offset = {"uniform": 0, "repeat-h": 1, "repeat-v": grid}[loop.spec.init]
+        self.last_n = torch.full((), w + 1, dtype=torch.long, device=dev)  # everything fresh
+        self.spine = torch.tensor(self.spine_nodes, device=dev)  # (L+1,) node ids, root first
+        self.node_ids = torch.arange(1, w + 1, device=dev)  # window index i = 1..L
+        self.vocab_ids = torch.arange(loop.vocab, device=dev)
+        if self.offset:
+            self.history_ids = torch.arange(-self.offset, 0, device=dev)
+        tree = self.tree
+        if loop.spec.proactive is not None:
+            k, d = loop.spec.proactive
+            # off-spine tree nodes at depth 1..D: their depth, rank and parent, for sampling
+            nodes = [i for i in range(1, tree.size) if int(tree.depth[i]) <= d]
+            self.tree_nodes = torch.tensor(nodes, device=dev)
+            self.tree_parents = tree.parent[self.tree_nodes]
+            self.tree_depth = tree.depth[self.tree_nodes]
+            self.tree_rank = tree.rank[self.tree_nodes]
+            self.k = k
+
+    def prefill(self, hidden: torch.Tensor, first: torch.Tensor) -> None:
+        self.last_n.fill_(self.window + 1)
+        self.loop.q.zero_()
+
+    def committed(self, path: torch.Tensor, n: torch.Tensor, block: torch.Tensor) -> None:
+        self.last_n.copy_(n)
+
+    # ---------------------------------------------------------------------------------------
+    def draft(self) -> None:
+        loop, w, v = self.loop, self.window, self.loop.vocab
+        greedy = loop.params.greedy
+        spine = self.spine
+        n = self.last_n
+        j = n + self.node_ids  # old window index feeding new window index i
+        stale = j <= w  # (L,)
+        src = spine[(j - 1).clamp(max=w - 1)]  # old node whose p predicts old node j
+        p_src = loop.p[src]  # (L, V) stale proposal of each new position
+        old_tok = loop.tokens[spine[j.clamp(max=w)]]
+        noise = None if greedy else loop.rng.uniform(w, v + 2)
+
+        coupling = loop.spec.coupling
+        if greedy:
+            redraft = p_src.argmax(-1)
+        elif coupling == "gumbel":
+            pos = loop.count - 1 + self.node_ids  # image index of each new position
+            g = gumbel_from_uniform(loop.rng.keyed_uniform(pos[:, None] * v + self.vocab_ids))
+            redraft = torch.argmax(torch.log(p_src) + g, dim=-1)
+        else:
+            g = gumbel_from_uniform(noise[:, 2:])
+            if coupling == "maximal":
+                q_old = loop.q[src]  # the distribution old node j was drawn from
+                px = p_src.gather(1, old_tok[:, None]).squeeze(1)
+                qx = q_old.gather(1, old_tok[:, None]).squeeze(1)
+                keep = noise[:, 0] * qx < px  # u < min(1, p/q)
+                res = (p_src - q_old).clamp(min=0.0)
+                res = torch.where(res.sum(-1, keepdim=True) > 0, res, p_src)
+                redraft = torch.where(keep, old_tok, torch.argmax(torch.log(res) + g, dim=-1))
+            else:
+                redraft = torch.argmax(torch.log(p_src) + g, dim=-1)
+
+        fresh = self._prior(redraft, stale, noise)
+        new = torch.where(stale, redraft, fresh)  # (L,)
+        one_hot = F.one_hot(new, v).to(p_src.dtype)
+        q_new = torch.where(stale[:, None], p_src, one_hot)
+        if loop.spec.proactive is None:
+            loop.tokens[1:] = new
+            loop.q[:w] = q_new
+        else:
+            self._write_tree(new, q_new, greedy, noise)
+
+    def _prior(self, redraft: torch.Tensor, stale: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
+        """Tokens for fresh window positions (L,): the `init` prior (see the module docstring)."""
+        loop, w, v, o = self.loop, self.window, self.loop.vocab, self.offset
+        if noise is None:  # greedy: a fixed pseudo-random stream per position
+            u = loop.rng.keyed_uniform(loop.count - 1 + self.node_ids, stream=2)
+        else:
+            u = noise[:, 1]
+        uniform = (u * v).long().clamp(max=v - 1)
+        if o == 0:
+            return uniform
+        # new window with the root at index 0 and the o committed tokens before it
+        hist = loop.out[(loop.count - 1 + self.history_ids).clamp(min=0)]
+        full = torch.cat([hist, loop.tokens[:1], torch.where(stale, redraft, 0)])
+        last = (w - self.last_n).clamp(min=0)  # last non-fresh window index (0 = root)
+        i = self.node_ids
+        s = i - o * torch.div(i - last + o - 1, o, rounding_mode="floor")  # copy source, in (last - o, last]
+        value = full[o + s]
+        return torch.where(loop.count - 1 + s >= 0, value, uniform)
+
+    def _write_tree(self, new: torch.Tensor, q_new: torch.Tensor, greedy: bool,
+                    noise: torch.Tensor | None) -> None:
+        """Proactive tree: the window on the rank-0 spine, K - 1 more samples at each node of
+        the first D levels drawn without replacement from that position's proposal."""
+        loop = self.loop
+        spine_nodes = self.spine[1:]
+        loop.tokens[spine_nodes] = new
+        q_by_node = loop.q
+        q_by_node[self.spine[:-1]] = q_new  # q[parent] = proposal of the parent's children
+        # off-spine parents at depth < D use the proposal of their depth's position
+        par, dep = self.tree_parents, self.tree_depth
+        q_level = q_new[dep - 1]  # (T, V) proposal for a node at depth d
+        q_by_node[par] = q_level
+        # K samples without replacement per parent from q_level; rank r takes the r-th
+        g = loop.rng.gumbel(*q_level.shape)
+        cand = torch.topk(torch.log(q_level) + g, self.k, dim=-1).indices
+        tok = cand.gather(1, self.tree_rank[:, None]).squeeze(1)
+        on_spine = torch.isin(self.tree_nodes, spine_nodes)
+        loop.tokens[self.tree_nodes] = torch.where(on_spine, loop.tokens[self.tree_nodes], tok)
