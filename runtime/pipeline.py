@@ -97,7 +97,33 @@ def load_model(*, model: str | None, gpt_model: str | None, gpt_ckpt: str | None
                        recommended_source="model bundle recommendation (manifest.json)")
 
 
-_SPEC_KEYS = ("tree", "depth", "top_k_draft", "total_tokens", "lantern_k", "lantern_delta", "lantern_lambda")
+_SPEC_KEYS = ("tree", "depth", "top_k_draft", "total_tokens", "lantern_k", "lantern_delta", "lantern_lambda",
+              "window", "init", "coupling", "proactive", "accept", "group_window", "group_gap", "group_dist")
+# which methods read each method flag: a flag none of the run's methods reads is refused
+_FLAG_METHODS = {
+    "tree": {"lantern++"}, "depth": {"sd", "eagle2", "lantern"}, "top_k_draft": {"eagle2", "lantern"},
+    "total_tokens": {"eagle2", "lantern"}, "lantern_k": {"lantern", "lantern++", "sjd"},
+    "lantern_delta": {"lantern", "sjd"}, "lantern_lambda": {"lantern++", "sjd"},
+    **{k: {"sjd"} for k in ("window", "init", "coupling", "proactive", "accept",
+                           "group_window", "group_gap", "group_dist")},
+}
+# types of method options given as text (`--methods sjd:coupling=maximal` in runtime bench)
+OPTION_TYPES: dict[str, type] = {"tree": str, "depth": int, "top_k_draft": int, "total_tokens": int,
+                                 "lantern_k": int, "lantern_delta": float, "lantern_lambda": float,
+                                 "window": int, "init": str, "coupling": str, "proactive": str, "accept": str,
+                                 "group_window": int, "group_gap": float, "group_dist": float}
+
+
+def parse_proactive(text: str | None) -> tuple[int, int] | None:
+    """`--proactive K,D` (or KxD; "off"/"none" = no tree) -> (K, D)."""
+    if text is None or text.strip().lower() in ("off", "none", ""):
+        return None
+    parts = text.replace("x", ",").split(",")
+    try:
+        k, d = (int(p) for p in parts)
+    except ValueError:
+        raise UserError(f"--proactive {text!r}: expected K,D such as 3,2 (K children per node, D levels)") from None
+    return k, d
 _SAMPLING_KEYS = ("greedy", "temperature", "top_k", "top_p", "cfg", "cfg_interval")
 _FLAG_NAMES = {"greedy": "--greedy/--sample"}
 
@@ -115,10 +141,14 @@ def _source_of(key: str, layers: list[tuple[str, dict[str, Any]]]) -> str:
     return next((kind for kind, values in layers if values.get(key) is not None), "default")
 
 
-def resolve_spec(method: str | None, flags: dict[str, Any], profile: Any, recommended: dict[str, Any]) -> MethodSpec:
+def resolve_spec(method: str | None, flags: dict[str, Any], profile: Any, recommended: dict[str, Any],
+                 run_methods: Sequence[str] | None = None) -> MethodSpec:
     """MethodSpec from flag > profile > model recommendation > default. `flags` None = unset.
 
-    A cfg_interval >= 0 without guidance (cfg <= 1) would do nothing and is refused.
+    A cfg_interval >= 0 without guidance (cfg <= 1) would do nothing and is refused, and so
+    is a method flag that none of `run_methods` (default: this method) reads. sjd is exact
+    unless --lantern-delta or --lantern-lambda is given as a flag (the model's recommended
+    relaxation is for its drafter methods).
     """
     layers = _layers(flags, profile, recommended)
 
@@ -126,10 +156,26 @@ def resolve_spec(method: str | None, flags: dict[str, Any], profile: Any, recomm
         return next((values[key] for _, values in layers if values.get(key) is not None), default)
 
     name = method or (profile.method.name if profile is not None else None) or recommended.get("method") or "lantern++"
+    users = set(run_methods or [name])
+    for key, readers in _FLAG_METHODS.items():
+        if flags.get(key) is not None and not users & readers:
+            raise UserError(f"--{key.replace('_', '-')} does nothing for --method {'/'.join(sorted(users))} "
+                            f"(it is read by {', '.join(sorted(readers))}); drop it")
     base = MethodSpec()
     sampling = SamplingParams(**{k: pick(k, getattr(SamplingParams(), k)) for k in _SAMPLING_KEYS})
-    spec = MethodSpec(method=name, sampling=sampling,
-                      **{k: pick(k, getattr(base, k)) for k in _SPEC_KEYS})
+    values = {k: pick(k, getattr(base, k)) for k in _SPEC_KEYS}
+    values["proactive"] = parse_proactive(values["proactive"]) if isinstance(values["proactive"], str) else values["proactive"]
+    if name == "sjd":
+        given = [k for k in ("lantern_delta", "lantern_lambda") if flags.get(k) is not None]
+        if len(given) == 2:
+            raise UserError("sjd takes one relaxation: --lantern-delta (additive) or --lantern-lambda "
+                            "(multiplicative), not both")
+        values["relax"] = {"lantern_delta": "delta", "lantern_lambda": "lambda"}[given[0]] if given else "none"
+        if values["accept"] != "grouped":
+            for key in ("group_window", "group_gap", "group_dist"):
+                if flags.get(key) is not None:
+                    raise UserError(f"--{key.replace('_', '-')} does nothing without --accept grouped; drop it")
+    spec = MethodSpec(method=name, sampling=sampling, **values)
     if sampling.cfg_interval >= 0 and not sampling.uses_cfg:
         where = {"flag": "--cfg-interval", "profile": f"profile {getattr(profile, 'name', '?')} cfg_interval",
                  "model": "the model's recommended cfg_interval"}[_source_of("cfg_interval", layers)]
@@ -223,8 +269,8 @@ def run_generation(loaded: LoadedModel, spec: MethodSpec, conditions: Sequence[i
 
 
 def make_decoder(loaded: LoadedModel, spec: MethodSpec, backend: Any) -> Decoder:
-    if spec.drafting != "none" and loaded.drafter is None:
+    if spec.drafting in ("static", "dynamic") and loaded.drafter is None:
         raise UserError(f"method {spec.method} needs a drafter: pass --drafter DIR (a LANTERN drafter "
-                        "folder) or use --method ar")
+                        "folder), use --method sjd (no drafter needed) or --method ar")
     neighbours = neighbours_for(loaded.vq, spec, loaded.config.vocab_size)
     return Decoder(loaded.target, loaded.drafter, spec, neighbours=neighbours, backend=backend)

@@ -50,12 +50,37 @@ def parse_sweep(sweeps: Sequence[str]) -> list[tuple[str, type, str | None, list
     return parsed
 
 
+def parse_method_entry(entry: str) -> PlannedRun:
+    """`sjd:coupling=maximal:proactive=3x2` -> PlannedRun("sjd", {"coupling": "maximal", ...})."""
+    from runtime.core.methods import METHODS
+    from runtime.pipeline import OPTION_TYPES
+
+    name, *options = entry.strip().split(":")
+    if name not in METHODS:
+        raise UserError(f"--methods: unknown method {name!r}; choose from {', '.join(METHODS)}")
+    overrides: dict[str, Any] = {}
+    for opt in options:
+        key, sep, value = opt.partition("=")
+        key = key.replace("-", "_")
+        if not sep or key not in OPTION_TYPES or not value:
+            raise UserError(f"--methods {entry!r}: expected METHOD:KEY=VALUE with KEY one of "
+                            f"{', '.join(sorted(OPTION_TYPES))}")
+        try:
+            overrides[key] = OPTION_TYPES[key](value)
+        except ValueError:
+            raise UserError(f"--methods {entry!r}: {key} must be a {OPTION_TYPES[key].__name__}") from None
+    return PlannedRun(name, overrides)
+
+
 def plan_runs(methods: Sequence[str], sweeps: Sequence[str]) -> list[PlannedRun]:
-    """One run per method; a sweep replaces its method's single run by one run per value."""
+    """One run per method entry (`name` or `name:key=value:...`); a sweep replaces its
+    method's single run by one run per value."""
     plan: list[PlannedRun] = []
     swept = parse_sweep(sweeps)
-    for method in methods:
-        variants = [dict()]
+    for entry in methods:
+        base = parse_method_entry(entry)
+        method = base.method
+        variants = [dict(base.overrides)]
         for field, _, target_method, values in swept:
             if target_method is None and method in ("lantern", "lantern++") or target_method == method:
                 variants = [dict(v, **{field: value}) for v in variants for value in values]
@@ -78,7 +103,9 @@ def bench(loaded: LoadedModel, backend: Any, profile: Any, plan: Sequence[Planne
     """
     started = datetime.now(timezone.utc)
     t0 = time.perf_counter()
-    specs = [resolve_spec(p.method, {**flags, **p.overrides}, profile, loaded.recommended) for p in plan]
+    users = sorted({p.method for p in plan})
+    specs = [resolve_spec(p.method, {**flags, **p.overrides}, profile, loaded.recommended, run_methods=users)
+             for p in plan]
     common = specs[0].sampling
     n = len(conditions)
     total_steps = len(specs) * (warmup + repeats)
@@ -144,7 +171,11 @@ def bench(loaded: LoadedModel, backend: Any, profile: Any, plan: Sequence[Planne
 
 def _label(spec: MethodSpec) -> str:
     d = spec.describe()
-    extra = " ".join(f"{k}={d[k]}" for k in ("tree", "lantern_lambda", "lantern_delta") if k in d)
+    keys = ["tree", "lantern_lambda", "lantern_delta"]
+    if spec.method == "sjd":  # its defaults too, except the switched-off extras
+        keys += ["window", "init", "coupling"] + [k for k, off in (("proactive", None), ("accept", "exact"))
+                                                  if d[k] != off]
+    extra = " ".join(f"{k}={d[k]}" for k in keys if k in d)
     return f"{spec.method} {extra}".strip()
 
 
@@ -167,7 +198,8 @@ def _run_result(spec: MethodSpec, out: Any, latencies: list[float], peak_bytes: 
         tree=d.get("tree", "dynamic" if spec.drafting == "dynamic" else None),
         lantern_k=d.get("lantern_k"), lantern_lambda=d.get("lantern_lambda"), lantern_delta=d.get("lantern_delta"),
         depth=d.get("depth"), top_k_draft=d.get("top_k_draft"), total_tokens=d.get("total_tokens"),
-        graph=bool(backend.graph_mode))
+        graph=bool(backend.graph_mode), window=d.get("window"), init=d.get("init"), coupling=d.get("coupling"),
+        proactive="x".join(map(str, d["proactive"])) if d.get("proactive") else None, accept=d.get("accept"))
     phases = {name: schema.Phase(seconds=float(v["seconds"]), count=int(v["count"]))
               for name, v in out.phases.items()}
     st = out.stats

@@ -1,7 +1,7 @@
 """The bench result file: a versioned, validated JSON record of one `runtime bench` run.
 
 One file holds one device and one workload (model, conditions, seeds, sampling) run with several
-methods (`ar`, `sd`, `eagle2`, `lantern`, `lantern++`, and sweeps of their parameters). Every
+methods (`ar`, `sd`, `eagle2`, `lantern`, `lantern++`, `sjd`, and sweeps of their parameters). Every
 number a report prints is either stored here or derived from stored numbers by a formula named
 in `docs/bench_schema.md`.
 
@@ -176,6 +176,13 @@ class MethodParams:
     top_k_draft: int | None = None
     total_tokens: int | None = None
     graph: bool = False
+    # sjd (Jacobi window) settings: window length, prior, coupling, proactive tree "KxD",
+    # acceptance rule (exact / grouped)
+    window: int | None = None
+    init: str | None = None
+    coupling: str | None = None
+    proactive: str | None = None
+    accept: str | None = None
 
     def label(self) -> str:
         """Short `key=value` text of the set fields, e.g. `tree=t7 k=1000 lambda=2 graph`."""
@@ -187,6 +194,11 @@ class MethodParams:
             ("depth", self.depth),
             ("topk", self.top_k_draft),
             ("total", self.total_tokens),
+            ("window", self.window),
+            ("init", self.init),
+            ("coupling", self.coupling),
+            ("proactive", self.proactive),
+            ("accept", self.accept),
         )
         parts = [f"{name}={_short(value)}" for name, value in names if value is not None]
         if self.graph:
@@ -776,6 +788,9 @@ def _parse_run(obj: dict[str, Any], path: str) -> RunResult:
         top_k_draft=_optional_field(pr, "top_k_draft", pr_path, _integer, minimum=1),
         total_tokens=_optional_field(pr, "total_tokens", pr_path, _integer, minimum=1),
         graph=_field(pr, "graph", pr_path, _boolean),
+        # added with sjd: files written before may lack them
+        window=_optional(_integer, pr.get("window"), _join(pr_path, "window"), minimum=1),
+        **{key: _optional(_string, pr.get(key), _join(pr_path, key)) for key in ("init", "coupling", "proactive", "accept")},
     )
     st_path = _join(path, "stats")
     st = _field(obj, "stats", path, _object)

@@ -15,7 +15,7 @@ from runtime.errors import UserError
 @app.command("bench")
 def bench(
     out: str = typer.Option(..., "--out", help="Result file (JSON, schema in docs/bench_schema.md)."),
-    methods: str = typer.Option("ar,sd,eagle2,lantern,lantern++", "--methods", help="Comma-separated methods; include ar for speedups."),
+    methods: str = typer.Option("ar,sd,eagle2,lantern,lantern++", "--methods", help="Comma-separated methods; include ar for speedups. An entry may carry its own options: sjd:coupling=maximal:proactive=3x2 (a shared --lantern-lambda relaxes sjd too; give it per entry instead)."),
     repeats: Optional[int] = typer.Option(None, "--repeats", help="Timed repeats of the whole workload (default: the profile's)."),
     warmup: Optional[int] = typer.Option(None, "--warmup", help="Untimed warm-up runs per method (default: the profile's)."),
     sweep: list[str] = typer.Option([], "--sweep", help="lambda=1,2,4 | delta=0.05,0.1 | tree=a,b | k=5,10 (repeatable)."),
@@ -49,6 +49,14 @@ def bench(
     depth: opt.Depth = None,
     top_k_draft: opt.TopKDraft = None,
     total_tokens: opt.TotalTokens = None,
+    window: opt.Window = None,
+    init: opt.Init = None,
+    coupling: opt.Coupling = None,
+    proactive: opt.Proactive = None,
+    accept: opt.Accept = None,
+    group_window: opt.GroupWindow = None,
+    group_gap: opt.GroupGap = None,
+    group_dist: opt.GroupDist = None,
     classes: opt.Classes = None,
     num_images: opt.NumImages = None,
     seed: opt.Seed = 0,
@@ -66,10 +74,8 @@ def bench(
     from runtime.pipeline import load_model, parse_classes
 
     method_list = [m.strip() for m in methods.split(",") if m.strip()]
-    unknown = [m for m in method_list if m not in METHODS]
-    if not method_list or unknown:
-        raise UserError(f"--methods: unknown method {unknown[0]!r}; choose from {', '.join(METHODS)}"
-                        if unknown else "--methods is empty")
+    if not method_list:
+        raise UserError(f"--methods is empty; choose from {', '.join(METHODS)}")
     for name, value in (("--repeats", repeats), ("--warmup", warmup)):
         if value is not None and value < (1 if name == "--repeats" else 0):
             raise UserError(f"{name} must be >= {1 if name == '--repeats' else 0}, got {value}")
@@ -77,7 +83,9 @@ def bench(
     flags = opt.MethodFlags(greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, cfg=cfg,
                             cfg_interval=cfg_interval, tree=tree, lantern_k=lantern_k,
                             lantern_delta=lantern_delta, lantern_lambda=lantern_lambda, depth=depth,
-                            top_k_draft=top_k_draft, total_tokens=total_tokens).as_dict()
+                            top_k_draft=top_k_draft, total_tokens=total_tokens, window=window, init=init,
+                            coupling=coupling, proactive=proactive, accept=accept, group_window=group_window,
+                            group_gap=group_gap, group_dist=group_dist).as_dict()
     with use_attention_kernel(attention):  # refuses an unknown kernel before any work
         backend, prof = opt.open_backend(device, profile_name, graph, dtype)
         loaded = load_model(model=model, gpt_model=gpt_model, gpt_ckpt=gpt_ckpt, vq_ckpt=vq_ckpt,
@@ -89,7 +97,8 @@ def bench(
         from runtime.pipeline import resolve_spec
 
         for p in plan:  # refuse bad settings before the long part starts
-            resolve_spec(p.method, {**flags, **p.overrides}, prof, loaded.recommended)
+            resolve_spec(p.method, {**flags, **p.overrides}, prof, loaded.recommended,
+                         run_methods=sorted({q.method for q in plan}))
 
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
             task = bar.add_task("bench", total=None)

@@ -23,7 +23,7 @@ Device = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or hpu.")
 ProfileName = Annotated[Optional[str], typer.Option("--profile-name", help="Hardware profile name (cpu, rtx3090, h100, gaudi2) or a TOML file.")]
 Graph = Annotated[Optional[bool], typer.Option("--graph/--no-graph", help="Capture the fixed-shape steps as device graphs (default: the profile's).")]
 Dtype = Annotated[Optional[str], typer.Option("--dtype", help="bf16, fp16 or fp32 (default: the profile's).")]
-Method = Annotated[Optional[str], typer.Option("--method", help="ar, sd, eagle2, lantern or lantern++.")]
+Method = Annotated[Optional[str], typer.Option("--method", help="ar, sd, eagle2, lantern, lantern++ or sjd (no drafter needed).")]
 Greedy = Annotated[Optional[bool], typer.Option("--greedy/--sample", help="Greedy decoding instead of sampling.")]
 Temperature = Annotated[Optional[float], typer.Option("--temperature")]
 TopK = Annotated[Optional[int], typer.Option("--top-k", help="Target top-k filter (0 = off).")]
@@ -38,6 +38,14 @@ LanternLambda = Annotated[Optional[float], typer.Option("--lantern-lambda", help
 Depth = Annotated[Optional[int], typer.Option("--depth", help="Chain length (sd) or EAGLE-2 tree depth.")]
 TopKDraft = Annotated[Optional[int], typer.Option("--top-k-draft", help="EAGLE-2 children per expanded node.")]
 TotalTokens = Annotated[Optional[int], typer.Option("--total-tokens", help="EAGLE-2 verified tokens per step (root included).")]
+Window = Annotated[Optional[int], typer.Option("--window", help="sjd: draft window length L (default 16).")]
+Init = Annotated[Optional[str], typer.Option("--init", help="sjd: prior of fresh window positions: uniform, repeat-h (token to the left) or repeat-v (token above; default).")]
+Coupling = Annotated[Optional[str], typer.Option("--coupling", help="sjd: how stale drafts are redrafted: none (default), maximal or gumbel.")]
+Proactive = Annotated[Optional[str], typer.Option("--proactive", help="sjd: K,D = a K-ary tree of depth D drafted at the start of the window (SJD-PAC style).")]
+Accept = Annotated[Optional[str], typer.Option("--accept", help="sjd: exact (default) or grouped (GSD-style, lossy; its TVD bound is reported).")]
+GroupWindow = Annotated[Optional[int], typer.Option("--group-window", help="--accept grouped: rank window on each side of the draft (default 7).")]
+GroupGap = Annotated[Optional[float], typer.Option("--group-gap", help="--accept grouped: largest probability gap to the draft (default 0.15).")]
+GroupDist = Annotated[Optional[float], typer.Option("--group-dist", help="--accept grouped: largest squared distance of normalised embedding rows (default 0.5).")]
 Classes = Annotated[Optional[str], typer.Option("--classes", help="Comma-separated class ids, cycled over the images (c2i).")]
 Prompts = Annotated[Optional[str], typer.Option("--prompts", help="Text file, one prompt per line (t2i; needs --t5-path).")]
 T5Path = Annotated[Optional[str], typer.Option("--t5-path", help="Local T5 encoder directory (flan-t5-xl for LlamaGen t2i).")]
@@ -62,6 +70,14 @@ class MethodFlags:
     depth: int | None = None
     top_k_draft: int | None = None
     total_tokens: int | None = None
+    window: int | None = None
+    init: str | None = None
+    coupling: str | None = None
+    proactive: str | None = None
+    accept: str | None = None
+    group_window: int | None = None
+    group_gap: float | None = None
+    group_dist: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)

@@ -56,6 +56,14 @@ def run(
     depth: opt.Depth = None,
     top_k_draft: opt.TopKDraft = None,
     total_tokens: opt.TotalTokens = None,
+    window: opt.Window = None,
+    init: opt.Init = None,
+    coupling: opt.Coupling = None,
+    proactive: opt.Proactive = None,
+    accept: opt.Accept = None,
+    group_window: opt.GroupWindow = None,
+    group_gap: opt.GroupGap = None,
+    group_dist: opt.GroupDist = None,
     classes: opt.Classes = None,
     prompts: opt.Prompts = None,
     t5_path: opt.T5Path = None,
@@ -71,7 +79,9 @@ def run(
     flags = opt.MethodFlags(greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, cfg=cfg,
                             cfg_interval=cfg_interval, tree=tree, lantern_k=lantern_k,
                             lantern_delta=lantern_delta, lantern_lambda=lantern_lambda, depth=depth,
-                            top_k_draft=top_k_draft, total_tokens=total_tokens)
+                            top_k_draft=top_k_draft, total_tokens=total_tokens, window=window, init=init,
+                            coupling=coupling, proactive=proactive, accept=accept, group_window=group_window,
+                            group_gap=group_gap, group_dist=group_dist)
     if num_images is not None and num_images < 1:
         raise UserError(f"--num-images must be >= 1, got {num_images}")
     out_dir = Path(out)

@@ -37,7 +37,6 @@ import math
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 
 from runtime.core.drafting import DraftPolicy
 from runtime.core.rng import gumbel_from_uniform
@@ -94,16 +93,16 @@ class JacobiPolicy(DraftPolicy):
         self.vocab_ids = torch.arange(loop.vocab, device=dev)
         if self.offset:
             self.history_ids = torch.arange(-self.offset, 0, device=dev)
-        tree = self.tree
         if loop.spec.proactive is not None:
             k, d = loop.spec.proactive
-            # off-spine tree nodes at depth 1..D: their depth, rank and parent, for sampling
-            nodes = [i for i in range(1, tree.size) if int(tree.depth[i]) <= d]
-            self.tree_nodes = torch.tensor(nodes, device=dev)
-            self.tree_parents = tree.parent[self.tree_nodes]
-            self.tree_depth = tree.depth[self.tree_nodes]
-            self.tree_rank = tree.rank[self.tree_nodes]
+            tree = self.tree
+            # parents of the K-ary part: every node above depth D, with its children by rank
+            parents = [i for i in range(tree.size) if int(tree.depth[i]) < d]
             self.k = k
+            self.tree_parents = torch.tensor(parents, device=dev)
+            self.tree_parent_depth = tree.depth[self.tree_parents]
+            self.tree_parent_on_spine = torch.tensor([i in self.spine_nodes for i in parents], device=dev)
+            self.tree_children = tree.children[self.tree_parents]  # (M, K), all present
 
     def prefill(self, hidden: torch.Tensor, first: torch.Tensor) -> None:
         self.last_n.fill_(self.window + 1)
@@ -147,7 +146,7 @@ class JacobiPolicy(DraftPolicy):
 
         fresh = self._prior(redraft, stale, noise)
         new = torch.where(stale, redraft, fresh)  # (L,)
-        one_hot = F.one_hot(new, v).to(p_src.dtype)
+        one_hot = torch.zeros_like(p_src).scatter_(1, new[:, None], 1.0)  # (F.one_hot checks on the host)
         q_new = torch.where(stale[:, None], p_src, one_hot)
         if loop.spec.proactive is None:
             loop.tokens[1:] = new
@@ -176,20 +175,18 @@ class JacobiPolicy(DraftPolicy):
 
     def _write_tree(self, new: torch.Tensor, q_new: torch.Tensor, greedy: bool,
                     noise: torch.Tensor | None) -> None:
-        """Proactive tree: the window on the rank-0 spine, K - 1 more samples at each node of
-        the first D levels drawn without replacement from that position's proposal."""
-        loop = self.loop
-        spine_nodes = self.spine[1:]
-        loop.tokens[spine_nodes] = new
-        q_by_node = loop.q
-        q_by_node[self.spine[:-1]] = q_new  # q[parent] = proposal of the parent's children
-        # off-spine parents at depth < D use the proposal of their depth's position
-        par, dep = self.tree_parents, self.tree_depth
-        q_level = q_new[dep - 1]  # (T, V) proposal for a node at depth d
-        q_by_node[par] = q_level
-        # K samples without replacement per parent from q_level; rank r takes the r-th
-        g = loop.rng.gumbel(*q_level.shape)
-        cand = torch.topk(torch.log(q_level) + g, self.k, dim=-1).indices
-        tok = cand.gather(1, self.tree_rank[:, None]).squeeze(1)
-        on_spine = torch.isin(self.tree_nodes, spine_nodes)
-        loop.tokens[self.tree_nodes] = torch.where(on_spine, loop.tokens[self.tree_nodes], tok)
+        """Proactive tree: the window runs along the rank-0 spine; every node above depth D has
+        K children drawn without replacement from the proposal of their position (a spine
+        node's rank-0 child is the window's draft, the others exclude it)."""
+        loop, k = self.loop, self.k
+        loop.tokens[self.spine[1:]] = new
+        loop.q[self.spine[:-1]] = q_new  # q[parent] = the proposal its children were drawn from
+        q_par = q_new[self.tree_parent_depth]  # (M, V) proposal of each parent's children
+        loop.q[self.tree_parents] = q_par
+        first = new[self.tree_parent_depth]  # the spine child's token, for spine parents
+        score = torch.log(q_par) + loop.rng.gumbel(*q_par.shape)
+        taken = self.tree_parent_on_spine[:, None] & (self.vocab_ids[None] == first[:, None])
+        top = torch.topk(score.masked_fill(taken, float("-inf")), k, dim=-1).indices  # (M, K)
+        spine_kids = torch.cat([first[:, None], top[:, : k - 1]], 1)
+        kids = torch.where(self.tree_parent_on_spine[:, None], spine_kids, top)
+        loop.tokens[self.tree_children.reshape(-1)] = kids.reshape(-1)
