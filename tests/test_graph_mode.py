@@ -39,6 +39,19 @@ def test_graph_equals_eager_and_steps_compile_once(method):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("variant", [dict(coupling="maximal", proactive=(2, 2)), dict(coupling="gumbel", accept="grouped")])
+def test_sjd_steps_compile_whole_and_match_eager(variant):
+    target, _ = tiny_pair(vocab=8, sharpness=1.0)
+    spec = MethodSpec("sjd", sampling=SamplingParams(cfg=2.0), window=5, **variant)
+    eager = generate(target, None, spec, [0, 1], seed=1)
+    backend = get_backend("cpu", graph_mode=True)
+    graph = generate(target, None, spec, [0, 1], seed=1, decoder=Decoder(target, None, spec, backend=backend))
+    assert torch.equal(graph.tokens, eager.tokens)
+    assert graph.stats["target_forwards"] == eager.stats["target_forwards"]
+    assert dict(backend.capture_count) == {f"sjd.{s}": 1 for s in ("draft", "verify", "accept")}
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["sd", "lantern", "lantern++"])
 def test_sampled_acceptance_compiles_whole_and_matches_eager(method):
     """Sampling paths (sibling stages over all parents, relaxed and exact) compile fullgraph."""

@@ -28,14 +28,21 @@ class SyncCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("method", ["ar", "sd", "eagle2", "lantern", "lantern++"])
+SJD = {"sjd": {}, "sjd-maximal-pac": dict(coupling="maximal", proactive=(2, 2)),
+       "sjd-gumbel-grouped": dict(coupling="gumbel", accept="grouped")}
+
+
+@pytest.mark.parametrize("method", ["ar", "sd", "eagle2", "lantern", "lantern++", *SJD])
 @pytest.mark.parametrize("greedy", [True, False])
 def test_steps_never_read_the_device(method, greedy):
     target, drafter = tiny_pair(vocab=8)
     nb = compute_neighbours(torch.randn(8, 2), 4)
-    spec = MethodSpec(method=method, sampling=SamplingParams(greedy=greedy, cfg=2.0), tree="small_12",
+    extra = SJD.get(method, {})
+    if greedy and extra:
+        pytest.skip("sampling-only sjd options")
+    spec = MethodSpec(method=method.split("-")[0], sampling=SamplingParams(greedy=greedy, cfg=2.0), tree="small_12",
                       depth=3, top_k_draft=3, total_tokens=10, lantern_k=4, lantern_lambda=3.0,
-                      lantern_delta=0.2)
+                      lantern_delta=0.2, **({"window": 5, **extra} if method in SJD else {}))
     dec = Decoder(target, drafter, spec, neighbours=nb)
     with torch.no_grad():
         dec.prefill(torch.tensor([1]), None, seed=0)
