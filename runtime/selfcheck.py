@@ -26,7 +26,7 @@ from runtime.core import Decoder, MethodSpec, SamplingParams, neighbours_for
 from runtime.core.opcount import phase_ops
 from runtime.core.sampling import sample
 
-METHODS = ("sd", "eagle2", "lantern", "lantern++")
+METHODS = ("sd", "eagle2", "lantern", "lantern++", "sjd")
 
 
 @dataclass

@@ -446,6 +446,15 @@ def _device_section(bench: BenchFile, slug: str) -> list[Block]:
     blocks.append(Table(
         ["method", "params", "speedup", "= tau (AR fwd / fwd)", "x step ratio", "AR step ms", "iteration ms"], drows
     ))
+    relaxed = [r for r in result.runs if r.stats.mean_relaxation_mass]
+    if relaxed:
+        blocks.append(Paragraph(
+            "Lossy runs: the mean, per accepted draft, of the relaxation mass moved onto drafts "
+            "(LANTERN / LANTERN++: the total-variation shift each relaxed stage may cause) or of the "
+            "per-position TVD bound summed over committed positions (`sjd` with `accept=grouped`)."
+        ))
+        blocks.append(Table(["method", "params", "relaxation / TVD bound per accepted draft"],
+                            [[r.method, r.params.label(), _sig(r.stats.mean_relaxation_mass)] for r in relaxed]))
     budget = device_budget_table(result.runs)
     if budget is not None:
         blocks.append(Paragraph(

@@ -24,26 +24,23 @@ Every variant is lossless: a draft's noise never depends on the target it is jud
 distribution it was drawn from. Everything is fixed-shape on the device.
 
 Proactive drafting (`proactive` = (K, D), SJD-PAC style): the verified tree is a K-ary tree of
-depth D under the root, followed by a chain along its rank-0 path out to L drafts. The tree's
-children of a node at depth d are K samples without replacement from the stale proposal of
-that position (the window's p there); the rank-0 path and the chain carry the window as
-above. Multi-candidate acceptance (`accept_sampling`) judges the siblings in turn against the
+depth D under the root (the residual sample committed at the last rejection), followed by a
+chain along its rank-0 path ("spine") out to L drafts. The spine carries the window as above;
+every node above depth D gets K children drawn without replacement from the proposal of their
+position (a spine node's first child is the window's draft, the others exclude it; sampling
+only). Multi-candidate acceptance (`accept_sampling`) judges the siblings in turn against the
 residual, so a rejected first draft leaves K - 1 more chances at each of the first D positions.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
 
 from runtime.core.drafting import DraftPolicy
 from runtime.core.rng import gumbel_from_uniform
 from runtime.core.tree import StaticTree, TreeBuffers, chain_tree, static_buffers, validate_paths
-
-if TYPE_CHECKING:
-    from runtime.core.decoder import Decoder
 
 
 def proactive_tree(k: int, d: int, window: int) -> StaticTree:
@@ -152,7 +149,7 @@ class JacobiPolicy(DraftPolicy):
             loop.tokens[1:] = new
             loop.q[:w] = q_new
         else:
-            self._write_tree(new, q_new, greedy, noise)
+            self._write_tree(new, q_new)
 
     def _prior(self, redraft: torch.Tensor, stale: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
         """Tokens for fresh window positions (L,): the `init` prior (see the module docstring)."""
@@ -173,8 +170,7 @@ class JacobiPolicy(DraftPolicy):
         value = full[o + s]
         return torch.where(loop.count - 1 + s >= 0, value, uniform)
 
-    def _write_tree(self, new: torch.Tensor, q_new: torch.Tensor, greedy: bool,
-                    noise: torch.Tensor | None) -> None:
+    def _write_tree(self, new: torch.Tensor, q_new: torch.Tensor) -> None:
         """Proactive tree: the window runs along the rank-0 spine; every node above depth D has
         K children drawn without replacement from the proposal of their position (a spine
         node's rank-0 child is the window's draft, the others exclude it)."""
