@@ -144,3 +144,17 @@ def test_cli_refuses_flags_no_method_reads(run_cli):
     assert res.exit_code != 0 and "without --accept grouped" in res.stderr
     res = run_cli("run", "--device", "cpu", "--method", "sjd", "--proactive", "three", "--out", "unused")
     assert res.exit_code != 0 and "expected K,D" in res.stderr
+
+
+def test_grouped_near_table_equals_the_per_step_embedding_test():
+    target, _ = tiny_pair(vocab=16)
+    rule = GroupRule.for_target(target, window=3, gap=0.5, dist=1.5)
+    assert rule.near is not None
+    per_step = GroupRule(rule.window, rule.gap, rule.dist, rule.embed)
+    g = torch.Generator().manual_seed(2)
+    r = torch.softmax(torch.randn(5, 16, generator=g), -1)
+    x = torch.randint(0, 16, (5, 4), generator=g)
+    members, inside = rule.cluster(r, x)
+    members2, inside2 = per_step.cluster(r, x)
+    assert torch.equal(members, members2) and torch.equal(inside, inside2)
+    assert inside.sum() > x.numel()  # some clusters hold more than their draft

@@ -29,7 +29,7 @@ returns, a token of target probability 0.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, ClassVar
 
 import torch
 
@@ -368,18 +368,29 @@ class GroupRule:
     within `window` of x's rank, whose probability differs from r(x) by less than `gap`, and
     whose input-embedding rows (L2-normalised, so the threshold does not depend on the
     model's embedding scale; GSD uses raw rows) lie within squared distance `dist` of x's.
-    x is always in its cluster. embed: (V, dim) float32 normalised rows.
+    x is always in its cluster. embed: (V, dim) float32 normalised rows; near: (V, V) bool
+    table of the embedding test, precomputed where it is small (see `for_target`), else None
+    and the test is computed per step.
     """
 
     window: int
     gap: float
     dist: float
     embed: torch.Tensor
+    near: torch.Tensor | None = None
+
+    # the (V, V) table is built when it costs at most this many entries / multiply-adds
+    TABLE_ENTRIES: ClassVar[int] = 1 << 26
+    TABLE_FLOPS: ClassVar[int] = 1 << 33
 
     @classmethod
     def for_target(cls, target: torch.nn.Module, window: int, gap: float, dist: float) -> "GroupRule":
         emb = F.normalize(target.tok_embeddings.weight.detach().float(), dim=-1)
-        return cls(window, gap, dist, emb)
+        v, dim = emb.shape
+        near = None
+        if v * v <= cls.TABLE_ENTRIES and v * v * dim <= cls.TABLE_FLOPS:
+            near = torch.cat([(2.0 - 2.0 * emb[i:i + 1024] @ emb.T) < dist for i in range(0, v, 1024)])
+        return cls(window, gap, dist, emb, near)
 
     def cluster(self, r: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """r (P, V), x (P, m) -> members (P, m, 2W+1) long and inside (P, m, 2W+1) bool."""
@@ -391,8 +402,14 @@ class GroupRule:
         valid = (pos >= 0) & (pos < v)
         members = order.gather(-1, pos.clamp(0, v - 1).view(n_par, -1)).view(n_par, m, -1)
         close = (r.gather(-1, members.view(n_par, -1)).view(members.shape) - r.gather(-1, x)[..., None]).abs() < self.gap
-        near = (self.embed[members] - self.embed[x][..., None, :]).square().sum(-1) < self.dist
-        return members, valid & close & near
+        if self.near is not None:
+            near = self.near.index_select(0, x.reshape(-1)).gather(1, members.view(n_par * m, -1))
+        else:  # unit rows: |a - b|^2 = 2 - 2 a.b
+            dim = self.embed.size(1)
+            e_m = self.embed.index_select(0, members.reshape(-1)).view(n_par * m, -1, dim)
+            e_x = self.embed.index_select(0, x.reshape(-1)).view(n_par * m, 1, dim)
+            near = (2.0 - 2.0 * (e_m * e_x).sum(-1)) < self.dist
+        return members, valid & close & near.view(members.shape)
 
     def acceptance(self, r: torch.Tensor, q: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """min(1, r(C_x) / q(C_x)) for drafts x (P, m) at targets r and proposals q (P, V)."""
