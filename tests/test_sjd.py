@@ -158,3 +158,17 @@ def test_grouped_near_table_equals_the_per_step_embedding_test():
     members2, inside2 = per_step.cluster(r, x)
     assert torch.equal(members, members2) and torch.equal(inside, inside2)
     assert inside.sum() > x.numel()  # some clusters hold more than their draft
+
+
+def test_bench_method_entries_carry_their_own_options():
+    from runtime.bench.runner import plan_runs
+    from runtime.pipeline import parse_proactive
+
+    plan = plan_runs(["ar", "sjd:coupling=maximal:proactive=4x1", "sjd:window=8"], [])
+    assert [(p.method, p.overrides) for p in plan] == [
+        ("ar", {}), ("sjd", {"coupling": "maximal", "proactive": "4x1"}), ("sjd", {"window": 8})]
+    assert parse_proactive("4x1") == (4, 1) == parse_proactive("4,1") and parse_proactive("off") is None
+    for bad, match in (("sjd:window=eight", "window must be an integer"), ("sjd:colour=red", "KEY one of"),
+                       ("jacobi", "unknown method")):
+        with pytest.raises(UserError, match=match):
+            plan_runs([bad], [])

@@ -68,7 +68,8 @@ def parse_method_entry(entry: str) -> PlannedRun:
         try:
             overrides[key] = OPTION_TYPES[key](value)
         except ValueError:
-            raise UserError(f"--methods {entry!r}: {key} must be a {OPTION_TYPES[key].__name__}") from None
+            kind = {int: "an integer", float: "a number"}.get(OPTION_TYPES[key], "text")
+            raise UserError(f"--methods {entry!r}: {key} must be {kind}") from None
     return PlannedRun(name, overrides)
 
 
