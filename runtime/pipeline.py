@@ -97,8 +97,6 @@ def load_model(*, model: str | None, gpt_model: str | None, gpt_ckpt: str | None
                        recommended_source="model bundle recommendation (manifest.json)")
 
 
-_SPEC_KEYS = ("tree", "depth", "top_k_draft", "total_tokens", "lantern_k", "lantern_delta", "lantern_lambda",
-              "window", "init", "coupling", "proactive", "accept", "group_window", "group_gap", "group_dist")
 # which methods read each method flag: a flag none of the run's methods reads is refused
 _FLAG_METHODS = {
     "tree": {"lantern++"}, "depth": {"sd", "eagle2", "lantern"}, "top_k_draft": {"eagle2", "lantern"},
@@ -112,6 +110,7 @@ OPTION_TYPES: dict[str, type] = {"tree": str, "depth": int, "top_k_draft": int, 
                                  "lantern_k": int, "lantern_delta": float, "lantern_lambda": float,
                                  "window": int, "init": str, "coupling": str, "proactive": str, "accept": str,
                                  "group_window": int, "group_gap": float, "group_dist": float}
+_SPEC_KEYS = tuple(OPTION_TYPES)  # the MethodSpec fields a flag, profile or model can set
 
 
 def parse_proactive(text: str | None) -> tuple[int, int] | None:
@@ -124,6 +123,8 @@ def parse_proactive(text: str | None) -> tuple[int, int] | None:
     except ValueError:
         raise UserError(f"--proactive {text!r}: expected K,D such as 3,2 (K children per node, D levels)") from None
     return k, d
+
+
 _SAMPLING_KEYS = ("greedy", "temperature", "top_k", "top_p", "cfg", "cfg_interval")
 _FLAG_NAMES = {"greedy": "--greedy/--sample"}
 
@@ -269,7 +270,7 @@ def run_generation(loaded: LoadedModel, spec: MethodSpec, conditions: Sequence[i
 
 
 def make_decoder(loaded: LoadedModel, spec: MethodSpec, backend: Any) -> Decoder:
-    if spec.drafting in ("static", "dynamic") and loaded.drafter is None:
+    if spec.needs_drafter and loaded.drafter is None:
         raise UserError(f"method {spec.method} needs a drafter: pass --drafter DIR (a LANTERN drafter "
                         "folder), use --method sjd (no drafter needed) or --method ar")
     neighbours = neighbours_for(loaded.vq, spec, loaded.config.vocab_size)

@@ -80,12 +80,7 @@ def bench(
         if value is not None and value < (1 if name == "--repeats" else 0):
             raise UserError(f"{name} must be >= {1 if name == '--repeats' else 0}, got {value}")
     plan = plan_runs(method_list, sweep)
-    flags = opt.MethodFlags(greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, cfg=cfg,
-                            cfg_interval=cfg_interval, tree=tree, lantern_k=lantern_k,
-                            lantern_delta=lantern_delta, lantern_lambda=lantern_lambda, depth=depth,
-                            top_k_draft=top_k_draft, total_tokens=total_tokens, window=window, init=init,
-                            coupling=coupling, proactive=proactive, accept=accept, group_window=group_window,
-                            group_gap=group_gap, group_dist=group_dist).as_dict()
+    flags = opt.MethodFlags.pick(locals()).as_dict()
     with use_attention_kernel(attention):  # refuses an unknown kernel before any work
         backend, prof = opt.open_backend(device, profile_name, graph, dtype)
         loaded = load_model(model=model, gpt_model=gpt_model, gpt_ckpt=gpt_ckpt, vq_ckpt=vq_ckpt,

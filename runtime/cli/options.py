@@ -6,7 +6,7 @@ then to the model's recommended settings (see runtime.pipeline.resolve_spec).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Annotated, Any, Optional
 
 import typer
@@ -78,6 +78,11 @@ class MethodFlags:
     group_window: int | None = None
     group_gap: float | None = None
     group_dist: float | None = None
+
+    @classmethod
+    def pick(cls, params: dict[str, Any]) -> "MethodFlags":
+        """The method flags among a command's parameters (its `locals()`)."""
+        return cls(**{f.name: params[f.name] for f in fields(cls)})
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)

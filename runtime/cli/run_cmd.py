@@ -76,12 +76,7 @@ def run(
     from runtime.models.layers import set_attention_kernel
     from runtime.pipeline import load_model, make_decoder, resolve_spec, run_generation, sampling_sources
 
-    flags = opt.MethodFlags(greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, cfg=cfg,
-                            cfg_interval=cfg_interval, tree=tree, lantern_k=lantern_k,
-                            lantern_delta=lantern_delta, lantern_lambda=lantern_lambda, depth=depth,
-                            top_k_draft=top_k_draft, total_tokens=total_tokens, window=window, init=init,
-                            coupling=coupling, proactive=proactive, accept=accept, group_window=group_window,
-                            group_gap=group_gap, group_dist=group_dist)
+    flags = opt.MethodFlags.pick(locals())
     if num_images is not None and num_images < 1:
         raise UserError(f"--num-images must be >= 1, got {num_images}")
     out_dir = Path(out)

@@ -427,11 +427,18 @@ class GroupRule:
         |a(x) - min(1, r(x)/q(x))|; so TVD <= E_q|a - a0|, summed here over q's top
         `candidates` tokens, plus q's remaining mass counted as fully different.
         """
+        return self.judge(r, q, None, candidates)[1]
+
+    def judge(self, r: torch.Tensor, q: torch.Tensor, x: torch.Tensor | None,
+              candidates: int = MIXTURE_CANDIDATES) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """(acceptance of drafts x (P, 1) or None, `bound` (P,)), from one ranking of r."""
         top = torch.topk(q, min(candidates, q.size(-1)), dim=-1)
-        x, qx = top.indices, top.values
-        a = self.acceptance(r, q, x)
-        a0 = torch.where(qx > 0, r.gather(-1, x) / qx.clamp(min=_EPS), 0.0).clamp(max=1.0)
-        return (qx * (a - a0).abs()).sum(-1) + (1.0 - qx.sum(-1)).clamp(min=0.0)
+        cand, qx = top.indices, top.values
+        a_all = self.acceptance(r, q, cand if x is None else torch.cat([x, cand], 1))
+        a = a_all[:, -cand.size(1):]
+        a0 = torch.where(qx > 0, r.gather(-1, cand) / qx.clamp(min=_EPS), 0.0).clamp(max=1.0)
+        bound = (qx * (a - a0).abs()).sum(-1) + (1.0 - qx.sum(-1)).clamp(min=0.0)
+        return (None if x is None else a_all[:, 0]), bound
 
 
 def accept_grouped(tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor, tree: TreeBuffers,
@@ -454,9 +461,9 @@ def accept_grouped(tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor, tree:
     flat_p, flat_q = p.reshape(b * n1, v), q.reshape(b * n1, v)
     child = tree.children[:, 0]  # (N+1,) -1 at the leaf
     x = tokens[:, child.clamp(min=0)].reshape(b * n1, 1)
-    a_par = rule.acceptance(flat_p, flat_q, x).view(b, n1)
-    a_par = torch.where(child >= 0, a_par, 0.0)
-    bound_par = rule.bound(flat_p, flat_q).view(b, n1) * (child >= 0)
+    a_par, bound_par = rule.judge(flat_p, flat_q, x)
+    a_par = torch.where(child >= 0, a_par.view(b, n1), 0.0)
+    bound_par = bound_par.view(b, n1) * (child >= 0)
     a = a_par[:, tree.parent]  # node i judged at its parent
     win = (u < a) | (tree.depth == 0)[None]
     all_ok = ~(tree.ancestor_mask[None] & ~win[:, None, :]).any(-1)

@@ -24,7 +24,8 @@ from typing import Any, Callable
 
 import torch
 
-from runtime.core.acceptance import Accepted, Relaxation, accept_greedy, accept_grouped, accept_sampling
+from runtime.core.acceptance import (Accepted, GroupRule, Relaxation, accept_greedy, accept_grouped,
+                                     accept_sampling)
 from runtime.core.drafting import make_policy
 from runtime.core.methods import MethodSpec
 from runtime.core.opcount import kernels_generated
@@ -116,7 +117,7 @@ class Decoder:
         self.num_tokens = cfg.block_size
         self.cls = cfg.cls_token_num
         self.vocab = cfg.vocab_size
-        if spec.drafting in ("static", "dynamic") and drafter is None:
+        if spec.needs_drafter and drafter is None:
             raise UserError(f"method {spec.method} needs a drafter; pass --drafter DIR or use --method ar")
         dev = self.device
         self.cond_mask: torch.Tensor | None = None  # (rows, cls) of the image being generated
@@ -139,7 +140,6 @@ class Decoder:
         self.relax = Relaxation(kind, spec.lantern_delta, spec.lantern_lambda, neighbours)
         self.group = None
         if spec.accept == "grouped":
-            from runtime.core.acceptance import GroupRule
             self.group = GroupRule.for_target(target, spec.group_window, spec.group_gap, spec.group_dist)
 
         # -- state (fixed shapes; identities never change) -----------------------------------

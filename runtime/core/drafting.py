@@ -108,7 +108,6 @@ class DrafterPolicy(DraftPolicy):
         self.pend_tokens = torch.zeros(m, dtype=torch.long, device=dev)
         self.pend_hidden = torch.zeros(rows, m, loop.target.config.dim, device=dev, dtype=loop.dtype)
         self.pend_count = torch.ones((), dtype=torch.long, device=dev)
-        self.block_ids = torch.arange(m, device=dev)
         self.causal_m = torch.ones(m, m, dtype=torch.bool, device=dev).tril()
 
     def prefill(self, hidden: torch.Tensor, first: torch.Tensor) -> None:
@@ -137,7 +136,7 @@ class DrafterPolicy(DraftPolicy):
     def _level0(self) -> torch.Tensor:
         """Drafter over the last accepted block; returns the root's drafter output (rows, dim)."""
         loop = self.loop
-        positions = self.dcache.length + self.block_ids
+        positions = self.dcache.length + loop.block_ids
         out = loop.drafter.forward_cached(loop.expand_rows(self.pend_tokens), self.pend_hidden, positions,
                                           self.causal_m, self.dcache)
         root = out.index_select(1, (self.pend_count - 1).view(1)).squeeze(1)

@@ -119,9 +119,10 @@ class JacobiPolicy(DraftPolicy):
         src = spine[(j - 1).clamp(max=w - 1)]  # old node whose p predicts old node j
         p_src = loop.p[src]  # (L, V) stale proposal of each new position
         old_tok = loop.tokens[spine[j.clamp(max=w)]]
-        noise = None if greedy else loop.rng.uniform(w, v + 2)
-
         coupling = loop.spec.coupling
+        # columns: keep test (maximal), prior, then Gumbel rows unless the coupling keys its own
+        noise = None if greedy else loop.rng.uniform(w, 2 if coupling == "gumbel" else v + 2)
+
         if greedy:
             redraft = p_src.argmax(-1)
         elif coupling == "gumbel":

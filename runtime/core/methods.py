@@ -134,6 +134,11 @@ class MethodSpec:
         return {"ar": "none", "sd": "static", "lantern++": "static", "sjd": "jacobi"}.get(self.method, "dynamic")
 
     @property
+    def needs_drafter(self) -> bool:
+        """Whether the method drafts with a trained drafter head (sd, eagle2, lantern, lantern++)."""
+        return self.drafting in ("static", "dynamic")
+
+    @property
     def own_relaxation(self) -> str:
         return {"lantern": "delta", "lantern++": "lambda"}.get(self.method, "none")
 
