@@ -254,6 +254,10 @@ class Backend(abc.ABC):
     def reset_peak_memory(self) -> None:
         """Start a new peak-memory window."""
 
+    def free_memory(self) -> int | None:
+        """Bytes the device can still allocate, or None where that is not known (CPU)."""
+        return None
+
     # -- profiler ------------------------------------------------------------------------------
 
     def profiler_activities(self) -> list[torch.profiler.ProfilerActivity]:

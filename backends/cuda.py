@@ -121,6 +121,11 @@ class CudaBackend(Backend):
     def reset_peak_memory(self) -> None:
         torch.cuda.reset_peak_memory_stats(self._device)
 
+    def free_memory(self) -> int | None:
+        """Free bytes on the GPU once the caching allocator has returned its unused blocks."""
+        torch.cuda.empty_cache()
+        return int(torch.cuda.mem_get_info(self._device)[0])
+
     def profiler_activities(self) -> list[torch.profiler.ProfilerActivity]:
         return [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
 

@@ -170,6 +170,10 @@ class HpuBackend(Backend):
     def reset_peak_memory(self) -> None:
         self._htorch.hpu.reset_peak_memory_stats()
 
+    def free_memory(self) -> int | None:
+        """``Limit - InUse`` of the card's memory pool (``hpu.mem_get_info()[0]``)."""
+        return int(self._htorch.hpu.mem_get_info()[0])
+
     def profiler_activities(self) -> list[torch.profiler.ProfilerActivity]:
         # The bridge replaces ProfilerActivity with an enum that has HPU; stock torch may lack it.
         activity = torch.profiler.ProfilerActivity

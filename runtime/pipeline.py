@@ -7,6 +7,7 @@ defaults of LlamaGen's own sampling scripts, by model kind), the code default.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -259,8 +260,9 @@ def run_generation(loaded: LoadedModel, spec: MethodSpec, conditions: Sequence[i
     decoder.timer = timer
     backend.synchronize()
     start = time.perf_counter()
-    result = generate(loaded.target, loaded.drafter, spec, conditions, cond_masks=cond_masks, seed=seed,
-                      indices=indices, decoder=decoder, on_image=on_image)
+    with out_of_memory_as_user_error(decoder, backend):
+        result = generate(loaded.target, loaded.drafter, spec, conditions, cond_masks=cond_masks, seed=seed,
+                          indices=indices, decoder=decoder, on_image=on_image)
     with timer.phase("decode"):
         images = decode_tokens(loaded.vq, result.tokens)
     backend.synchronize()
@@ -269,9 +271,38 @@ def run_generation(loaded: LoadedModel, spec: MethodSpec, conditions: Sequence[i
     return RunOutput(result.tokens, images, result.stats, result.seeds, total, timer.summary())
 
 
-def make_decoder(loaded: LoadedModel, spec: MethodSpec, backend: Any) -> Decoder:
+def make_decoder(loaded: LoadedModel, spec: MethodSpec, backend: Any, batch_size: int = 1) -> Decoder:
     if spec.needs_drafter and loaded.drafter is None:
         raise UserError(f"method {spec.method} needs a drafter: pass --drafter DIR (a LANTERN drafter "
                         "folder), use --method sjd (no drafter needed) or --method ar")
     neighbours = neighbours_for(loaded.vq, spec, loaded.config.vocab_size)
-    return Decoder(loaded.target, loaded.drafter, spec, neighbours=neighbours, backend=backend)
+    with out_of_memory_as_user_error(None, backend, batch_size):
+        return Decoder(loaded.target, loaded.drafter, spec, neighbours=neighbours, backend=backend,
+                       batch_size=batch_size)
+
+
+@contextlib.contextmanager
+def out_of_memory_as_user_error(decoder: Decoder | None, backend: Any, batch_size: int | None = None):
+    """Turn the device's out-of-memory error into one line naming a batch size that should fit.
+
+    The decode state (KV caches, p/q buffers) grows linearly with the batch; the suggestion is
+    the largest batch whose state, counted twice for activations and workspace, fits in the
+    memory the device reports free once this attempt's buffers are released.
+    """
+    try:
+        yield
+    except torch.OutOfMemoryError:
+        b = decoder.batch if decoder is not None else batch_size or 1
+        per_image = decoder.state_bytes() / b if decoder is not None else None
+        decoder = None
+        free = backend.free_memory() if backend is not None else None
+        hint = ""
+        if per_image and free:
+            fits = int(free // (2 * per_image))
+            hint = (f"; its decode state takes about {per_image / 2**20:.0f} MiB per image and "
+                    f"{free / 2**30:.1f} GiB are free, so --batch-size {max(fits, 1)} should fit")
+            if fits < 1:
+                hint += " (if even 1 does not: a smaller tree, --dtype bf16, or a larger device)"
+        elif b > 1:
+            hint = f"; try --batch-size {b // 2}"
+        raise UserError(f"batch size {b} does not fit in {backend.name} memory (out of memory){hint}") from None

@@ -10,7 +10,8 @@ flag, profile, model bundle, code default.
 Schema (every key of a section is listed in :data:`SCHEMA`; anything else is refused)::
 
     description = "one line"            # optional
-    [device]  dtype = "bf16"|"fp16"|"fp32"; graph = true|false; hpu_mode = "lazy"|"eager" (optional)
+    [device]  dtype = "bf16"|"fp16"|"fp32"; graph = true|false; optional: hpu_mode = "lazy"|"eager",
+              batch_size = 1 (images decoded together; `--batch-size` overrides it)
     [tree]    name = "naive_extend_57"   # a preset name or a path (relative to the profile file)
     [method]  name = "ar"|"sd"|"eagle2"|"lantern"|"lantern++"; optional: lantern_k, lantern_lambda,
               lantern_delta, temperature, top_k, top_p, cfg, cfg_interval, greedy, depth, top_k_draft,
@@ -51,11 +52,13 @@ _NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
 
 @dataclass(frozen=True)
 class DeviceSettings:
-    """``[device]``: floating-point dtype, graph mode, and (Gaudi only) the bridge's execution mode."""
+    """``[device]``: floating-point dtype, graph mode, (Gaudi only) the bridge's execution mode,
+    and how many images decode together (``batch_size``)."""
 
     dtype: str
     graph: bool
     hpu_mode: str | None = None
+    batch_size: int = 1
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -196,6 +199,7 @@ SCHEMA: dict[str, dict[str, _Key]] = {
         "dtype": _Key(_choice(DTYPE_NAMES), required=True),
         "graph": _Key(_boolean, required=True),
         "hpu_mode": _Key(_choice(HPU_MODES)),
+        "batch_size": _Key(_integer(1)),
     },
     "tree": {
         "name": _Key(_nonempty_string, required=True),

@@ -42,7 +42,7 @@ def test_incremental_decoding_equals_full_forward(model_type):
         hidden = [model.prefill(cond, cache, mask)[:, -1:]]
         one = torch.ones(1, 1, dtype=torch.bool)
         for k in range(model.config.block_size - 1):
-            pos = cache.length.view(1).clone()
+            pos = cache.length[:, None].clone()
             h = model.forward_cached(model.tok_embeddings(idx[:, k:k + 1]), pos, one, cache)
             cache.advance(1)
             hidden.append(h)
@@ -86,10 +86,10 @@ def test_tree_block_equals_sequential_branches_and_compaction():
         cache = model.new_cache(2, 32, "cpu")
         model.prefill(cond, cache)
         causal = torch.ones(3, 3, dtype=torch.bool).tril()
-        model.forward_cached(model.tok_embeddings(prefix), cache.length + torch.arange(3), causal, cache)
+        model.forward_cached(model.tok_embeddings(prefix), cache.length[:, None] + torch.arange(3), causal, cache)
         cache.advance(3)
-        base_len = int(cache.length)
-        tree_hidden = model.forward_cached(model.tok_embeddings(tokens), cache.length + depth, anc, cache)
+        base_len = int(cache.length[0])
+        tree_hidden = model.forward_cached(model.tok_embeddings(tokens), cache.length[:, None] + depth, anc, cache)
 
         for leaf in (5, 4):
             path = _path_of(leaf, parents)
@@ -97,28 +97,28 @@ def test_tree_block_equals_sequential_branches_and_compaction():
             model.prefill(cond, ref)
             seq = torch.cat([prefix, tokens[:, path]], dim=1)
             n = seq.size(1)
-            h = model.forward_cached(model.tok_embeddings(seq), ref.length + torch.arange(n),
+            h = model.forward_cached(model.tok_embeddings(seq), ref.length[:, None] + torch.arange(n),
                                      torch.ones(n, n, dtype=torch.bool).tril(), ref)
             torch.testing.assert_close(tree_hidden[:, path], h[:, 3:], atol=1e-5, rtol=1e-4)
 
         # commit the path root->2->4 and check the cache equals decoding that path directly
         path = torch.tensor([0, 2, 4, 0])  # padded to fixed length; count=3
-        cache.commit(path, torch.tensor(3))
-        assert int(cache.length) == base_len + 3
+        cache.commit(path.expand(2, -1), torch.tensor([3, 3]))
+        assert cache.length.tolist() == [base_len + 3] * 2
         ref = model.new_cache(2, 32, "cpu")
         model.prefill(cond, ref)
         seq = torch.cat([prefix, tokens[:, [0, 2, 4]]], dim=1)
-        model.forward_cached(model.tok_embeddings(seq), ref.length + torch.arange(6),
+        model.forward_cached(model.tok_embeddings(seq), ref.length[:, None] + torch.arange(6),
                              torch.ones(6, 6, dtype=torch.bool).tril(), ref)
         ref.advance(6)
-        n = int(ref.length)
+        n = int(ref.length[0])
         for mine, theirs in zip(cache.k + cache.v, ref.k + ref.v):
             torch.testing.assert_close(mine[:, :, :n], theirs[:, :, :n], atol=1e-5, rtol=1e-4)
         # and the next token decodes identically from both caches
         nxt = torch.randint(0, 32, (2, 1))
         one = torch.ones(1, 1, dtype=torch.bool)
-        a = model.forward_cached(model.tok_embeddings(nxt), cache.length.view(1), one, cache)
-        b = model.forward_cached(model.tok_embeddings(nxt), ref.length.view(1), one, ref)
+        a = model.forward_cached(model.tok_embeddings(nxt), cache.length[:, None], one, cache)
+        b = model.forward_cached(model.tok_embeddings(nxt), ref.length[:, None], one, ref)
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
 

@@ -4,7 +4,8 @@ Each run (a method, possibly with a swept parameter) builds its decoder once, ru
 workload `warmup` times untimed (graph capture, compilation, caches), then `repeats` times
 timed with the backend's device-synchronised timer, the methods' timed repeats interleaved
 round-robin by default. Latency of a repeat = wall time for all images; speedup = AR p50 /
-method p50 from this same process.
+method p50 from this same process, AR at the same batch size (`--batch-size`, `--sweep
+batch=1,4,8`: every method runs at every swept size, AR included).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from runtime.errors import UserError
 from runtime.pipeline import LoadedModel, make_decoder, resolve_spec, run_generation
 
 SWEEP_KEYS = {"lambda": ("lantern_lambda", float, "lantern++"), "delta": ("lantern_delta", float, "lantern"),
-              "tree": ("tree", str, "lantern++"), "k": ("lantern_k", int, None)}
+              "tree": ("tree", str, "lantern++"), "k": ("lantern_k", int, None), "batch": ("batch_size", int, "*")}
 TIMERS = {"cpu": "perf_counter", "cuda": "cuda_events", "hpu": "synchronize+perf_counter"}
 
 
@@ -32,6 +33,7 @@ TIMERS = {"cpu": "perf_counter", "cuda": "cuda_events", "hpu": "synchronize+perf
 class PlannedRun:
     method: str
     overrides: dict[str, Any]
+    batch_size: int | None = None  # None: the command's --batch-size (or the profile's)
 
 
 def parse_sweep(sweeps: Sequence[str]) -> list[tuple[str, type, str | None, list[Any]]]:
@@ -46,6 +48,8 @@ def parse_sweep(sweeps: Sequence[str]) -> list[tuple[str, type, str | None, list
             vals = [cast(v) for v in values.split(",") if v != ""]
         except ValueError:
             raise UserError(f"--sweep {text!r}: {key} values must be {cast.__name__}s") from None
+        if key == "batch" and any(v < 1 for v in vals):
+            raise UserError(f"--sweep {text!r}: batch sizes must be >= 1")
         parsed.append((field, cast, method, vals))
     return parsed
 
@@ -83,15 +87,17 @@ def plan_runs(methods: Sequence[str], sweeps: Sequence[str]) -> list[PlannedRun]
         method = base.method
         variants = [dict(base.overrides)]
         for field, _, target_method, values in swept:
-            if target_method is None and method in ("lantern", "lantern++") or target_method == method:
+            if (target_method is None and method in ("lantern", "lantern++") or target_method == method
+                    or target_method == "*"):
                 variants = [dict(v, **{field: value}) for v in variants for value in values]
-        plan.extend(PlannedRun(method, v) for v in variants)
+        plan.extend(PlannedRun(method, {k: x for k, x in v.items() if k != "batch_size"}, v.get("batch_size"))
+                    for v in variants)
     return plan
 
 
 def bench(loaded: LoadedModel, backend: Any, profile: Any, plan: Sequence[PlannedRun], flags: dict[str, Any],
           conditions: Sequence[int], *, seed: int, warmup: int, repeats: int, quality: bool,
-          command_line: Sequence[str], interleave: bool = True,
+          command_line: Sequence[str], interleave: bool = True, batch_size: int = 1,
           progress: Callable[[str, int, int], None] | None = None) -> schema.BenchResult:
     """Run every planned method on the same workload and return a validated BenchResult.
 
@@ -101,12 +107,14 @@ def bench(loaded: LoadedModel, backend: Any, profile: Any, plan: Sequence[Planne
     methods alike instead of on whichever method happened to be running. It keeps every
     method's decoder (and graphs) alive at once; interleave=False times each method's repeats
     back to back and frees its decoder before the next, for devices short of memory.
+    batch_size: images per decode for runs whose plan does not set one (a `batch` sweep).
     """
     started = datetime.now(timezone.utc)
     t0 = time.perf_counter()
     users = sorted({p.method for p in plan})
     specs = [resolve_spec(p.method, {**flags, **p.overrides}, profile, loaded.recommended, run_methods=users)
              for p in plan]
+    batches = [p.batch_size or batch_size for p in plan]
     common = specs[0].sampling
     n = len(conditions)
     total_steps = len(specs) * (warmup + repeats)
@@ -128,13 +136,13 @@ def bench(loaded: LoadedModel, backend: Any, profile: Any, plan: Sequence[Planne
             last[i] = out
         done += 1
         if progress is not None:
-            progress(_label(specs[i]), done, total_steps)
+            progress(_label(specs[i], batches[i]), done, total_steps)
 
     ops: list[dict[str, schema.DeviceOps]] = [{} for _ in specs]
     if interleave:
         decoders = []
         for i, spec in enumerate(specs):
-            decoders.append(make_decoder(loaded, spec, backend))
+            decoders.append(make_decoder(loaded, spec, backend, batch_size=batches[i]))
             for _ in range(warmup):
                 one_pass(i, decoders[i], timed=False)
         for r in range(repeats):
@@ -145,13 +153,13 @@ def bench(loaded: LoadedModel, backend: Any, profile: Any, plan: Sequence[Planne
         del decoders
     else:
         for i, spec in enumerate(specs):
-            decoder = make_decoder(loaded, spec, backend)
+            decoder = make_decoder(loaded, spec, backend, batch_size=batches[i])
             for r in range(warmup + repeats):
                 one_pass(i, decoder, timed=r >= warmup)
             ops[i] = _device_ops(decoder, conditions, backend)
             del decoder
     runs = [_run_result(spec, last[i], latencies[i], max(peaks[i], default=None), n, backend, loaded,
-                        conditions, quality, ops[i]) for i, spec in enumerate(specs)]
+                        conditions, quality, ops[i], batches[i]) for i, spec in enumerate(specs)]
     info = backend.info()
     versions = {k: str(info[k]) for k in ("torch", "cuda", "driver", "synapseai") if info.get(k)}
     device = schema.DeviceInfo(backend=backend.name, name=str(info.get("name", backend.name)),
@@ -170,13 +178,15 @@ def bench(loaded: LoadedModel, backend: Any, profile: Any, plan: Sequence[Planne
     return schema.make_bench(device, workload, env, runs)
 
 
-def _label(spec: MethodSpec) -> str:
+def _label(spec: MethodSpec, batch_size: int = 1) -> str:
     d = spec.describe()
     keys = ["tree", "lantern_lambda", "lantern_delta"]
     if spec.method == "sjd":  # its defaults too, except the switched-off extras
         keys += ["window", "init", "coupling"] + [k for k, off in (("proactive", None), ("accept", "exact"))
                                                   if d[k] != off]
     extra = " ".join(f"{k}={d[k]}" for k in keys if k in d)
+    if batch_size > 1:
+        extra += f" batch={batch_size}"
     return f"{spec.method} {extra}".strip()
 
 
@@ -186,21 +196,22 @@ def _device_ops(decoder: Any, conditions: Sequence[Any], backend: Any) -> dict[s
     first = conditions[0]
     if not isinstance(first, (int, np.integer)):
         return {}  # caption workloads: the count needs the prepared caption features
-    ops = phase_ops(decoder, torch.tensor([int(first)], device=backend.device), seed=0)
+    ops = phase_ops(decoder, torch.tensor([int(first)] * decoder.batch, device=backend.device), seed=0)
     return {phase: schema.DeviceOps(ops_per_iteration=float(n), kernels_per_step=decoder.kernels_per_step.get(phase))
             for phase, n in ops.items()}
 
 
 def _run_result(spec: MethodSpec, out: Any, latencies: list[float], peak_bytes: int | None, n: int, backend: Any,
                 loaded: LoadedModel, conditions: Sequence[int], quality: bool,
-                device_ops: dict[str, schema.DeviceOps] | None = None) -> schema.RunResult:
+                device_ops: dict[str, schema.DeviceOps] | None = None, batch_size: int = 1) -> schema.RunResult:
     d = spec.describe()
     params = schema.MethodParams(
         tree=d.get("tree", "dynamic" if spec.drafting == "dynamic" else None),
         lantern_k=d.get("lantern_k"), lantern_lambda=d.get("lantern_lambda"), lantern_delta=d.get("lantern_delta"),
         depth=d.get("depth"), top_k_draft=d.get("top_k_draft"), total_tokens=d.get("total_tokens"),
         graph=bool(backend.graph_mode), window=d.get("window"), init=d.get("init"), coupling=d.get("coupling"),
-        proactive="x".join(map(str, d["proactive"])) if d.get("proactive") else None, accept=d.get("accept"))
+        proactive="x".join(map(str, d["proactive"])) if d.get("proactive") else None, accept=d.get("accept"),
+        batch_size=batch_size)
     phases = {name: schema.Phase(seconds=float(v["seconds"]), count=int(v["count"]))
               for name, v in out.phases.items()}
     st = out.stats

@@ -13,8 +13,9 @@ Invariants the validator enforces (so a report can trust them):
   generates the same tokens' worth of work, so forward counts are comparable;
 - `latency_s.p10 <= p50 <= p90`, all within `[min(all), max(all)]`;
 - `images_per_s == num_images / latency_s.p50`;
-- `speedup_vs_ar == ar.latency_s.p50 / run.latency_s.p50` where `ar` is the file's first `ar` run,
-  and `null` for every run when the file has no `ar` run.
+- `speedup_vs_ar == ar.latency_s.p50 / run.latency_s.p50` where `ar` is the file's first `ar` run
+  at the run's batch size (`params.batch_size`), and `null` where the file has no `ar` run at
+  that batch size.
 
 The builders (`make_run`, `make_latency`, `make_bench`, `current_env`) construct objects that pass
 validation; `load_bench`/`save_bench` read and atomically write files.
@@ -183,6 +184,8 @@ class MethodParams:
     coupling: str | None = None
     proactive: str | None = None
     accept: str | None = None
+    # images decoded together (files written before batching lack it: 1)
+    batch_size: int = 1
 
     def label(self) -> str:
         """Short `key=value` text of the set fields, e.g. `tree=t7 k=1000 lambda=2 graph`."""
@@ -199,6 +202,7 @@ class MethodParams:
             ("coupling", self.coupling),
             ("proactive", self.proactive),
             ("accept", self.accept),
+            ("batch", self.batch_size if self.batch_size > 1 else None),
         )
         parts = [f"{name}={_short(value)}" for name, value in names if value is not None]
         if self.graph:
@@ -387,18 +391,21 @@ def make_run(
     )
 
 
-def ar_baseline(runs: Sequence[RunResult]) -> RunResult | None:
-    """The run speedups are measured against: the first `ar` run, or None."""
-    return next((run for run in runs if run.method == AR_METHOD), None)
+def ar_baseline(runs: Sequence[RunResult], batch_size: int | None = None) -> RunResult | None:
+    """The run speedups are measured against: the first `ar` run (at `batch_size`, when given),
+    or None."""
+    return next((run for run in runs if run.method == AR_METHOD
+                 and (batch_size is None or run.params.batch_size == batch_size)), None)
 
 
 def speedup_vs_ar(runs: Sequence[RunResult]) -> list[float | None]:
-    """`ar.latency_s.p50 / run.latency_s.p50` per run (1.0 for the baseline itself); all None
-    when `runs` has no `ar` run."""
-    baseline = ar_baseline(runs)
-    if baseline is None:
-        return [None for _ in runs]
-    return [baseline.latency_s.p50 / run.latency_s.p50 for run in runs]
+    """`ar.latency_s.p50 / run.latency_s.p50` per run, `ar` being the first ar run at the run's
+    batch size (1.0 for the baseline itself); None where there is no ar run at that size."""
+    out: list[float | None] = []
+    for run in runs:
+        baseline = ar_baseline(runs, run.params.batch_size)
+        out.append(None if baseline is None else baseline.latency_s.p50 / run.latency_s.p50)
+    return out
 
 
 def make_bench(device: DeviceInfo, workload: Workload, env: Env, runs: Sequence[RunResult]) -> BenchResult:
@@ -791,6 +798,8 @@ def _parse_run(obj: dict[str, Any], path: str) -> RunResult:
         # added with sjd: files written before may lack them
         window=_optional(_integer, pr.get("window"), _join(pr_path, "window"), minimum=1),
         **{key: _optional(_string, pr.get(key), _join(pr_path, key)) for key in ("init", "coupling", "proactive", "accept")},
+        # added with batching: files written before decoded one image at a time
+        batch_size=_integer(pr.get("batch_size", 1), _join(pr_path, "batch_size"), minimum=1),
     )
     st_path = _join(path, "stats")
     st = _field(obj, "stats", path, _object)
@@ -903,12 +912,14 @@ def _check_consistency(result: BenchResult) -> None:
             )
         if expected_speedup is None:
             if run.speedup_vs_ar is not None:
-                raise _SchemaError(f"{path}.speedup_vs_ar must be null: the file has no 'ar' run to compare with")
+                raise _SchemaError(f"{path}.speedup_vs_ar must be null: the file has no 'ar' run at batch size "
+                                   f"{run.params.batch_size} to compare with")
         elif run.speedup_vs_ar is None:
-            raise _SchemaError(f"{path}.speedup_vs_ar must be a number (the file has an 'ar' run)")
+            raise _SchemaError(f"{path}.speedup_vs_ar must be a number (the file has an 'ar' run at batch size "
+                               f"{run.params.batch_size})")
         elif not math.isclose(run.speedup_vs_ar, expected_speedup, rel_tol=DERIVED_RTOL):
             raise _SchemaError(
-                f"{path}.speedup_vs_ar must equal ar latency_s.p50 / this run's latency_s.p50 "
+                f"{path}.speedup_vs_ar must equal latency_s.p50 of the ar run at its batch size / its latency_s.p50 "
                 f"({expected_speedup:.6g}), got {run.speedup_vs_ar:.6g}"
             )
 

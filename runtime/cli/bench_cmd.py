@@ -18,7 +18,7 @@ def bench(
     methods: str = typer.Option("ar,sd,eagle2,lantern,lantern++", "--methods", help="Comma-separated methods; include ar for speedups. An entry may carry its own options: sjd:coupling=maximal:proactive=3x2 (a shared --lantern-lambda relaxes sjd too; give it per entry instead)."),
     repeats: Optional[int] = typer.Option(None, "--repeats", help="Timed repeats of the whole workload (default: the profile's)."),
     warmup: Optional[int] = typer.Option(None, "--warmup", help="Untimed warm-up runs per method (default: the profile's)."),
-    sweep: list[str] = typer.Option([], "--sweep", help="lambda=1,2,4 | delta=0.05,0.1 | tree=a,b | k=5,10 (repeatable)."),
+    sweep: list[str] = typer.Option([], "--sweep", help="lambda=1,2,4 | delta=0.05,0.1 | tree=a,b | k=5,10 | batch=1,4,8 (every method, ar included; repeatable)."),
     quality: bool = typer.Option(True, "--quality/--no-quality", help="Measure class accuracy and FD (demo models)."),
     interleave: bool = typer.Option(True, "--interleave/--no-interleave",
                                     help="Time the methods' repeats round-robin (default) or each method's back to "
@@ -60,6 +60,7 @@ def bench(
     classes: opt.Classes = None,
     num_images: opt.NumImages = None,
     seed: opt.Seed = 0,
+    batch_size: opt.BatchSize = None,
 ) -> None:
     """Benchmark methods on one workload; speedups are ratios to AR from the same run."""
     from rich.console import Console
@@ -95,6 +96,9 @@ def bench(
             resolve_spec(p.method, {**flags, **p.overrides}, prof, loaded.recommended,
                          run_methods=sorted({q.method for q in plan}))
 
+        batch = opt.batch_size(batch_size, prof)
+        if batch_size is not None and any(p.batch_size is not None for p in plan):
+            raise UserError("--batch-size and --sweep batch=... both set the batch size; give one")
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
             task = bar.add_task("bench", total=None)
 
@@ -105,7 +109,7 @@ def bench(
                                warmup=prof.bench.warmup if warmup is None else warmup,
                                repeats=prof.bench.repeats if repeats is None else repeats,
                                quality=quality, command_line=INVOCATION or ["runtime"] + sys.argv[1:],
-                               interleave=interleave, progress=progress)
+                               interleave=interleave, batch_size=batch, progress=progress)
         path = save_bench(result, out)
 
     table = Table(title=f"runtime bench on {result.device.name} ({result.device.backend}) -> {path}")

@@ -11,6 +11,8 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from runtime.errors import UserError
+
 Model = Annotated[Optional[str], typer.Option("--model", help="'demo' (default) or a bundle directory from 'runtime train demo'.")]
 GptModel = Annotated[Optional[str], typer.Option("--gpt-model", help="Official LlamaGen config: GPT-B, GPT-L, GPT-XL, GPT-XXL, GPT-3B.")]
 GptCkpt = Annotated[Optional[str], typer.Option("--gpt-ckpt", help="Official GPT checkpoint (.pt/.pth/.safetensors) or an HF LlamaGen folder.")]
@@ -38,6 +40,7 @@ LanternLambda = Annotated[Optional[float], typer.Option("--lantern-lambda", help
 Depth = Annotated[Optional[int], typer.Option("--depth", help="Chain length (sd) or EAGLE-2 tree depth.")]
 TopKDraft = Annotated[Optional[int], typer.Option("--top-k-draft", help="EAGLE-2 children per expanded node.")]
 TotalTokens = Annotated[Optional[int], typer.Option("--total-tokens", help="EAGLE-2 verified tokens per step (root included).")]
+BatchSize = Annotated[Optional[int], typer.Option("--batch-size", help="Images decoded together (default: the profile's, 1); every image's tokens are the same at any batch size.")]
 Window = Annotated[Optional[int], typer.Option("--window", help="sjd: draft window length L (default 16).")]
 Init = Annotated[Optional[str], typer.Option("--init", help="sjd: prior of fresh window positions: uniform, repeat-h (token to the left) or repeat-v (token above; default).")]
 Coupling = Annotated[Optional[str], typer.Option("--coupling", help="sjd: how stale drafts are redrafted: none (default), maximal or gumbel.")]
@@ -104,3 +107,10 @@ def open_backend(device: str, profile_name: str | None, graph: bool | None, dtyp
     backend = get_backend(probe.name, dtype=dtype or profile.device.dtype, graph_mode=graph_mode,
                           index=index, hpu_lazy_mode=profile.device.hpu_lazy_mode)
     return backend, profile
+
+
+def batch_size(flag: int | None, profile: Any) -> int:
+    """--batch-size if given, else the profile's `[device] batch_size`; refuses values below 1."""
+    if flag is not None and flag < 1:
+        raise UserError(f"--batch-size must be >= 1, got {flag}")
+    return flag if flag is not None else profile.device.batch_size

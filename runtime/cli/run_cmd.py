@@ -69,6 +69,7 @@ def run(
     t5_path: opt.T5Path = None,
     num_images: opt.NumImages = None,
     seed: opt.Seed = 0,
+    batch_size: opt.BatchSize = None,
     profile: bool = typer.Option(False, "--profile", help="Write a torch.profiler trace (trace.json) beside the images."),
 ) -> None:
     """Generate images (default: the embedded demo with LANTERN++ sampling) into --out."""
@@ -94,7 +95,8 @@ def run(
         sources = sampling_sources(flags.as_dict(), prof, loaded)
         conditions, cond_masks, labels = _conditions(loaded, classes, prompts, t5_path, num_images, backend)
         n = len(labels)
-        decoder = make_decoder(loaded, spec, backend)
+        batch = opt.batch_size(batch_size, prof)
+        decoder = make_decoder(loaded, spec, backend, batch_size=batch)
 
         mine = shard(list(range(n)), ctx)
         my_conditions = _select(conditions, mine)
@@ -112,7 +114,7 @@ def run(
                     "phases": result.phases, "memory": backend.memory_stats(), "device": backend.info()}
             parts = gather_objects(part, ctx)
             if ctx.is_main:
-                settings = {"sampling_source": sources, "attention": attention}
+                settings = {"sampling_source": sources, "attention": attention, "batch_size": batch}
                 summary = _write_outputs(staging, parts, n, labels, loaded, spec, prof, backend, seed, settings)
                 _move_into_place(staging, out_dir)
                 staging = None
@@ -207,7 +209,7 @@ def _maybe_profiled(backend, trace: Path | None, fn):
 def _write_outputs(staging: Path, parts: list[dict], n: int, labels: list, loaded, spec, prof, backend, seed: int,
                    settings: dict[str, Any]) -> dict:
     """Write images, grid, tokens and result.json into `staging`. `settings`: "sampling_source"
-    (where each sampling setting came from) and "attention" (the kernel setting)."""
+    (where each sampling setting came from), "attention" (the kernel setting) and "batch_size"."""
     from PIL import Image
 
     from runtime.distributed import merge_indexed
@@ -241,6 +243,7 @@ def _write_outputs(staging: Path, parts: list[dict], n: int, labels: list, loade
         "sampling": spec.describe(),
         "sampling_source": settings["sampling_source"],
         "attention": settings["attention"],
+        "batch_size": settings["batch_size"],
         "num_images": n,
         "seed": seed,
         "stats": stats,

@@ -1,7 +1,8 @@
 """Acceptance rules for a verified draft tree, vectorised on the device.
 
-All functions take a leading batch dimension B (the decoder uses B = 1; tests use large B to
-measure output distributions). No function reads a tensor back to the host, and every loop
+All functions take a leading batch dimension B (the decoder's batch of images; tests use
+large B to measure output distributions). The tree is shared by the batch (static trees) or
+one per image (batched `TreeBuffers`, dynamic trees; deterministic drafts only). No function reads a tensor back to the host, and every loop
 has a bound fixed by the tree shape, so a step using them can be captured as a graph.
 
 Inputs shared by the rules:
@@ -102,7 +103,17 @@ def relaxed_target(r: torch.Tensor, x: torch.Tensor, relax: Relaxation,
 
 def _parent_dists(p: torch.Tensor, tree: TreeBuffers) -> torch.Tensor:
     """(B, N+1, V): the distribution each node's token is judged against (its parent's)."""
-    return p[:, tree.parent]
+    if not tree.batched:
+        return p[:, tree.parent]
+    return p[torch.arange(p.size(0), device=p.device)[:, None], tree.parent]
+
+
+def _sibling_sum(x: torch.Tensor, tree: TreeBuffers) -> torch.Tensor:
+    """(B, N+1) -> (B, N+1): the sum of x over each node's earlier siblings."""
+    es = tree.earlier_sibling.to(x.dtype)
+    if not tree.batched:
+        return x @ es.T
+    return torch.bmm(es, x[..., None]).squeeze(-1)
 
 
 def accept_greedy(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers,
@@ -118,6 +129,7 @@ def accept_greedy(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers,
     """
     b, n1 = tokens.shape
     par = _parent_dists(p, tree)  # (B, N+1, V)
+    t, rows = tree.per_image(b), torch.arange(b, device=p.device)
     best_tok = par.argmax(-1)
     ok = tokens == best_tok
     mass_used = torch.zeros_like(tokens, dtype=p.dtype)
@@ -130,13 +142,13 @@ def accept_greedy(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers,
         mass_used = torch.where(ok, torch.zeros_like(mass_used), c.view(b, n1))
         ok = ok | relaxed_ok
     ok[:, 0] = True
-    all_ok = ~(tree.ancestor_mask[None] & ~ok[:, None, :]).any(-1)  # (B, N+1)
-    score = torch.where(all_ok, tree.depth[None] + 1, torch.zeros_like(tree.depth)[None])
+    all_ok = ~(t.ancestor_mask & ~ok[:, None, :]).any(-1)  # (B, N+1)
+    score = torch.where(all_ok, t.depth + 1, torch.zeros_like(t.depth))
     best = score.argmax(-1)  # first (lowest index) of the deepest
-    count = tree.depth[best] + 1
-    path = tree.path_table[best]
-    bonus = p[torch.arange(b, device=p.device), best].argmax(-1)
-    relax_mass = (mass_used * tree.ancestor_mask[best]).sum(-1) if relax.active else torch.zeros_like(bonus, dtype=p.dtype)
+    count = t.depth[rows, best] + 1
+    path = t.path_table[rows, best]
+    bonus = p[rows, best].argmax(-1)
+    relax_mass = (mass_used * t.ancestor_mask[rows, best]).sum(-1) if relax.active else torch.zeros_like(bonus, dtype=p.dtype)
     return Accepted(path, count, bonus, relax_mass)
 
 
@@ -234,41 +246,43 @@ def accept_sampling(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers, rn
     noise = rng.uniform(b, n1 + v)
     u, gumbel = noise[:, :n1], gumbel_from_uniform(noise[:, n1:])
     tokens_pad = torch.cat([tokens, torch.full_like(tokens[:, :1], v)], 1)  # node n1 = "no child"
+    t, rows = tree.per_image(b), torch.arange(b, device=p.device)
 
     if q is not None:
-        if tree.stages is None:
+        if tree.stages is None or tree.batched:
             raise ValueError("sampled drafts need a static tree (TreeBuffers.stages)")
         a, shift, bonus_rows = _sampled_stages(tokens_pad, p, q, tree, relax)
     elif relax.active:
         k = tree.max_children
-        child = torch.where(tree.children >= 0, tree.children, n1)
-        a_pk, shift_pk, bonus_rows = _deterministic_stages(tokens_pad[:, child], p, relax)
-        slot = tree.parent * k + tree.rank
-        a, shift = a_pk.reshape(b, -1)[:, slot], shift_pk.reshape(b, -1)[:, slot]
+        child = torch.where(t.children >= 0, t.children, n1)  # (B, N+1, K)
+        xs = tokens_pad.gather(1, child.reshape(b, -1)).view(b, n1, k)
+        a_pk, shift_pk, bonus_rows = _deterministic_stages(xs, p, relax)
+        slot = t.parent * k + t.rank
+        a, shift = a_pk.reshape(b, -1).gather(1, slot), shift_pk.reshape(b, -1).gather(1, slot)
     else:  # exact deterministic drafts: closed form
-        px = p.reshape(b, -1).gather(1, tree.parent * v + tokens)  # (B, N+1) r(x) at the parent
-        a = px / (1.0 - px @ tree.earlier_sibling.T.to(px.dtype)).clamp(min=_EPS)
+        px = p.reshape(b, -1).gather(1, t.parent * v + tokens)  # (B, N+1) r(x) at the parent
+        a = px / (1.0 - _sibling_sum(px, tree)).clamp(min=_EPS)
         shift = torch.zeros_like(a)
         bonus_rows = None
 
     acc = u < a
-    beaten = (acc.to(p.dtype) @ tree.earlier_sibling.T.to(p.dtype)) > 0
-    win = (acc & ~beaten) | (tree.depth == 0)[None]
-    all_ok = ~(tree.ancestor_mask[None] & ~win[:, None, :]).any(-1)  # (B, N+1)
-    best = torch.where(all_ok, tree.depth[None] + 1, 0).argmax(-1)  # first of the deepest
-    count = tree.depth[best] + 1
-    path = tree.path_table[best]
-    rows = torch.arange(b, device=p.device)
+    beaten = _sibling_sum(acc.to(p.dtype), tree) > 0
+    win = (acc & ~beaten) | (t.depth == 0)
+    all_ok = ~(t.ancestor_mask & ~win[:, None, :]).any(-1)  # (B, N+1)
+    best = torch.where(all_ok, t.depth + 1, 0).argmax(-1)  # first of the deepest
+    count = t.depth[rows, best] + 1
+    path = t.path_table[rows, best]
     # bonus: from the residual left after every child of `best` was rejected
     p_best = p[rows, best]
     if bonus_rows is None:  # exact deterministic: p after best without its children's tokens
-        kids = tokens_pad[rows[:, None], torch.where(tree.children[best] >= 0, tree.children[best], n1)]
+        kids_best = t.children[rows, best]
+        kids = tokens_pad[rows[:, None], torch.where(kids_best >= 0, kids_best, n1)]
         r = p_best * torch.ones(b, v + 1, dtype=p.dtype, device=p.device).scatter_(1, kids, 0.0)[:, :v]
     else:
         r = bonus_rows(best)
     r = torch.where(r.sum(-1, keepdim=True) > 0, r, p_best)
     bonus = torch.argmax(torch.log(r) + gumbel, dim=-1)
-    relax_mass = (shift * tree.ancestor_mask[best]).sum(-1) if relax.active else torch.zeros_like(bonus, dtype=p.dtype)
+    relax_mass = (shift * t.ancestor_mask[rows, best]).sum(-1) if relax.active else torch.zeros_like(bonus, dtype=p.dtype)
     return Accepted(path, count, bonus, relax_mass)
 
 

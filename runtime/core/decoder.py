@@ -6,15 +6,20 @@ static drafter tree, EAGLE-2 dynamic tree, Jacobi window) plus an acceptance rul
 Each phase is a method over preallocated state with fixed shapes and no host reads, so a
 backend can capture it once and replay it:
 
-    draft   the policy fills `tokens` (N+1,), and the proposal distributions `q` (N+1, V)
-            where its drafts are sampled
-    verify  one target forward over root + tree; fills `p` (N+1, V) and target hidden states
+    draft   the policy fills `tokens` (B, N+1), and the proposal distributions `q`
+            (B, N+1, V) where its drafts are sampled
+    verify  one target forward over root + tree; fills `p` (B, N+1, V) and target hidden states
     accept  acceptance rule on the device, KV commit by index ops, output tokens appended,
             next root (bonus) and the next level-0 block prepared
 
-The only host read per iteration is the stop check (`int(self.count)`).
+The only host read per iteration is the stop check (`int(self.count.min())`).
 
-Batch rows: 2 with classifier-free guidance (cond, uncond), else 1; one image at a time.
+Batch: B images decode together (`batch_size`), each with its own KV length, accepted path,
+bonus token, drafter state and random stream (keyed by the image's seed, so an image's tokens
+do not depend on B or on the rest of its batch). Model rows: [cond_0..cond_B-1,
+uncond_0..uncond_B-1] with classifier-free guidance (2B), else B. An image that is done keeps
+its rows and keeps stepping until the whole batch is done, with every advance (KV length,
+token count, drafter cache, statistics) multiplied by 0, so nothing it produced changes.
 """
 
 from __future__ import annotations
@@ -105,7 +110,7 @@ class Decoder:
     """
 
     def __init__(self, target: Transformer, drafter: Drafter | None, spec: MethodSpec, *,
-                 neighbours: torch.Tensor | None = None, backend: Any = None) -> None:
+                 neighbours: torch.Tensor | None = None, backend: Any = None, batch_size: int = 1) -> None:
         self.target, self.drafter, self.spec = target, drafter, spec
         self.backend = backend
         self.timer: Any = None
@@ -113,14 +118,17 @@ class Decoder:
         self.device = target.tok_embeddings.weight.device
         self.dtype = target.tok_embeddings.weight.dtype
         self.params = spec.sampling
-        self.rows = 2 if self.params.uses_cfg else 1
+        if batch_size < 1:
+            raise UserError(f"--batch-size must be >= 1, got {batch_size}")
+        self.batch = batch_size
+        self.rows = (2 if self.params.uses_cfg else 1) * batch_size
         self.num_tokens = cfg.block_size
         self.cls = cfg.cls_token_num
         self.vocab = cfg.vocab_size
         if spec.needs_drafter and drafter is None:
             raise UserError(f"method {spec.method} needs a drafter; pass --drafter DIR or use --method ar")
         dev = self.device
-        self.cond_mask: torch.Tensor | None = None  # (rows, cls) of the image being generated
+        self.cond_mask: torch.Tensor | None = None  # (rows, cls) of the images being generated
 
         # -- the drafting policy owns the tree shape -----------------------------------------
         self.policy = make_policy(self)
@@ -145,19 +153,21 @@ class Decoder:
         # -- state (fixed shapes; identities never change) -----------------------------------
         # Target: committed tokens + one verified tree.
         committed = self.cls + self.num_tokens + m
+        b = batch_size
         self.cache = target.new_cache(self.rows, committed + self.n1, dev)
-        self.rng = CounterRNG(dev)
-        self.out = torch.zeros(self.num_tokens + m + 1, dtype=torch.long, device=dev)
-        self.count = torch.zeros((), dtype=torch.long, device=dev)  # tokens known, pending root included
-        self.tokens = torch.zeros(self.n1, dtype=torch.long, device=dev)
-        self.p = torch.zeros(self.n1, self.vocab, device=dev)
-        self.q = torch.zeros(self.n1, self.vocab, device=dev) if self.policy.needs_q else None
+        self.rng = CounterRNG(dev, streams=b)
+        # a done image's block still lands (unread) past its end: room for two blocks
+        self.out = torch.zeros(b, self.num_tokens + 2 * m + 1, dtype=torch.long, device=dev)
+        self.count = torch.zeros(b, dtype=torch.long, device=dev)  # tokens known, pending root included
+        self.tokens = torch.zeros(b, self.n1, dtype=torch.long, device=dev)
+        self.p = torch.zeros(b, self.n1, self.vocab, device=dev)
+        self.q = torch.zeros(b, self.n1, self.vocab, device=dev) if self.policy.needs_q else None
         self.hidden = torch.zeros(self.rows, self.n1, cfg.dim, device=dev, dtype=self.dtype)
-        # count_hist[c]: iterations that accepted c nodes (root included); every other counter
-        # (iterations, accepted drafts, per-depth acceptance) follows from it and `count`
-        self.count_hist = torch.zeros(m + 1, dtype=torch.long, device=dev)
-        self.one = torch.ones(1, dtype=torch.long, device=dev)
-        self.relax_mass = torch.zeros((), device=dev)
+        # count_hist[i, c]: iterations of image i that accepted c nodes (root included); every
+        # other counter (iterations, accepted drafts, per-depth acceptance) follows from it and
+        # `count`
+        self.count_hist = torch.zeros(b, m + 1, dtype=torch.long, device=dev)
+        self.relax_mass = torch.zeros(b, device=dev)
         self.block_ids = torch.arange(m, device=dev)
         self.policy.allocate(committed)
 
@@ -174,7 +184,7 @@ class Decoder:
         """Capture draft/verify/accept once, on state from a throwaway prefill.
 
         Capturing runs each step a few times (warm-up, compilation), which advances the
-        caches; the real image's prefill resets all state afterwards.
+        caches; the real batch's prefill resets all state afterwards.
         """
         self.prefill(cond, cond_mask, seed=0)
         steps = {"verify": self._verify_step, "accept": self._accept_step}
@@ -182,7 +192,8 @@ class Decoder:
             steps = {"draft": self._draft_step, **steps}
         for phase, step in steps.items():
             before = kernels_generated()
-            replay = self.backend.capture(step, name=f"{self.spec.method}.{phase}")
+            name = f"{self.spec.method}.{phase}" + (f".b{self.batch}" if self.batch > 1 else "")
+            replay = self.backend.capture(step, name=name)
             setattr(self, f"_{phase}", replay)
             made = kernels_generated() - before if before is not None else 0
             if made > 0:  # zero: the backend captured without a compiler (eager, CUDA graph)
@@ -193,33 +204,51 @@ class Decoder:
         return self.timer if self.timer is not None else _NullTimer()
 
     def dist(self, logits: torch.Tensor, depth: torch.Tensor | int | None = None) -> torch.Tensor:
-        """(rows, T, V) logits -> (T, V) processed distribution (CFG, temperature, top-k/p).
+        """(rows, T, V) logits -> (B, T, V) processed distribution (CFG, temperature, top-k/p).
 
-        depth: tree depth of the T nodes these logits follow ((T,) tensor or an int for all);
-        the token they predict has image index count + depth, which decides whether
-        `cfg_interval` has switched guidance off. None = the prefill (guidance always on).
+        depth: tree depth of the T nodes these logits follow ((T,) or per image (B, T) tensor,
+        or an int for all); the token they predict has image index count + depth, which
+        decides whether `cfg_interval` has switched guidance off. None = the prefill (guidance
+        always on).
         """
         off = None
         if depth is not None and self.params.uses_cfg and self.params.cfg_interval >= 0:
-            index = (self.count + depth).reshape(-1).expand(logits.size(1))
+            index = (self.count[:, None] + depth).expand(self.batch, logits.size(1))
             off = cfg_off_mask(index, self.params.cfg_interval)
-        return probabilities(apply_cfg(logits, self.params.cfg, off)[0], self.params)
+        return probabilities(apply_cfg(logits, self.params.cfg, off), self.params)
 
     def pick(self, probs: torch.Tensor) -> torch.Tensor:
-        """One token per row of (T, V): argmax (greedy) or a sample."""
+        """One token per row of (B, ..., V): argmax (greedy) or a sample (image i's stream)."""
         if self.params.greedy:
             return probs.argmax(-1)
         return torch.argmax(torch.log(probs) + self.rng.gumbel(*probs.shape), dim=-1)
 
     def expand_rows(self, t: torch.Tensor) -> torch.Tensor:
-        return t[None].expand(self.rows, *t.shape)
+        """Per-image (B, ...) -> per model row (rows, ...): the cond and uncond rows share it."""
+        return torch.cat([t, t]) if self.params.uses_cfg else t
+
+    def live(self) -> torch.Tensor:
+        """(B,) long: 1 for images still generating, 0 for those done (their advances are 0)."""
+        return (self.count < self.num_tokens).long()
+
+    def state_bytes(self) -> int:
+        """Bytes of the decode state (KV caches, p/q/hidden buffers): what grows with the batch."""
+        tensors = [self.cache.k_all, self.cache.v_all, self.p, self.hidden, self.out]
+        if self.q is not None:
+            tensors.append(self.q)
+        dcache = getattr(self.policy, "dcache", None)
+        if dcache is not None:
+            tensors += [dcache.k_all, dcache.v_all]
+        return sum(t.numel() * t.element_size() for t in tensors)
 
     # -- phases --------------------------------------------------------------------------------
     @torch.no_grad()
-    def prefill(self, cond: torch.Tensor, cond_mask: torch.Tensor | None, seed: int) -> None:
-        """Reset state and run the condition. cond: (1,) label or (1, cls, caption_dim)."""
+    def prefill(self, cond: torch.Tensor, cond_mask: torch.Tensor | None, seed: int | list[int]) -> None:
+        """Reset state and run the conditions. cond: (B,) labels or (B, cls, caption_dim);
+        seed: one per image (its random stream), or one int for all."""
         self.cache.reset()
-        self.rng.reset(seed)
+        seeds = [seed] * self.batch if isinstance(seed, int) else list(seed)
+        self.rng.reset(torch.tensor(seeds, dtype=torch.long, device=self.device))
         for t in (self.count, self.count_hist, self.relax_mass):
             t.zero_()
         if self.params.uses_cfg:
@@ -227,9 +256,9 @@ class Decoder:
             if cond_mask is not None:
                 cond_mask = torch.cat([cond_mask, cond_mask])
         hidden = self.target.prefill(cond, self.cache, cond_mask)  # (rows, cls, dim)
-        first = self.pick(self.dist(self.target.logits(hidden[:, -1:])))  # (1,)
-        self.out[0] = first[0]
-        self.tokens[0] = first[0]
+        first = self.pick(self.dist(self.target.logits(hidden[:, -1:])))[:, 0]  # (B,)
+        self.out[:, 0] = first
+        self.tokens[:, 0] = first
         self.count.fill_(1)
         self.cond_mask = cond_mask
         self.policy.prefill(hidden, first)
@@ -238,60 +267,70 @@ class Decoder:
         self.policy.draft()
 
     def _verify_step(self) -> None:
+        tree = self.tree
         x = self.target.tok_embeddings(self.expand_rows(self.tokens))
-        positions = self.cache.length + self.tree.depth
-        hidden = self.target.forward_cached(x, positions, self.tree.ancestor_mask, self.cache)
+        depth = self.expand_rows(tree.depth) if tree.batched else tree.depth[None]
+        mask = self.expand_rows(tree.ancestor_mask) if tree.batched else tree.ancestor_mask
+        positions = self.cache.length[:, None] + depth
+        hidden = self.target.forward_cached(x, positions, mask, self.cache)
         self.hidden.copy_(hidden)
-        self.p.copy_(self.dist(self.target.logits(hidden), self.tree.depth))
+        self.p.copy_(self.dist(self.target.logits(hidden), tree.depth))
 
     def _accept_step(self) -> None:
+        live = self.live()
         if not self.max_depth:
-            self._accept_ar()
+            self._accept_ar(live)
             return
-        tokens, p = self.tokens[None], self.p[None]
-        q = self.q[None] if self.policy.sampled_q else None
+        tokens, p = self.tokens, self.p
+        q = self.q if self.policy.sampled_q else None
         if self.group is not None:
             acc: Accepted = accept_grouped(tokens, p, q, self.tree, self.rng, self.group)
         elif self.params.greedy:
             acc = accept_greedy(tokens, p, self.tree, self.relax)
         else:
             acc = accept_sampling(tokens, p, self.tree, self.rng, q=q, relax=self.relax)
-        path, n, bonus = acc.path[0], acc.count[0], acc.bonus[0]
-        self.cache.commit(path, n)
-        m = path.numel()
+        path, bonus = acc.path, acc.bonus  # (B, M), (B,)
+        n = acc.count * live  # a done image accepts nothing
+        self.cache.commit(self.expand_rows(path), self.expand_rows(n))
+        m = path.size(1)
         # new tokens after the root: accepted drafts, then the bonus at index n-1
-        block = torch.cat([self.tokens[path[1:]], bonus.view(1)])
-        block = block.scatter(0, (n - 1).view(1), bonus.view(1))
-        self.out.index_copy_(0, self.count + self.block_ids[:m], block)
+        block = torch.cat([self.tokens.gather(1, path[:, 1:]), bonus[:, None]], 1)
+        block = block.scatter(1, (acc.count - 1)[:, None], bonus[:, None])
+        self.out.scatter_(1, self.count[:, None] + self.block_ids[:m], block)
         self.count.add_(n)
-        self.tokens[0] = bonus
-        self.count_hist.index_add_(0, n.view(1), self.one)
+        self.tokens[:, 0] = bonus
+        self.count_hist.scatter_add_(1, n[:, None], live[:, None])
         if self.relax.active or self.group is not None:
-            self.relax_mass.add_(acc.relax_mass[0])
+            self.relax_mass.add_(acc.relax_mass * live)
         self.policy.committed(path, n, block)
 
-    def _accept_ar(self) -> None:
+    def _accept_ar(self, live: torch.Tensor) -> None:
         """AR: the verified token is already in the cache; pick the next one from p."""
-        token = self.pick(self.p[:1])
-        self.cache.advance(1)
-        self.out.index_copy_(0, self.count.view(1), token)
-        self.count.add_(1)
-        self.tokens[:1] = token
-        self.count_hist[1:2].add_(1)
+        token = self.pick(self.p[:, :1])  # (B, 1)
+        self.cache.advance(self.expand_rows(live))
+        self.out.scatter_(1, self.count[:, None], token)
+        self.count.add_(live)
+        self.tokens[:, :1] = token
+        self.count_hist[:, 1].add_(live)
 
     # -- the loop -------------------------------------------------------------------------------
     @torch.no_grad()
-    def generate_one(self, cond: torch.Tensor, cond_mask: torch.Tensor | None = None,
-                     seed: int = 0) -> tuple[torch.Tensor, ImageStats]:
-        """Tokens (block_size,) long on the device and the image's statistics."""
+    def generate_batch(self, cond: torch.Tensor, cond_mask: torch.Tensor | None,
+                       seeds: list[int]) -> tuple[torch.Tensor, list[ImageStats]]:
+        """B images at once: cond (B,) labels or (B, cls, caption_dim) with cond_mask (B, cls);
+        seeds: B per-image seeds. Returns tokens (B, block_size) long on the device and each
+        image's statistics."""
+        if cond.size(0) != self.batch or len(seeds) != self.batch:
+            raise ValueError(f"this decoder runs batches of {self.batch}; got {cond.size(0)} conditions, "
+                             f"{len(seeds)} seeds")
         timer = self._timer()
         if not self.captured:
             with timer.phase("capture"):
                 self._capture_steps(cond, cond_mask)
         with timer.phase("prefill"):
-            self.prefill(cond, cond_mask, seed)
+            self.prefill(cond, cond_mask, seeds)
         mark = getattr(self.backend, "mark_step", None)
-        while int(self.count) < self.num_tokens:  # the one host sync per iteration
+        while int(self.count.min()) < self.num_tokens:  # the one host sync per iteration
             if self._draft is not None:
                 with timer.phase("draft"):
                     self._draft()
@@ -301,15 +340,26 @@ class Decoder:
                 self._accept()
             if mark is not None:
                 mark()
-        return self.out[: self.num_tokens].clone(), self._stats()
+        return self.out[:, : self.num_tokens].clone(), self._stats()
 
-    def _stats(self) -> ImageStats:
-        hist = self.count_hist.tolist()  # hist[c]: iterations accepting c nodes, root included
+    @torch.no_grad()
+    def generate_one(self, cond: torch.Tensor, cond_mask: torch.Tensor | None = None,
+                     seed: int = 0) -> tuple[torch.Tensor, ImageStats]:
+        """One image (a decoder of batch size 1): tokens (block_size,) and its statistics."""
+        tokens, stats = self.generate_batch(cond, cond_mask, [seed])
+        return tokens[0], stats[0]
+
+    def _stats(self) -> list[ImageStats]:
+        return [self._image_stats(hist, int(count), float(mass)) for hist, count, mass in
+                zip(self.count_hist.tolist(), self.count.tolist(), self.relax_mass.tolist())]
+
+    def _image_stats(self, hist: list[int], accepted: int, relax_mass: float) -> ImageStats:
+        """hist[c]: iterations accepting c nodes, root included; accepted: tokens known (the
+        prefill's first one plus n per iteration)."""
         iters = sum(hist)
         depth_acc = [sum(hist[d + 2:]) for d in range(self.max_depth)]
         reached = [iters] + depth_acc[:-1] if self.max_depth else []
-        accepted = int(self.count)  # tokens known: the prefill's first one plus n per iteration
         return ImageStats(tokens=self.num_tokens, target_forwards=1 + iters,
                           accepted_tokens=accepted, depth_accepted=depth_acc,
-                          depth_reached=reached, relax_mass=float(self.relax_mass),
+                          depth_reached=reached, relax_mass=relax_mass,
                           accepted_drafts=accepted - 1 - iters)

@@ -3,14 +3,18 @@
 A policy owns the tree shape and whatever state its drafts come from; the loop owns the rest
 (target cache, tokens, p, acceptance, output). Per iteration the loop calls
 
-    draft()                 fill `loop.tokens[1:]` (node 0 is the root the last accept set),
-                            `loop.q` (N+1, V) where the drafts were sampled (q[i] = the
-                            distribution node i's children were drawn from) and, for dynamic
-                            trees, the tree buffers in place
+    draft()                 fill `loop.tokens[:, 1:]` (node 0 is the root the last accept
+                            set), `loop.q` (B, N+1, V) where the drafts were sampled (q[:, i] =
+                            the distribution node i's children were drawn from) and, for
+                            dynamic trees, the tree buffers in place (one tree per image)
     committed(path, n, block)
                             inside the accept step, after the target cache was compacted:
-                            path (D+1,) accepted nodes, n (0-d) how many (root included),
-                            block (D+1,) the new tokens after the root (bonus at n-1)
+                            path (B, D+1) accepted nodes, n (B,) how many (root included; 0
+                            for an image that is done), block (B, D+1) the new tokens after
+                            the root (bonus at n-1)
+
+Every tensor of the loop has the batch of B images first; model rows are `loop.rows`
+(`loop.expand_rows` maps per-image tensors onto them).
 
 Both run on the device with fixed shapes and no host reads, so the loop captures them with
 its other steps. Policies:
@@ -76,7 +80,7 @@ class DraftPolicy:
         """Policy state, once the loop's shared buffers exist; `committed` = its cache rows."""
 
     def prefill(self, hidden: torch.Tensor, first: torch.Tensor) -> None:
-        """After the target prefill: hidden (rows, cls, dim), first (1,) the first token."""
+        """After the target prefill: hidden (rows, cls, dim), first (B,) the first tokens."""
 
     def draft(self) -> None:
         """Fill the tree for this iteration (see the module docstring)."""
@@ -105,9 +109,9 @@ class DrafterPolicy(DraftPolicy):
         drafter = loop.drafter
         self.dcache = drafter.new_cache(rows, committed + self.draft_slots(), dev)
         self.draft_hidden = torch.zeros(rows, loop.n1, drafter.config.hidden_size, device=dev, dtype=loop.dtype)
-        self.pend_tokens = torch.zeros(m, dtype=torch.long, device=dev)
+        self.pend_tokens = torch.zeros(loop.batch, m, dtype=torch.long, device=dev)
         self.pend_hidden = torch.zeros(rows, m, loop.target.config.dim, device=dev, dtype=loop.dtype)
-        self.pend_count = torch.ones((), dtype=torch.long, device=dev)
+        self.pend_count = torch.ones(loop.batch, dtype=torch.long, device=dev)
         self.causal_m = torch.ones(m, m, dtype=torch.bool, device=dev).tril()
 
     def prefill(self, hidden: torch.Tensor, first: torch.Tensor) -> None:
@@ -123,24 +127,28 @@ class DrafterPolicy(DraftPolicy):
                                         self.dcache)
             self.dcache.advance(c1)
         self.pend_tokens.fill_(0)
-        self.pend_tokens[0] = first[0]
+        self.pend_tokens[:, 0] = first
         self.pend_hidden.zero_()
         self.pend_hidden[:, 0] = hidden[:, -1]
         self.pend_count.fill_(1)
 
     def committed(self, path: torch.Tensor, n: torch.Tensor, block: torch.Tensor) -> None:
+        loop = self.loop
         self.pend_tokens.copy_(block)
-        self.pend_hidden.copy_(self.loop.hidden[:, path])
-        self.pend_count.copy_(n)
+        rows_path = loop.expand_rows(path)
+        self.pend_hidden.copy_(loop.hidden.gather(1, rows_path[..., None].expand(-1, -1, loop.hidden.size(-1))))
+        self.pend_count.copy_(n)  # 0 for a done image: its drafter cache stops advancing
 
     def _level0(self) -> torch.Tensor:
         """Drafter over the last accepted block; returns the root's drafter output (rows, dim)."""
         loop = self.loop
-        positions = self.dcache.length + loop.block_ids
+        positions = self.dcache.length[:, None] + loop.block_ids
         out = loop.drafter.forward_cached(loop.expand_rows(self.pend_tokens), self.pend_hidden, positions,
                                           self.causal_m, self.dcache)
-        root = out.index_select(1, (self.pend_count - 1).view(1)).squeeze(1)
-        self.dcache.advance(self.pend_count)
+        count = loop.expand_rows(self.pend_count)
+        last = (count - 1).clamp(min=0)[:, None, None].expand(-1, 1, out.size(-1))
+        root = out.gather(1, last).squeeze(1)
+        self.dcache.advance(count)
         return root
 
     def _dist(self, out: torch.Tensor, depth: torch.Tensor | int) -> torch.Tensor:
@@ -149,7 +157,7 @@ class DrafterPolicy(DraftPolicy):
     def draft(self) -> None:
         root = self._level0()
         self.draft_hidden[:, 0] = root
-        self.loop.q[0] = self._dist(root[:, None], 0)[0]
+        self.loop.q[:, 0] = self._dist(root[:, None], 0)[:, 0]
         self._draft_tree()
 
     def _draft_tree(self) -> None:
@@ -182,24 +190,24 @@ class StaticTreePolicy(DrafterPolicy):
         parent_start, parent_end = 0, 1
         # Sampled drafts: the Gumbel noise of every level in one draw (rows = nodes with
         # children-to-be, i.e. all nodes above the deepest level), one RNG call per step.
-        noise = None if loop.params.greedy else loop.rng.gumbel(self.levels[-1][0], loop.vocab)
-        base = self.dcache.length - 1
+        noise = None if loop.params.greedy else loop.rng.gumbel(loop.batch, self.levels[-1][0], loop.vocab)
+        base = self.dcache.length[:, None] - 1  # (rows, 1)
         for d, (start, end) in enumerate(self.levels, start=1):
-            q = loop.q[parent_start:parent_end]
+            q = loop.q[:, parent_start:parent_end]
             if noise is None:
-                cand = torch.topk(q, k, dim=-1).indices  # (parents, k)
+                cand = torch.topk(q, k, dim=-1).indices  # (B, parents, k)
             else:  # k samples without replacement (Gumbel-top-k)
-                cand = torch.topk(torch.log(q) + noise[parent_start:parent_end], k, dim=-1).indices
+                cand = torch.topk(torch.log(q) + noise[:, parent_start:parent_end], k, dim=-1).indices
             par = tree.parent[start:end]
-            loop.tokens[start:end] = cand[self.level_parent[d - 1], tree.rank[start:end]]
+            loop.tokens[:, start:end] = cand[:, self.level_parent[d - 1], tree.rank[start:end]]
             if d < tree.max_depth:
                 hid = self.draft_hidden[:, par]
-                positions = (base + d).expand(end - start)
-                out = loop.drafter.forward_cached(loop.expand_rows(loop.tokens[start:end]), hid, positions,
+                positions = (base + d).expand(-1, end - start)
+                out = loop.drafter.forward_cached(loop.expand_rows(loop.tokens[:, start:end]), hid, positions,
                                                   tree.ancestor_mask[start:end, 1:end], self.dcache,
                                                   offset=start - 1)
                 self.draft_hidden[:, start:end] = out
-                loop.q[start:end] = self._dist(out, d)
+                loop.q[:, start:end] = self._dist(out, d)
             parent_start, parent_end = start, end
 
 
@@ -209,20 +217,21 @@ class DynamicTreePolicy(DrafterPolicy):
     A node's score is its path's summed log q, made strictly lower than its parent's
     (`child_scores`), so the kept top set always holds a node's parent. EAGLE-2's `depth`
     counts the expansions after the root's own top-k, so the tree is depth + 1 levels deep
-    (reference `topK_genrate`; depth 4 -> 5 levels).
+    (reference `topK_genrate`; depth 4 -> 5 levels). Each image of a batch builds its own
+    tree of the same size: the tree buffers are batched (B, N+1, ...).
     """
 
     kind = "dynamic"
 
     def build_tree(self, device: torch.device) -> TreeBuffers:
-        spec = self.loop.spec
+        spec, b = self.loop.spec, self.loop.batch
         k, d, n1 = spec.top_k_draft, spec.depth + 1, spec.total_tokens
-        return TreeBuffers(torch.zeros(n1, dtype=torch.long, device=device),
-                           torch.zeros(n1, dtype=torch.long, device=device),
-                           torch.zeros(n1, dtype=torch.long, device=device),
-                           torch.eye(n1, dtype=torch.bool, device=device),
-                           torch.full((n1, k), -1, dtype=torch.long, device=device),
-                           torch.zeros(n1, d + 1, dtype=torch.long, device=device), d, k)
+        zeros = lambda: torch.zeros(b, n1, dtype=torch.long, device=device)  # noqa: E731
+        return TreeBuffers(zeros(), zeros(), zeros(),
+                           torch.eye(n1, dtype=torch.bool, device=device).expand(b, n1, n1).clone(),
+                           torch.full((b, n1, k), -1, dtype=torch.long, device=device),
+                           torch.zeros(b, n1, d + 1, dtype=torch.long, device=device), d, k,
+                           earlier_sibling=torch.zeros(b, n1, n1, dtype=torch.bool, device=device))
 
     def draft_slots(self) -> int:
         # every level expands all top_k frontier nodes, whatever the tree keeps
@@ -230,68 +239,72 @@ class DynamicTreePolicy(DrafterPolicy):
 
     def allocate(self, committed: int) -> None:
         super().allocate(committed)
-        spec, dev, n1 = self.loop.spec, self.loop.device, self.tree.size
+        spec, dev, n1, b = self.loop.spec, self.loop.device, self.tree.size, self.loop.batch
         k, d = spec.top_k_draft, spec.depth
         self.n_cand = k + d * k * k
         # constants of every EAGLE-2 draft, built once (a captured step would rebuild them)
         earlier = torch.ones(n1, n1, dtype=torch.bool, device=dev).tril(-1)
         earlier[:, 0] = False  # the root shares parent id 0 with its children but is no sibling
         self._c = {
-            "zero": torch.zeros((), device=dev), "zero_long": torch.zeros(1, dtype=torch.long, device=dev),
-            "no_parent": torch.full((k,), -1, dtype=torch.long, device=dev),
-            "arange_k": torch.arange(k, device=dev), "eye_k": torch.eye(k, dtype=torch.bool, device=dev),
-            "arange_nodes": torch.arange(n1 - 1, device=dev), "earlier": earlier,
+            "zero": torch.zeros((), device=dev), "zero_long": torch.zeros(b, 1, dtype=torch.long, device=dev),
+            "no_parent": torch.full((b, k), -1, dtype=torch.long, device=dev),
+            "arange_k": torch.arange(k, device=dev).expand(b, k),
+            "eye_k": torch.eye(k, dtype=torch.bool, device=dev).expand(b, k, k),
+            "arange_nodes": torch.arange(n1 - 1, device=dev).expand(b, n1 - 1), "earlier": earlier,
         }
 
     def _draft_tree(self) -> None:
         loop = self.loop
-        k, depth, dev = loop.spec.top_k_draft, loop.spec.depth, loop.device
+        k, depth, dev, b = loop.spec.top_k_draft, loop.spec.depth, loop.device, loop.batch
         c = self._c
-        logq = torch.log(loop.q[0]).clamp(min=_LOG_FLOOR)  # log 0 = -inf -> the floor
-        top = torch.topk(logq, k)
+        logq = torch.log(loop.q[:, 0]).clamp(min=_LOG_FLOOR)  # log 0 = -inf -> the floor
+        top = torch.topk(logq, k)  # (B, k)
         cand_tok, cand_score = [top.indices], [child_scores(c["zero"], top.values)]
         cand_parent = [c["no_parent"]]
-        frontier = c["arange_k"]  # candidate ids of the frontier
+        frontier = c["arange_k"]  # (B, k) candidate ids of the frontier
         fr_tok, fr_score = top.indices, cand_score[0]
         fr_hidden = self.draft_hidden[:, :1].expand(loop.rows, k, -1)
-        fr_anc = c["eye_k"]  # (k, l*k) over frontier blocks
+        fr_anc = c["eye_k"]  # (B, k, l*k) over frontier blocks
+        dim = fr_hidden.size(-1)
         base = k
         for level in range(1, depth + 1):
-            positions = (self.dcache.length - 1 + level).expand(k)
-            out = loop.drafter.forward_cached(loop.expand_rows(fr_tok), fr_hidden, positions, fr_anc,
-                                              self.dcache, offset=(level - 1) * k)
-            lq = torch.log(self._dist(out, level)).clamp(min=_LOG_FLOOR)
-            ch = torch.topk(lq, k, dim=-1)  # (k, k)
-            scores = child_scores(fr_score[:, None], ch.values).reshape(-1)
-            cand_tok.append(ch.indices.reshape(-1))
+            positions = (self.dcache.length[:, None] - 1 + level).expand(-1, k)
+            out = loop.drafter.forward_cached(loop.expand_rows(fr_tok), fr_hidden, positions,
+                                              loop.expand_rows(fr_anc), self.dcache, offset=(level - 1) * k)
+            lq = torch.log(self._dist(out, level)).clamp(min=_LOG_FLOOR)  # (B, k, V)
+            ch = torch.topk(lq, k, dim=-1)  # (B, k, k)
+            scores = child_scores(fr_score[..., None], ch.values).reshape(b, -1)
+            ch_tok = ch.indices.reshape(b, -1)
+            cand_tok.append(ch_tok)
             cand_score.append(scores)
-            cand_parent.append(frontier.repeat_interleave(k))
-            best = torch.topk(scores, k).indices  # (k,) local ids in this block
+            cand_parent.append(frontier.repeat_interleave(k, dim=1))
+            best = torch.topk(scores, k).indices  # (B, k) local ids in this block
             parent_local = best // k
             frontier = base + best
-            fr_tok = ch.indices.reshape(-1)[best]
-            fr_score = scores[best]
-            fr_hidden = out[:, parent_local]
-            fr_anc = torch.cat([fr_anc[parent_local], c["eye_k"]], dim=1)
+            fr_tok = ch_tok.gather(1, best)
+            fr_score = scores.gather(1, best)
+            fr_hidden = out.gather(1, loop.expand_rows(parent_local)[..., None].expand(-1, -1, dim))
+            fr_anc = torch.cat([fr_anc.gather(1, parent_local[..., None].expand(-1, -1, fr_anc.size(-1))),
+                                c["eye_k"]], dim=2)
             base += k * k
-        tok = torch.cat(cand_tok)
-        score = torch.cat(cand_score)
-        par = torch.cat(cand_parent)
+        tok = torch.cat(cand_tok, 1)  # (B, n_cand)
+        score = torch.cat(cand_score, 1)
+        par = torch.cat(cand_parent, 1)
         n1 = self.tree.size
         sel = torch.topk(score, n1 - 1).indices.sort().values  # parents before children
-        inv = torch.full((self.n_cand,), -1, dtype=torch.long, device=dev)
-        inv[sel] = c["arange_nodes"]
-        sel_par = par[sel]
-        node_parent = torch.where(sel_par < 0, 0, inv[sel_par.clamp(min=0)] + 1)
-        parent = torch.cat([c["zero_long"], node_parent])
-        rank = ((parent[:, None] == parent[None, :]) & c["earlier"]).sum(1)
+        inv = torch.full((b, self.n_cand), -1, dtype=torch.long, device=dev)
+        inv.scatter_(1, sel, c["arange_nodes"])
+        sel_par = par.gather(1, sel)
+        node_parent = torch.where(sel_par < 0, 0, inv.gather(1, sel_par.clamp(min=0)) + 1)
+        parent = torch.cat([c["zero_long"], node_parent], 1)
+        rank = ((parent[:, :, None] == parent[:, None, :]) & c["earlier"]).sum(-1)
         built = buffers_from_parents(parent, rank, depth + 1, k)
         t = self.tree
         for dst, src in ((t.parent, built.parent), (t.depth, built.depth), (t.rank, built.rank),
                          (t.ancestor_mask, built.ancestor_mask), (t.children, built.children),
                          (t.path_table, built.path_table), (t.earlier_sibling, built.earlier_sibling)):
             dst.copy_(src)
-        loop.tokens[1:] = tok[sel]
+        loop.tokens[:, 1:] = tok.gather(1, sel)
 
 
 def make_policy(loop: "Decoder") -> DraftPolicy:

@@ -7,7 +7,8 @@
     result.stats       # {"mean_accepted_length", "target_forwards", "tokens", ...}
 
 Image i is generated with seed `derive_seed(seed, index_i)`, so its tokens depend only on
-the run seed and its index: not on batching, order, or how images are split across ranks.
+the run seed and its index: not on the batch size, order, or how images are split across
+ranks (`batch_size=B` decodes B images at once; the tokens are the same for every B).
 """
 
 from __future__ import annotations
@@ -45,35 +46,43 @@ def generate(target: Transformer, drafter: Drafter | None, spec: MethodSpec,
              conditions: Sequence[int] | torch.Tensor, *, cond_masks: torch.Tensor | None = None,
              seed: int = 0, indices: Sequence[int] | None = None, vq: Any = None,
              neighbours: torch.Tensor | None = None, backend: Any = None,
-             decoder: Decoder | None = None,
+             decoder: Decoder | None = None, batch_size: int = 1,
              on_image: Callable[[int, torch.Tensor], None] | None = None) -> GenerationResult:
-    """Generate one image per condition.
+    """Generate one image per condition, `batch_size` images per decode.
 
     conditions: class ids (c2i) or caption features (n, cls, caption_dim) (t2i, with
     `cond_masks` (n, cls) bool). indices: the global image index of each condition (defaults
     to 0..n-1), used to derive per-image seeds. Pass `decoder` to reuse one across calls
-    (state and captured graphs are kept). `on_image(i, tokens)` is called after each image.
+    (state and captured graphs are kept; its batch size is used). The conditions are split
+    into batches; a short last batch is padded with copies of its last condition, whose
+    images are dropped. `on_image(i, tokens)` is called for each image once its batch is done.
     """
     dev = target.tok_embeddings.weight.device
     if decoder is None:
         if neighbours is None and vq is not None:
             neighbours = neighbours_for(vq, spec, target.config.vocab_size)
-        decoder = Decoder(target, drafter, spec, neighbours=neighbours, backend=backend)
+        decoder = Decoder(target, drafter, spec, neighbours=neighbours, backend=backend, batch_size=batch_size)
+    b = decoder.batch
     n = len(conditions)
     indices = list(range(n)) if indices is None else list(indices)
     seeds = [derive_seed(seed, i) for i in indices]
     stats = RunStats()
     out = torch.zeros(n, target.config.block_size, dtype=torch.long)
-    for j in range(n):
-        if isinstance(conditions, torch.Tensor) and conditions.dim() == 3:
-            cond = conditions[j:j + 1].to(dev)
-            mask = cond_masks[j:j + 1].to(dev) if cond_masks is not None else None
+    captions = isinstance(conditions, torch.Tensor) and conditions.dim() == 3
+    for start in range(0, n, b):
+        real = list(range(start, min(start + b, n)))
+        rows = real + [real[-1]] * (b - len(real))  # pad a short last batch
+        if captions:
+            cond = conditions[rows].to(dev)
+            mask = cond_masks[rows].to(dev) if cond_masks is not None else None
         else:
-            cond = torch.tensor([int(conditions[j])], device=dev)
+            cond = torch.tensor([int(conditions[j]) for j in rows], device=dev)
             mask = None
-        tokens, image_stats = decoder.generate_one(cond, mask, seeds[j])
-        out[j] = tokens.cpu()
-        stats.add(image_stats)
-        if on_image is not None:
-            on_image(j, out[j])
+        tokens, image_stats = decoder.generate_batch(cond, mask, [seeds[j] for j in rows])
+        tokens = tokens.cpu()
+        for slot, j in enumerate(real):
+            out[j] = tokens[slot]
+            stats.add(image_stats[slot])
+            if on_image is not None:
+                on_image(j, out[j])
     return GenerationResult(out, stats.summary(), seeds)

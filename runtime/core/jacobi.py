@@ -84,10 +84,11 @@ class JacobiPolicy(DraftPolicy):
         grid = int(round(math.sqrt(loop.num_tokens)))
         # how far back a fresh position copies its token from (0: uniform prior)
         self.offset = {"uniform": 0, "repeat-h": 1, "repeat-v": grid}[loop.spec.init]
-        self.last_n = torch.full((), w + 1, dtype=torch.long, device=dev)  # everything fresh
+        self.last_n = torch.full((loop.batch,), w + 1, dtype=torch.long, device=dev)  # everything fresh
         self.spine = torch.tensor(self.spine_nodes, device=dev)  # (L+1,) node ids, root first
         self.node_ids = torch.arange(1, w + 1, device=dev)  # window index i = 1..L
         self.vocab_ids = torch.arange(loop.vocab, device=dev)
+        self.image_ids = torch.arange(loop.batch, device=dev)[:, None]
         if self.offset:
             self.history_ids = torch.arange(-self.offset, 0, device=dev)
         if loop.spec.proactive is not None:
@@ -110,32 +111,33 @@ class JacobiPolicy(DraftPolicy):
 
     # ---------------------------------------------------------------------------------------
     def draft(self) -> None:
-        loop, w, v = self.loop, self.window, self.loop.vocab
+        """Per image of the batch (leading dim B): redraft the stale tail, fill the fresh
+        positions, write tokens and q."""
+        loop, w, v, b = self.loop, self.window, self.loop.vocab, self.loop.batch
         greedy = loop.params.greedy
-        spine = self.spine
-        n = self.last_n
-        j = n + self.node_ids  # old window index feeding new window index i
-        stale = j <= w  # (L,)
+        spine, img = self.spine, self.image_ids
+        j = self.last_n[:, None] + self.node_ids  # (B, L) old window index feeding new index i
+        stale = j <= w
         src = spine[(j - 1).clamp(max=w - 1)]  # old node whose p predicts old node j
-        p_src = loop.p[src]  # (L, V) stale proposal of each new position
-        old_tok = loop.tokens[spine[j.clamp(max=w)]]
+        p_src = loop.p[img, src]  # (B, L, V) stale proposal of each new position
+        old_tok = loop.tokens.gather(1, spine[j.clamp(max=w)])
         coupling = loop.spec.coupling
         # columns: keep test (maximal), prior, then Gumbel rows unless the coupling keys its own
-        noise = None if greedy else loop.rng.uniform(w, 2 if coupling == "gumbel" else v + 2)
+        noise = None if greedy else loop.rng.uniform(b, w, 2 if coupling == "gumbel" else v + 2)
 
         if greedy:
             redraft = p_src.argmax(-1)
         elif coupling == "gumbel":
-            pos = loop.count - 1 + self.node_ids  # image index of each new position
-            g = gumbel_from_uniform(loop.rng.keyed_uniform(pos[:, None] * v + self.vocab_ids))
+            pos = loop.count[:, None] - 1 + self.node_ids  # image index of each new position
+            g = gumbel_from_uniform(loop.rng.keyed_uniform(pos[..., None] * v + self.vocab_ids))
             redraft = torch.argmax(torch.log(p_src) + g, dim=-1)
         else:
-            g = gumbel_from_uniform(noise[:, 2:])
+            g = gumbel_from_uniform(noise[..., 2:])
             if coupling == "maximal":
-                q_old = loop.q[src]  # the distribution old node j was drawn from
-                px = p_src.gather(1, old_tok[:, None]).squeeze(1)
-                qx = q_old.gather(1, old_tok[:, None]).squeeze(1)
-                keep = noise[:, 0] * qx < px  # u < min(1, p/q)
+                q_old = loop.q[img, src]  # the distribution old node j was drawn from
+                px = p_src.gather(2, old_tok[..., None]).squeeze(2)
+                qx = q_old.gather(2, old_tok[..., None]).squeeze(2)
+                keep = noise[..., 0] * qx < px  # u < min(1, p/q)
                 res = (p_src - q_old).clamp(min=0.0)
                 res = torch.where(res.sum(-1, keepdim=True) > 0, res, p_src)
                 redraft = torch.where(keep, old_tok, torch.argmax(torch.log(res) + g, dim=-1))
@@ -143,47 +145,49 @@ class JacobiPolicy(DraftPolicy):
                 redraft = torch.argmax(torch.log(p_src) + g, dim=-1)
 
         fresh = self._prior(redraft, stale, noise)
-        new = torch.where(stale, redraft, fresh)  # (L,)
-        one_hot = torch.zeros_like(p_src).scatter_(1, new[:, None], 1.0)  # (F.one_hot checks on the host)
-        q_new = torch.where(stale[:, None], p_src, one_hot)
+        new = torch.where(stale, redraft, fresh)  # (B, L)
+        one_hot = torch.zeros_like(p_src).scatter_(2, new[..., None], 1.0)  # (F.one_hot checks on the host)
+        q_new = torch.where(stale[..., None], p_src, one_hot)
         if loop.spec.proactive is None:
-            loop.tokens[1:] = new
-            loop.q[:w] = q_new
+            loop.tokens[:, 1:] = new
+            loop.q[:, :w] = q_new
         else:
             self._write_tree(new, q_new)
 
     def _prior(self, redraft: torch.Tensor, stale: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
-        """Tokens for fresh window positions (L,): the `init` prior (see the module docstring)."""
+        """Tokens for fresh window positions (B, L): the `init` prior (see the module docstring)."""
         loop, w, v, o = self.loop, self.window, self.loop.vocab, self.offset
+        start = loop.count[:, None] - 1  # (B, 1) image index of the root
         if noise is None:  # greedy: a fixed pseudo-random stream per position
-            u = loop.rng.keyed_uniform(loop.count - 1 + self.node_ids, stream=2)
+            u = loop.rng.keyed_uniform(start + self.node_ids, stream=2)
         else:
-            u = noise[:, 1]
+            u = noise[..., 1]
         uniform = (u * v).long().clamp(max=v - 1)
         if o == 0:
             return uniform
         # new window with the root at index 0 and the o committed tokens before it
-        hist = loop.out[(loop.count - 1 + self.history_ids).clamp(min=0)]
-        full = torch.cat([hist, loop.tokens[:1], torch.where(stale, redraft, 0)])
-        last = (w - self.last_n).clamp(min=0)  # last non-fresh window index (0 = root)
+        hist = loop.out.gather(1, (start + self.history_ids).clamp(min=0))
+        full = torch.cat([hist, loop.tokens[:, :1], torch.where(stale, redraft, 0)], 1)
+        last = (w - self.last_n[:, None]).clamp(min=0)  # last non-fresh window index (0 = root)
         i = self.node_ids
         s = i - o * torch.div(i - last + o - 1, o, rounding_mode="floor")  # copy source, in (last - o, last]
-        value = full[o + s]
-        return torch.where(loop.count - 1 + s >= 0, value, uniform)
+        value = full.gather(1, o + s)
+        return torch.where(start + s >= 0, value, uniform)
 
     def _write_tree(self, new: torch.Tensor, q_new: torch.Tensor) -> None:
         """Proactive tree: the window runs along the rank-0 spine; every node above depth D has
         K children drawn without replacement from the proposal of their position (a spine
         node's rank-0 child is the window's draft, the others exclude it)."""
-        loop, k = self.loop, self.k
-        loop.tokens[self.spine[1:]] = new
-        loop.q[self.spine[:-1]] = q_new  # q[parent] = the proposal its children were drawn from
-        q_par = q_new[self.tree_parent_depth]  # (M, V) proposal of each parent's children
-        loop.q[self.tree_parents] = q_par
-        first = new[self.tree_parent_depth]  # the spine child's token, for spine parents
+        loop, k, b = self.loop, self.k, self.loop.batch
+        loop.tokens[:, self.spine[1:]] = new
+        loop.q[:, self.spine[:-1]] = q_new  # q[parent] = the proposal its children were drawn from
+        q_par = q_new[:, self.tree_parent_depth]  # (B, M, V) proposal of each parent's children
+        loop.q[:, self.tree_parents] = q_par
+        first = new[:, self.tree_parent_depth]  # the spine child's token, for spine parents
         score = torch.log(q_par) + loop.rng.gumbel(*q_par.shape)
-        taken = self.tree_parent_on_spine[:, None] & (self.vocab_ids[None] == first[:, None])
-        top = torch.topk(score.masked_fill(taken, float("-inf")), k, dim=-1).indices  # (M, K)
-        spine_kids = torch.cat([first[:, None], top[:, : k - 1]], 1)
-        kids = torch.where(self.tree_parent_on_spine[:, None], spine_kids, top)
-        loop.tokens[self.tree_children.reshape(-1)] = kids.reshape(-1)
+        on_spine = self.tree_parent_on_spine[None, :, None]
+        taken = on_spine & (self.vocab_ids == first[..., None])
+        top = torch.topk(score.masked_fill(taken, float("-inf")), k, dim=-1).indices  # (B, M, K)
+        spine_kids = torch.cat([first[..., None], top[..., : k - 1]], 2)
+        kids = torch.where(on_spine, spine_kids, top)
+        loop.tokens[:, self.tree_children.reshape(-1)] = kids.reshape(b, -1)

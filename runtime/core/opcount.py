@@ -66,7 +66,7 @@ def phase_ops(decoder: Any, cond: torch.Tensor, cond_mask: torch.Tensor | None =
     """Mean non-view aten ops per iteration of each phase, from `iterations` eager iterations.
 
     Runs the decoder's step functions directly (never its captured replays), after a prefill
-    of `cond`. Phases the method does not have (AR has no draft) are absent.
+    of `cond` ((B,) conditions for a decoder of batch size B). Phases the method does not have (AR has no draft) are absent.
     """
     decoder.prefill(cond, cond_mask, seed)
     steps = {"verify": decoder._verify_step, "accept": decoder._accept_step}
@@ -75,7 +75,7 @@ def phase_ops(decoder: Any, cond: torch.Tensor, cond_mask: torch.Tensor | None =
     totals = {name: 0 for name in steps}
     done = 0
     for _ in range(iterations):
-        if int(decoder.count) >= decoder.num_tokens:
+        if int(decoder.count.min()) >= decoder.num_tokens:
             break
         for name, step in steps.items():
             with OpCounter() as counter:

@@ -50,21 +50,30 @@ def derive_seed(seed: int, *keys: int | str) -> int:
 
 
 class CounterRNG:
-    """Stream of uniforms in (0, 1) keyed by a seed tensor and an advancing counter.
+    """Streams of uniforms in (0, 1), one per image, keyed by a seed and an advancing counter.
 
-    seed, counter: 0-d int64 device tensors; key = splitmix64(seed), kept so a draw does not
-    rehash the seed. `uniform(shape)` returns float32 of `shape` in [2^-24, 1 - 2^-24] and
-    advances the counter by numel(shape), so successive draws never overlap.
+    seeds (S,), counter (0-d): int64 device tensors; key = splitmix64(seeds), kept so a draw
+    does not rehash the seeds. One stream (S = 1): `uniform(*shape)` returns float32 of
+    `shape` in [2^-24, 1 - 2^-24] from counter positions counter .. counter + numel - 1.
+    S streams (a batch of S images): the leading dim of `shape` must be S and row i is drawn
+    from stream i at positions counter .. counter + numel/S - 1. Either way the counter then
+    advances past what one stream used, so successive draws never overlap, and image i of a
+    batch gets exactly the numbers it gets alone (batch of one) from the same seed.
     """
 
-    def __init__(self, device: torch.device | str, seed: int = 0) -> None:
-        self.seed = torch.tensor(seed, dtype=torch.long, device=device)
+    def __init__(self, device: torch.device | str, seed: int = 0, streams: int = 1) -> None:
+        self.streams = streams
+        self.seed = torch.full((streams,), seed, dtype=torch.long, device=device)
         self.key = splitmix64(self.seed)
         self.counter = torch.zeros((), dtype=torch.long, device=device)
 
-    def reset(self, seed: int) -> None:
-        """Restart the stream at `seed` in place (buffers keep their identity for graphs)."""
-        self.seed.fill_(seed)
+    def reset(self, seed: int | torch.Tensor) -> None:
+        """Restart at `seed` (an int, or (S,) seeds, one per stream) in place (buffers keep
+        their identity for graphs)."""
+        if isinstance(seed, torch.Tensor):
+            self.seed.copy_(seed)
+        else:
+            self.seed.fill_(seed)
         self.key.copy_(splitmix64(self.seed))
         self.counter.zero_()
 
@@ -72,8 +81,12 @@ class CounterRNG:
         n = 1
         for s in shape:
             n *= s
-        bits = splitmix64(self.key ^ (self.counter + torch.arange(n, device=self.counter.device)))
-        self.counter.add_(n)
+        per = n // self.streams
+        if self.streams > 1 and (not shape or shape[0] != self.streams):
+            raise ValueError(f"a draw from {self.streams} streams needs leading dim {self.streams}, got {shape}")
+        ids = self.counter + torch.arange(per, device=self.counter.device)
+        bits = splitmix64(self.key[:, None] ^ ids[None])  # (S, per)
+        self.counter.add_(per)
         return ((_shr(bits, 41).float() + 0.5) * (1.0 / (1 << 23))).view(shape)
 
     def gumbel(self, *shape: int) -> torch.Tensor:
@@ -84,9 +97,14 @@ class CounterRNG:
 
         The counter is not used or advanced: the same index gives the same number every time
         it is drawn (position-keyed noise, e.g. Gumbel-coupled Jacobi drafts). index: long,
-        any shape; stream >= 1 keeps these numbers apart from the counter stream.
+        (S, ...) with S streams (row i keyed by stream i's seed), any shape with one stream;
+        stream >= 1 keeps these numbers apart from the counter stream.
         """
         stream_key = splitmix64(self.key + _signed(stream * 0x9E3779B97F4A7C15))
+        if self.streams > 1:
+            stream_key = stream_key.view(-1, *([1] * (index.dim() - 1)))
+        else:
+            stream_key = stream_key[0]
         bits = splitmix64(stream_key ^ index)
         return (_shr(bits, 41).float() + 0.5) * (1.0 / (1 << 23))
 

@@ -39,8 +39,8 @@ def apply_cfg(logits: torch.Tensor, cfg: float, cfg_off: torch.Tensor | None = N
     """Rows are [cond (B), uncond (B)] -> uncond + cfg * (cond - uncond), (B, ..., V).
 
     With cfg <= 1 the batch is not doubled and logits are returned unchanged. cfg_off: (T,)
-    bool over the positions of logits (B, T, V); where True the conditional logits are
-    returned as they are (LlamaGen's `cfg_interval`).
+    or per image (B, T) bool over the positions of logits (2B, T, V); where True the
+    conditional logits are returned as they are (LlamaGen's `cfg_interval`).
     """
     if cfg <= 1.0:
         return logits
@@ -48,11 +48,11 @@ def apply_cfg(logits: torch.Tensor, cfg: float, cfg_off: torch.Tensor | None = N
     mixed = uncond + (cond - uncond) * cfg
     if cfg_off is None:
         return mixed
-    return torch.where(cfg_off[:, None], cond, mixed)
+    return torch.where(cfg_off[..., None], cond, mixed)
 
 
 def cfg_off_mask(next_index: torch.Tensor, cfg_interval: int) -> torch.Tensor | None:
-    """(T,) bool: which of the image-token indices `next_index` (T,) are past `cfg_interval`.
+    """Bool of next_index's shape: which image-token indices are past `cfg_interval`.
 
     None when the interval is off (-1), so callers skip the select entirely.
     """

@@ -15,7 +15,9 @@ so parents always precede children and each depth is a contiguous range.
     path_table      (N+1, D+1)  long  [i, d] = ancestor of i at depth d (i itself past depth(i))
 
 The same tensors, built on the device from parent pointers, describe EAGLE-2's dynamic
-trees (`buffers_from_parents`), so acceptance and KV commit never care which kind it is.
+trees (`buffers_from_parents`), so acceptance and KV commit never care which kind it is. A
+batch of images drafting dynamic trees holds one tree per image: every buffer above gains a
+leading batch dim B (`TreeBuffers.batched`); a static tree is shared by the whole batch.
 """
 
 from __future__ import annotations
@@ -142,7 +144,21 @@ class TreeBuffers:
     @property
     def size(self) -> int:
         """Nodes including the root."""
-        return self.parent.numel()
+        return self.parent.size(-1)
+
+    @property
+    def batched(self) -> bool:
+        """One tree per image (buffers (B, N+1, ...)) rather than one shared tree."""
+        return self.parent.dim() == 2
+
+    def per_image(self, b: int) -> "TreeBuffers":
+        """Views with a leading batch dim b (a batched tree as it is; a shared one expanded)."""
+        if self.batched:
+            return self
+        ex = lambda t: t[None].expand(b, *t.shape)  # noqa: E731
+        return TreeBuffers(ex(self.parent), ex(self.depth), ex(self.rank), ex(self.ancestor_mask),
+                           ex(self.children), ex(self.path_table), self.max_depth, self.max_children,
+                           self.children_at, ex(self.earlier_sibling), self.stages)
 
     def level(self, d: int) -> tuple[int, int]:
         """[start, end) node range of depth d (static trees only: depths are contiguous)."""
@@ -221,10 +237,11 @@ def static_buffers(tree: StaticTree) -> TreeBuffers:
 
 
 def earlier_siblings(parent: torch.Tensor, rank: torch.Tensor) -> torch.Tensor:
-    """(N+1, N+1) bool: [i, j] = j is a sibling of i with a lower rank; row and column 0 False."""
-    not_root = torch.arange(parent.numel(), device=parent.device) != 0
-    same = (parent[:, None] == parent[None, :]) & not_root[:, None] & not_root[None, :]
-    return same & (rank[None, :] < rank[:, None])
+    """(..., N+1, N+1) bool: [i, j] = j is a sibling of i with a lower rank; row and column 0
+    False. parent, rank: (N+1,) or batched (B, N+1)."""
+    not_root = torch.arange(parent.size(-1), device=parent.device) != 0
+    same = (parent[..., :, None] == parent[..., None, :]) & not_root[:, None] & not_root[None, :]
+    return same & (rank[..., None, :] < rank[..., :, None])
 
 
 def buffers_from_parents(parent: torch.Tensor, rank: torch.Tensor, max_depth: int,
@@ -232,31 +249,37 @@ def buffers_from_parents(parent: torch.Tensor, rank: torch.Tensor, max_depth: in
     """Build every buffer from parent pointers with fixed-shape device ops (no host sync).
 
     parent: (N+1,) long with parent[0] == 0 and parent[i] < i; rank: (N+1,) rank among
-    siblings (< max_children, distinct per parent). Works on any device and under capture.
+    siblings (< max_children, distinct per parent). Both may carry a leading batch dim B
+    (one tree per image; every buffer then has it too). Works on any device and under capture.
     """
-    n = parent.numel()
+    single = parent.dim() == 1
+    if single:
+        parent, rank = parent[None], rank[None]
+    b, n = parent.shape
     dev = parent.device
-    ar = torch.arange(n, device=dev)
+    ar = torch.arange(n, device=dev).expand(b, n)
     is_root = ar == 0
-    anc = torch.eye(n, dtype=torch.bool, device=dev)
-    depth = torch.zeros(n, dtype=torch.long, device=dev)
-    cur = ar.clone()
+    anc = torch.eye(n, dtype=torch.bool, device=dev).expand(b, n, n).clone()
+    depth = torch.zeros(b, n, dtype=torch.long, device=dev)
+    cur = ar
     # Walk up max_depth times: after step s, cur = ancestor s levels up (stuck at root).
     for _ in range(max_depth):
-        nxt = parent[cur]
-        moved = cur != 0
-        depth = depth + moved.long()
-        anc[ar, nxt] = True
+        nxt = parent.gather(1, cur)
+        depth = depth + (cur != 0).long()
+        anc.scatter_(2, nxt[..., None], True)
         cur = nxt
     # path_table[i, d] = ancestor of i at depth d: walk up, writing each ancestor at its depth.
-    path_table = ar[:, None].expand(n, max_depth + 1).clone()
-    cur = ar.clone()
+    path_table = ar[..., None].expand(b, n, max_depth + 1).clone()
+    cur = ar
     for _ in range(max_depth + 1):
-        path_table.scatter_(1, depth[cur][:, None], cur[:, None])
-        cur = parent[cur]
+        path_table.scatter_(2, depth.gather(1, cur)[..., None], cur[..., None])
+        cur = parent.gather(1, cur)
     # children[parent, rank] = node; the root's entry lands in a spare slot that is dropped.
-    flat = torch.full((n * max_children + 1,), -1, dtype=torch.long, device=dev)
+    flat = torch.full((b, n * max_children + 1), -1, dtype=torch.long, device=dev)
     slot = torch.where(is_root, n * max_children, parent * max_children + rank)
-    flat.scatter_(0, slot, ar)
-    children = flat[: n * max_children].view(n, max_children)
-    return TreeBuffers(parent, depth, rank, anc, children, path_table, max_depth, max_children)
+    flat.scatter_(1, slot, ar)
+    children = flat[:, : n * max_children].view(b, n, max_children)
+    out = [parent, depth, rank, anc, children, path_table]
+    if single:
+        out = [t[0] for t in out]
+    return TreeBuffers(*out, max_depth, max_children)

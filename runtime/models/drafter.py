@@ -76,7 +76,8 @@ class Drafter(nn.Module):
     def rope_rows(self, positions: torch.Tensor) -> torch.Tensor:
         if self.freqs_cis.device != positions.device:
             self.freqs_cis = self.freqs_cis.to(positions.device)
-        return self.freqs_cis[positions]
+        # clamped: a finished image of a batch keeps stepping past the table (its output is unused)
+        return self.freqs_cis[positions.clamp(max=self.freqs_cis.size(0) - 1)]
 
     def _inputs(self, tokens: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         emb = self.embed_tokens(tokens)
@@ -98,10 +99,10 @@ class Drafter(nn.Module):
 
     def forward_cached(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
                        block_mask: torch.Tensor, cache: StaticKVCache, offset: int = 0) -> torch.Tensor:
-        """A block of T (token, hidden) pairs at `positions` (T,) through the cache, uncommitted.
+        """A block of T (token, hidden) pairs at `positions` (T,) or (B, T) through the cache, uncommitted.
 
         tokens: (B, T) long; hidden: (B, T, dim) (target hidden states, or the drafter's own
-        predictions inside a tree); block_mask: (T, T) bool. Returns (B, T, dim).
+        predictions inside a tree); block_mask: (T, T) or per row (B, T, T) bool. Returns (B, T, dim).
         """
         x = self._inputs(tokens, hidden)
         freqs = self.rope_rows(positions)

@@ -140,10 +140,11 @@ class Transformer(nn.Module):
         nn.init.zeros_(self.output.weight)
 
     def rope_rows(self, positions: torch.Tensor) -> torch.Tensor:
-        """RoPE table rows for sequence positions (T,) -> (T, head_dim/2, 2) fp32."""
+        """RoPE table rows for sequence positions (T,) or (B, T) -> (..., head_dim/2, 2) fp32."""
         if self.freqs_cis.device != positions.device:
             self.freqs_cis = self.freqs_cis.to(positions.device)
-        return self.freqs_cis[positions]
+        # clamped: a finished image of a batch keeps stepping past the table (its output is unused)
+        return self.freqs_cis[positions.clamp(max=self.freqs_cis.size(0) - 1)]
 
     @property
     def max_position(self) -> int:
@@ -224,8 +225,8 @@ class Transformer(nn.Module):
         """Run a block of T new inputs through the cache without committing it.
 
         x: (B, T, dim) input embeddings (see `tok_embeddings`), written at slots
-        `cache.length + arange(T)`; positions: (T,) RoPE rows; block_mask: (T, T) or
-        (B, T, T) bool, which new tokens each new token sees (itself and its tree ancestors).
+        `cache.length + arange(T)` of each row; positions: (T,) or per row (B, T) RoPE rows;
+        block_mask: (T, T) or (B, T, T) bool, which new tokens each new token sees (itself and its tree ancestors).
         Returns post-norm hidden states (B, T, dim). The caller commits with `cache.commit`.
         """
         freqs = self.rope_rows(positions)

@@ -25,7 +25,8 @@ class StaticKVCache:
 
     k_all, v_all: (n_layer, batch, kv_heads, capacity, head_dim), model dtype.
     k, v: lists of the n_layer views k_all[i], v_all[i] (batch, kv_heads, capacity, head_dim).
-    length: 0-d int64 tensor on the device; number of committed slots (same for all rows).
+    length: (batch,) int64 on the device; committed slots of each row (rows of a batch of
+        images grow independently: each image accepts its own number of tokens).
     prefix_valid: (batch, capacity) bool; False only on padded condition positions (t2i
         captions are left-padded). Slots >= length are masked by `length`, not by this.
     """
@@ -37,9 +38,10 @@ class StaticKVCache:
         self.v_all = torch.zeros((n_layer, *shape), device=device, dtype=dtype)
         self.k = [self.k_all[i] for i in range(n_layer)]
         self.v = [self.v_all[i] for i in range(n_layer)]
-        self.length = torch.zeros((), device=device, dtype=torch.long)
+        self.length = torch.zeros(batch, device=device, dtype=torch.long)
         self.prefix_valid = torch.ones(batch, capacity, device=device, dtype=torch.bool)
         self.slot_ids = torch.arange(capacity, device=device)
+        self.row_ids = torch.arange(batch, device=device)[:, None]
         self.capacity = capacity
         self.batch = batch
 
@@ -49,8 +51,9 @@ class StaticKVCache:
         self.prefix_valid.fill_(True)
 
     def block_slots(self, block_len: int, offset: int = 0) -> torch.Tensor:
-        """Slots of a block of `block_len` new tokens: length + offset + arange(block_len)."""
-        return self.length + offset + self.slot_ids[:block_len]
+        """Slots of a block of `block_len` new tokens per row, (batch, block_len):
+        length + offset + arange(block_len)."""
+        return self.length[:, None] + offset + self.slot_ids[:block_len]
 
     def attention_mask(self, block_mask: torch.Tensor, offset: int = 0) -> torch.Tensor:
         """Mask for a block of T new tokens over the whole cache, (batch, 1, T, capacity) bool.
@@ -61,34 +64,38 @@ class StaticKVCache:
         written level by level: earlier levels sit at length .. length+offset-1.
         """
         t, w = block_mask.shape[-2:]
-        committed = (self.slot_ids < self.length)[None, :] & self.prefix_valid  # (B, cap)
-        mask = committed[:, None, :].expand(self.batch, t, self.capacity).clone()
+        rel = self.slot_ids[None, :] - self.length[:, None]  # (B, cap): slot's column in the block
+        committed = (rel < 0) & self.prefix_valid
+        in_block = (rel >= 0) & (rel < w)
         if block_mask.dim() == 2:
             block_mask = block_mask[None]
         block = block_mask.expand(self.batch, t, w).to(torch.bool)
-        mask.index_copy_(2, self.length + self.slot_ids[:w], block)
-        return mask[:, None]
+        cols = rel.clamp(0, w - 1)[:, None, :].expand(self.batch, t, self.capacity)
+        seen = block.gather(2, cols) & in_block[:, None, :]
+        return (committed[:, None, :] | seen)[:, None]
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store k, v (batch, kv_heads, T, head_dim) of `layer` at `slots` (T,)."""
-        self.k[layer][:, :, slots] = k.to(self.k[layer].dtype)
-        self.v[layer][:, :, slots] = v.to(self.v[layer].dtype)
+        """Store k, v (batch, kv_heads, T, head_dim) of `layer` at `slots` (batch, T)."""
+        self.k[layer][self.row_ids, :, slots] = k.transpose(1, 2).to(self.k[layer].dtype)
+        self.v[layer][self.row_ids, :, slots] = v.transpose(1, 2).to(self.v[layer].dtype)
 
     def commit(self, path: torch.Tensor, count: torch.Tensor) -> None:
-        """Keep an accepted path of the block written at `length` and advance `length`.
+        """Keep each row's accepted path of the block written at its `length`, advance `length`.
 
-        path: (M,) long, block-relative indices of the accepted nodes in order (root first);
-            entries at and after `count` are ignored (may be any valid index).
-        count: 0-d long, number of accepted nodes (1 <= count <= M).
+        path: (batch, M) long, block-relative indices of the accepted nodes in order (root
+            first); entries at and after `count` are ignored (may be any valid index).
+        count: (batch,) long, accepted nodes per row (0 <= count <= M; 0 keeps a finished
+            image's row as it is).
         Slots length + path[j] move to length + j for all j < M; only the first `count`
         become committed, the rest lie beyond the new length and are never read.
         """
-        src = self.length + path
-        dst = self.length + self.slot_ids[: path.numel()]
+        src = self.length[:, None] + path
+        dst = self.length[:, None] + self.slot_ids[: path.size(1)]
         for buf in (self.k_all, self.v_all):
-            buf[:, :, :, dst] = buf[:, :, :, src]  # the gather is materialised before the write
+            buf[:, self.row_ids, :, dst] = buf[:, self.row_ids, :, src]  # gathered before the write
         self.length.add_(count)
 
     def advance(self, count: int | torch.Tensor) -> None:
-        """Commit the first `count` slots of the last block as written (prefill, AR)."""
+        """Commit the first `count` slots (an int, or (batch,) per row) of the last block as
+        written (prefill, AR)."""
         self.length.add_(count)

@@ -33,12 +33,13 @@ def rope_table_2d(grid_size: int, head_dim: int, base: float = 10000.0,
 
 
 def apply_rope(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
-    """Rotate interleaved pairs (x[2m], x[2m+1]) of `x` (B, S, H, D) by `freqs` (S, D/2, 2).
+    """Rotate interleaved pairs (x[2m], x[2m+1]) of `x` (B, S, H, D) by `freqs` (S, D/2, 2),
+    or per row by (B, S, D/2, 2).
 
     Computed in fp32 and cast back to x's dtype, as LlamaGen does.
     """
     xs = x.float().reshape(*x.shape[:-1], -1, 2)
-    f = freqs.view(1, xs.size(1), 1, xs.size(3), 2)
+    f = freqs[None, :, None] if freqs.dim() == 3 else freqs[:, :, None]
     x0, x1 = xs[..., 0], xs[..., 1]
     cos, sin = f[..., 0], f[..., 1]
     out = torch.stack([x0 * cos - x1 * sin, x1 * cos + x0 * sin], dim=-1)
