@@ -136,6 +136,24 @@ def check_greedy_exact(bundle: Any, backend: Any) -> Check:
     return Check("greedy_exact", not bad, "; ".join(bad) or f"{', '.join(METHODS)} equal AR greedy")
 
 
+def check_batch_invariance(bundle: Any, backend: Any) -> Check:
+    """Sampled tokens of three images at batch size 3 equal those decoded one at a time
+    (eager steps on the device, fp32), for a static tree (lantern++) and a dynamic one (eagle2)."""
+    from runtime.core import generate
+
+    bad = []
+    for method in ("lantern++", "eagle2"):
+        spec = _spec(method, greedy=False, **({"depth": 3, "top_k_draft": 4, "total_tokens": 16}
+                                              if method == "eagle2" else {}))
+        nb = neighbours_for(bundle.vq, spec, bundle.gpt.config.vocab_size)
+        runs = [generate(bundle.gpt, bundle.drafter, spec, [3, 5, 7], seed=2, neighbours=nb, batch_size=b).tokens
+                for b in (1, 3)]
+        for i in range(3):
+            if not torch.equal(runs[0][i], runs[1][i]):
+                bad.append(f"{method} image {i} differs from token {int((runs[0][i] != runs[1][i]).nonzero()[0, 0])}")
+    return Check("batch_invariance", not bad, "; ".join(bad) or "lantern++ and eagle2 sampling: B=3 == B=1")
+
+
 def check_no_zero_probability(device: torch.device, draws: int = 100_000, vocab: int = 64) -> Check:
     """`draws` samples from distributions with about half their entries zero."""
     from runtime.core.rng import CounterRNG
@@ -224,6 +242,8 @@ def run_selfcheck(backend: Any, *, xl: bool = True, progress: Callable[[str], No
     report.checks.extend(check_graph_and_sync(bundle, backend))
     say("greedy exactness of every method")
     report.checks.append(check_greedy_exact(bundle, backend))
+    say("same tokens at every batch size")
+    report.checks.append(check_batch_invariance(bundle, backend))
     say("no zero-probability samples")
     report.checks.append(check_no_zero_probability(backend.device))
     say("per-phase time, ops, kernels, memory")

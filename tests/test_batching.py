@@ -120,3 +120,28 @@ def test_batch_size_below_one_is_refused():
     target, _ = tiny_pair()
     with pytest.raises(UserError, match="--batch-size must be >= 1"):
         Decoder(target, None, MethodSpec("ar"), batch_size=0)
+
+
+def test_out_of_memory_is_one_line_naming_a_batch_size_that_fits():
+    from runtime.errors import UserError
+    from runtime.pipeline import out_of_memory_as_user_error
+
+    target, drafter = tiny_pair()
+    dec = Decoder(target, drafter, MethodSpec("sd", depth=2), batch_size=4)
+    per_image = dec.state_bytes() / 4
+
+    class Gpu:
+        name = "cuda"
+
+        def free_memory(self):
+            return int(10 * 2 * per_image)  # room for 10 images' state, counted twice
+
+    with pytest.raises(UserError) as caught:
+        with out_of_memory_as_user_error(dec, Gpu()):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    message = str(caught.value)
+    assert "batch size 4 does not fit in cuda memory" in message and "--batch-size 10 should fit" in message
+    assert "\n" not in message
+    # the state grows linearly with the batch
+    assert Decoder(target, drafter, MethodSpec("sd", depth=2), batch_size=8).state_bytes() == pytest.approx(
+        8 * per_image, rel=0.01)

@@ -93,6 +93,9 @@ def test_bench_schedules_timed_repeats(tiny_official, tmp_path, run_cli, monkeyp
     (["--methods", "ar,bogus"], "unknown method 'bogus'"),
     (["--sweep", "gamma=1,2"], "--sweep 'gamma=1,2'"),
     (["--repeats", "0"], "--repeats must be >= 1"),
+    (["--batch-size", "0"], "--batch-size must be >= 1"),
+    (["--sweep", "batch=0,2"], "batch sizes must be >= 1"),
+    (["--sweep", "batch=1,2", "--batch-size", "2"], "give one"),
 ])
 def test_bench_refuses_bad_arguments(tiny_official, tmp_path, run_cli, args, message):
     d = tiny_official
@@ -101,3 +104,24 @@ def test_bench_refuses_bad_arguments(tiny_official, tmp_path, run_cli, args, mes
                   "--image-size", "64", "--device", "cpu", "--out", str(out), *args)
     assert res.exit_code == 2 and message in res.stderr
     assert not out.exists()
+
+
+def test_bench_sweeps_batch_size_against_ar_at_the_same_size(tiny_official, tmp_path, run_cli):
+    d = tiny_official
+    out = tmp_path / "bench.json"
+    res = run_cli("bench", "--gpt-model", "GPT-tiny", "--gpt-ckpt", str(d / "gpt.pt"), "--vq-ckpt", str(d / "vq.pt"),
+                  "--image-size", "64", "--drafter", str(d / "drafter"), "--device", "cpu", "--no-graph",
+                  "--methods", "ar,lantern++", "--sweep", "batch=1,2", "--lantern-k", "8", "--tree", "chain2",
+                  "--num-images", "3", "--repeats", "1", "--warmup", "0", "--no-quality", "--out", str(out))
+    assert res.exit_code == 0, res.stderr
+    result = load_bench(out)
+    assert [(r.method, r.params.batch_size) for r in result.runs] == [("ar", 1), ("ar", 2), ("lantern++", 1),
+                                                                     ("lantern++", 2)]
+    ar = {r.params.batch_size: r for r in result.runs if r.method == "ar"}
+    for run in result.runs:
+        assert run.speedup_vs_ar == pytest.approx(ar[run.params.batch_size].latency_s.p50 / run.latency_s.p50)
+        assert run.stats.tokens == 3 * 16  # a padded last batch adds no tokens
+    res = run_cli("report", str(out), "--out", str(tmp_path / "report"))
+    assert res.exit_code == 0, res.stderr
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "images/s scaling" in md and "batch=2" in md

@@ -86,6 +86,28 @@ def test_speedup_is_null_without_an_ar_run() -> None:
     assert speedup_vs_ar(result.runs) == [None, None]
 
 
+def test_speedups_compare_with_ar_at_the_same_batch_size(tmp_path: Path) -> None:
+    result = bench()
+    ar, eagle, lantern = result.runs
+    ar4 = make_run("ar", latencies=[1.0], num_images=NUM_IMAGES, target_forwards=64, tokens=64,
+                   mean_accepted_length=1.0, params=MethodParams(batch_size=4))
+    lantern4 = make_run("lantern++", latencies=[0.5], num_images=NUM_IMAGES, target_forwards=20, tokens=64,
+                        mean_accepted_length=3.1, params=MethodParams(tree="t7", batch_size=4))
+    eagle8 = make_run("eagle2", latencies=[0.4], num_images=NUM_IMAGES, target_forwards=24, tokens=64,
+                      mean_accepted_length=2.6, params=MethodParams(batch_size=8))
+    batched = make_bench(result.device, result.workload, result.env, [ar, lantern, ar4, lantern4, eagle8])
+    assert [r.speedup_vs_ar for r in batched.runs[:4]] == pytest.approx([1.0, 2.1 / 0.75, 1.0, 2.0])
+    assert batched.runs[4].speedup_vs_ar is None  # no ar at batch size 8
+    path = save_bench(batched, tmp_path / "b.json")
+    assert load_bench(path) == batched
+    # files written before batching have no batch_size: read as 1
+    data = to_dict(bench())
+    for run in data["runs"]:
+        del run["params"]["batch_size"]
+    (tmp_path / "old.json").write_text(json.dumps(data))
+    assert {r.params.batch_size for r in load_bench(tmp_path / "old.json").runs} == {1}
+
+
 def test_percentiles_interpolate_linearly() -> None:
     assert percentiles([5.0]) == (5.0, 5.0, 5.0)
     assert percentiles([4.0, 1.0, 3.0, 2.0, 5.0]) == pytest.approx((1.4, 3.0, 4.6))
@@ -177,9 +199,9 @@ MALFORMED = [
     (_set("runs.1.stats.per_depth_acceptance", [0.5, 1.5]), "runs[1].stats.per_depth_acceptance[1] must be a fraction"),
     (_set("runs.1.latency_s.p10", 1.09), "runs[1].latency_s must satisfy min(all) <= p10 <= p50 <= p90 <= max(all)"),
     (_set("runs.1.images_per_s", 10.0), "runs[1].images_per_s must equal workload.num_images / latency_s.p50"),
-    (_set("runs.2.speedup_vs_ar", 3.5), "runs[2].speedup_vs_ar must equal ar latency_s.p50 / this run's latency_s.p50"),
-    (_set("runs.2.speedup_vs_ar", None), "runs[2].speedup_vs_ar must be a number (the file has an 'ar' run)"),
-    (_set("runs.0.method", "sd"), "runs[0].speedup_vs_ar must be null: the file has no 'ar' run"),
+    (_set("runs.2.speedup_vs_ar", 3.5), "runs[2].speedup_vs_ar must equal latency_s.p50 of the ar run at its batch size / its latency_s.p50"),
+    (_set("runs.2.speedup_vs_ar", None), "runs[2].speedup_vs_ar must be a number (the file has an 'ar' run at batch size 1)"),
+    (_set("runs.0.method", "sd"), "runs[0].speedup_vs_ar must be null: the file has no 'ar' run at batch size 1"),
     (_delete("runs.2.quality.reason"), "runs[2].quality.reason is missing"),
     (_set("runs.0.quality", {"measured": True}), "runs[0].quality must name at least one metric"),
     (_set("runs.0.quality.fd", "low"), "runs[0].quality.fd must be a number"),

@@ -59,6 +59,13 @@ def test_run_writes_images_tokens_and_result(official_ckpts, tmp_path, run_cli):
     again = tmp_path / "again"
     assert run_cli(*base_args(official_ckpts, again), "--method", "ar", "--classes", "3,7", "--seed", "5").exit_code == 0
     assert np.array_equal(np.load(again / "tokens.npy"), tokens[:2])
+    # ... and so does a batch of two images per decode (the last batch padded)
+    batched = tmp_path / "batched"
+    assert run_cli(*base_args(official_ckpts, batched), "--method", "ar", "--classes", "3,7", "--num-images", "3",
+                   "--seed", "5", "--batch-size", "2").exit_code == 0
+    assert np.array_equal(np.load(batched / "tokens.npy"), tokens)
+    assert json.loads((batched / "result.json").read_text())["batch_size"] == 2
+    assert result["batch_size"] == 1
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -72,6 +79,7 @@ def test_run_writes_images_tokens_and_result(official_ckpts, tmp_path, run_cli):
     (["--cfg-interval", "-2"], "--cfg-interval must be -1 (always) or >= 0, got -2"),
     (["--attention", "flash"], "--attention 'flash' is not a kernel setting; choose auto or math"),
     (["--image-size", "100"], "--image-size 100 is not a positive multiple of 16"),
+    (["--batch-size", "0"], "--batch-size must be >= 1, got 0"),
 ])
 def test_bad_arguments_are_refused_before_anything_is_written(official_ckpts, tmp_path, run_cli, extra, message):
     out = tmp_path / "out"

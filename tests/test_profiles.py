@@ -80,7 +80,12 @@ def test_a_valid_file_loads_with_its_values(tmp_path: Path) -> None:
     assert profile.method.pinned() == {"lantern_k": 1000, "lantern_lambda": 2.0, "top_k_draft": 10}
     assert isinstance(profile.method.lantern_lambda, float)
     assert profile.bench.repeats == 5
-    assert profile.to_dict()["device"] == {"dtype": "bf16", "graph": True, "hpu_mode": None}
+    assert profile.to_dict()["device"] == {"dtype": "bf16", "graph": True, "hpu_mode": None, "batch_size": 1}
+
+
+def test_a_profile_may_set_the_batch_size(tmp_path: Path) -> None:
+    profile = load_profile(write_profile(tmp_path, VALID.replace("graph = true", "graph = true\nbatch_size = 8")))
+    assert profile.device.batch_size == 8
 
 
 def test_a_profile_may_pin_the_cfg_interval(tmp_path: Path) -> None:
@@ -94,6 +99,7 @@ def test_a_profile_may_pin_the_cfg_interval(tmp_path: Path) -> None:
         ("lantern_k = 1000", "lamda = 2", "unknown key 'method.lamda' (known: name, lantern_k"),
         ('dtype = "bf16"', 'dtype = "int8"', "'device.dtype' must be one of 'bf16', 'fp16', 'fp32', got 'int8'"),
         ("graph = true", 'graph = "yes"', "'device.graph' must be true or false, got 'yes'"),
+        ("graph = true", "graph = true\nbatch_size = 0", "'device.batch_size' must be an integer >= 1, got 0"),
         ("repeats = 5", "repeats = -3", "'bench.repeats' must be an integer >= 1, got -3"),
         ("warmup = 2", "warmup = 1.5", "'bench.warmup' must be an integer >= 0, got 1.5"),
         ("lantern_k = 1000", "lantern_k = true", "'method.lantern_k' must be an integer >= 1, got True"),

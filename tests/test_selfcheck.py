@@ -19,6 +19,7 @@ def test_selfcheck_cpu_passes_and_writes_its_report(tmp_path):
     assert names["graph_equals_eager"] is True
     assert names["greedy_exact"] is True
     assert names["no_zero_probability"] is True
+    assert names["batch_invariance"] is True
     assert names["no_hidden_host_sync"] is None  # not applicable on the CPU
     ph = report["phases"]["lantern++ sampling"]
     assert set(ph["ops_per_iteration"]) == {"draft", "verify", "accept"}

@@ -218,12 +218,16 @@ def loop_efficiency(run: RunResult) -> float | None:
 
     The share of an iteration spent in the target's verify forward: 1.0 means drafting,
     acceptance and the host loop cost nothing; the rest is loop overhead. None without a
-    recorded verify phase.
+    recorded verify phase. An iteration here is one forward of the decoder (verify or
+    prefill) over its whole batch, counted by the phase timer; at batch size 1 that is the
+    run's target forward count.
     """
     verify = run.phases.get("verify")
     if verify is None or verify.count == 0:
         return None
-    iteration = run.latency_s.p50 / run.stats.target_forwards
+    prefill = run.phases.get("prefill")
+    forwards = verify.count + (prefill.count if prefill is not None else 0)
+    iteration = run.latency_s.p50 / forwards
     return (verify.seconds / verify.count) / iteration
 
 
@@ -233,6 +237,52 @@ def _ops_cell(run: RunResult, phase: str) -> str:
         return "-"
     kernels = "" if o.kernels_per_step is None else f" / {o.kernels_per_step}"
     return f"{o.ops_per_iteration:.0f}{kernels}"
+
+
+def _without_batch(run: RunResult) -> str:
+    return " ".join(part for part in run.params.label().split() if not part.startswith("batch="))
+
+
+def batch_scaling_table(runs: Sequence[RunResult]) -> Table | None:
+    """Per method and batch size: images/s, p50 seconds per image, speedup over ar at that batch
+    size and images/s relative to the method's smallest batch. None with one batch size."""
+    sizes = sorted({r.params.batch_size for r in runs})
+    if len(sizes) < 2:
+        return None
+    groups: dict[tuple[str, str], list[RunResult]] = {}
+    for run in runs:
+        groups.setdefault((run.method, _without_batch(run)), []).append(run)
+    rows = []
+    for (method, params), members in groups.items():
+        members = sorted(members, key=lambda r: r.params.batch_size)
+        base = members[0]
+        for run in members:
+            rows.append([method, params or "-", str(run.params.batch_size), _sig(run.images_per_s),
+                         _sig(1e3 / run.images_per_s),
+                         fmt_speedup(run.speedup_vs_ar),
+                         f"{run.images_per_s / base.images_per_s:.2f}x (vs B={base.params.batch_size})"])
+    return Table(["method", "params", "batch size", "images/s", "ms per image (p50)", "speedup over ar at B",
+                  "images/s scaling"], rows)
+
+
+def plot_batch_scaling(runs: Sequence[RunResult]) -> bytes | None:
+    """images/s against batch size, one line per method (and its non-batch settings)."""
+    if len({r.params.batch_size for r in runs}) < 2:
+        return None
+    fig = _new_figure(5.0, 3.4)
+    ax = fig.subplots()
+    groups: dict[str, list[RunResult]] = {}
+    for run in runs:
+        params = _without_batch(run)
+        groups.setdefault(run.method if params in ("", "-") else f"{run.method} [{params}]", []).append(run)
+    for label, members in groups.items():
+        members = sorted(members, key=lambda r: r.params.batch_size)
+        ax.plot([r.params.batch_size for r in members], [r.images_per_s for r in members], marker="o", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch size (images per decode)")
+    ax.set_ylabel("images/s (p50)")
+    ax.legend(fontsize=7)
+    return _png(fig)
 
 
 def device_budget_table(runs: Sequence[RunResult]) -> Table | None:
@@ -433,7 +483,10 @@ def _device_section(bench: BenchFile, slug: str) -> list[Block]:
     ))
     drows = []
     for run in result.runs:
-        d = decompose(run, ar)
+        base = ar_baseline(result.runs, run.params.batch_size)
+        if base is None:
+            continue
+        d = decompose(run, base)
         drows.append([
             run.method,
             run.params.label(),
@@ -446,6 +499,16 @@ def _device_section(bench: BenchFile, slug: str) -> list[Block]:
     blocks.append(Table(
         ["method", "params", "speedup", "= tau (AR fwd / fwd)", "x step ratio", "AR step ms", "iteration ms"], drows
     ))
+    scaling = batch_scaling_table(result.runs)
+    if scaling is not None:
+        blocks.append(Paragraph(
+            "Batch sizes: B images decode together (the same tokens at every B); speedups compare "
+            "each run with ar at the same B. ms per image = p50 latency / images."
+        ))
+        blocks.append(scaling)
+        curve = plot_batch_scaling(result.runs)
+        if curve is not None:
+            blocks.append(Figure(f"{slug}-batch", curve, f"Throughput against batch size, {bench.label}"))
     relaxed = [r for r in result.runs if r.stats.mean_relaxation_mass]
     if relaxed:
         blocks.append(Paragraph(
@@ -497,10 +560,10 @@ def _cross_device_section(group: Sequence[BenchFile], slug: str) -> list[Block]:
     for label, method in order.items():
         points: list[tuple[BenchFile, Decomposition]] = []
         for bench in group:
-            ar = ar_baseline(bench.result.runs)
             for run in bench.result.runs:
                 if run_label(run) != label:
                     continue
+                ar = ar_baseline(bench.result.runs, run.params.batch_size)
                 d = decompose(run, ar) if ar is not None else None
                 rows.append([
                     label,
