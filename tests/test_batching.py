@@ -70,6 +70,29 @@ def test_a_finished_image_is_not_changed_by_the_rest_of_its_batch():
     assert batch.stats["target_forwards"] == alone.stats["target_forwards"] + hard.stats["target_forwards"]
 
 
+def test_a_done_image_hands_its_slot_to_the_next_one_at_once():
+    """The loop runs exactly as long as a schedule where each image, as it finishes, is
+    replaced by the next in workload order (no slot waits for its batch-mates)."""
+    target, drafter = tiny_pair(vocab=8, grid=6, sharpness=1.0)
+    spec = MethodSpec("sd", sampling=SamplingParams(cfg=2.0), depth=3)
+    decoder = Decoder(target, drafter, spec, batch_size=3)
+    steps = []
+    verify = decoder._verify
+    decoder._verify = lambda: (steps.append(1), verify())[1]
+    work = [(torch.tensor([c]), None, 100 + j) for j, c in enumerate(CONDITIONS)]
+    tokens, stats = decoder.generate_many(work)
+    iterations = [s.target_forwards - 1 for s in stats]  # minus the prefill
+    free = [0, 0, 0]
+    for j, it in enumerate(iterations):
+        slot = min(range(3), key=lambda i: (free[i], i)) if j >= 3 else j
+        free[slot] += it
+    assert len(steps) == max(free)
+    assert len(steps) < sum(max(iterations[k:k + 3]) for k in range(0, len(work), 3))  # static batches
+    alone = Decoder(target, drafter, spec)
+    for j in (0, 5, 7):
+        assert torch.equal(tokens[j], alone.generate_one(*work[j])[0])
+
+
 def test_a_short_last_batch_is_padded_and_returns_exactly_the_images_asked_for():
     five = _run("sd", False, 3, conditions=CONDITIONS[:5])
     assert five.tokens.shape[0] == 5 and len(five.seeds) == 5

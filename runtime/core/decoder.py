@@ -14,12 +14,14 @@ backend can capture it once and replay it:
 
 The only host read per iteration is the stop check (`int(self.count.min())`).
 
-Batch: B images decode together (`batch_size`), each with its own KV length, accepted path,
-bonus token, drafter state and random stream (keyed by the image's seed, so an image's tokens
-do not depend on B or on the rest of its batch). Model rows: [cond_0..cond_B-1,
-uncond_0..uncond_B-1] with classifier-free guidance (2B), else B. An image that is done keeps
-its rows and keeps stepping until the whole batch is done, with every advance (KV length,
-token count, drafter cache, statistics) multiplied by 0, so nothing it produced changes.
+Batch: B images decode together (`batch_size`), each in its own slot with its own KV length,
+accepted path, bonus token, drafter state and random stream (keyed by the image's seed, so an
+image's tokens do not depend on B, on its slot or on the images beside it). Model rows:
+[cond_0..cond_B-1, uncond_0..uncond_B-1] with classifier-free guidance (2B), else B. When an
+image is done, the host loop takes its tokens and starts the next image of the workload in
+its slot (`start_image`, between steps: the captured steps never change shape); a slot with
+no image left keeps stepping, with every advance (KV length, token count, drafter cache,
+statistics) multiplied by 0, until the last image is done.
 """
 
 from __future__ import annotations
@@ -128,7 +130,6 @@ class Decoder:
         if spec.needs_drafter and drafter is None:
             raise UserError(f"method {spec.method} needs a drafter; pass --drafter DIR or use --method ar")
         dev = self.device
-        self.cond_mask: torch.Tensor | None = None  # (rows, cls) of the images being generated
 
         # -- the drafting policy owns the tree shape -----------------------------------------
         self.policy = make_policy(self)
@@ -169,6 +170,12 @@ class Decoder:
         self.count_hist = torch.zeros(b, m + 1, dtype=torch.long, device=dev)
         self.relax_mass = torch.zeros(b, device=dev)
         self.block_ids = torch.arange(m, device=dev)
+        self.image_ids = torch.arange(b, device=dev)
+        per_image = self.rows // b
+        # model rows of each image, and a condition-sized cache to prefill one image in
+        self.image_rows = [self.image_ids[i::b] if per_image == 1 else torch.tensor([i, i + b], device=dev)
+                           for i in range(b)]
+        self.start_cache = target.new_cache(per_image, self.cls, dev)
         self.policy.allocate(committed)
 
         # -- steps: eager until `_capture_steps` swaps in captured replays ------------------
@@ -217,11 +224,12 @@ class Decoder:
             off = cfg_off_mask(index, self.params.cfg_interval)
         return probabilities(apply_cfg(logits, self.params.cfg, off), self.params)
 
-    def pick(self, probs: torch.Tensor) -> torch.Tensor:
-        """One token per row of (B, ..., V): argmax (greedy) or a sample (image i's stream)."""
+    def pick(self, probs: torch.Tensor, streams: torch.Tensor | None = None) -> torch.Tensor:
+        """One token per row of (B, ..., V): argmax (greedy) or a sample (image i's stream;
+        `streams`: the images of a subset's rows)."""
         if self.params.greedy:
             return probs.argmax(-1)
-        return torch.argmax(torch.log(probs) + self.rng.gumbel(*probs.shape), dim=-1)
+        return torch.argmax(torch.log(probs) + self.rng.gumbel(*probs.shape, streams=streams), dim=-1)
 
     def expand_rows(self, t: torch.Tensor) -> torch.Tensor:
         """Per-image (B, ...) -> per model row (rows, ...): the cond and uncond rows share it."""
@@ -244,24 +252,36 @@ class Decoder:
     # -- phases --------------------------------------------------------------------------------
     @torch.no_grad()
     def prefill(self, cond: torch.Tensor, cond_mask: torch.Tensor | None, seed: int | list[int]) -> None:
-        """Reset state and run the conditions. cond: (B,) labels or (B, cls, caption_dim);
-        seed: one per image (its random stream), or one int for all."""
-        self.cache.reset()
+        """Reset all state and start B images: cond (B,) labels or (B, cls, caption_dim),
+        cond_mask (B, cls) or None, seed one per image (its random stream) or one int for all."""
         seeds = [seed] * self.batch if isinstance(seed, int) else list(seed)
-        self.rng.reset(torch.tensor(seeds, dtype=torch.long, device=self.device))
-        for t in (self.count, self.count_hist, self.relax_mass):
-            t.zero_()
+        self.cache.reset()
+        for i in range(self.batch):
+            self.start_image(i, cond[i:i + 1], None if cond_mask is None else cond_mask[i:i + 1], seeds[i])
+
+    @torch.no_grad()
+    def start_image(self, i: int, cond: torch.Tensor, cond_mask: torch.Tensor | None, seed: int) -> None:
+        """Start an image in slot i (the other slots keep their state): run its condition
+        (1,) / (1, cls, caption_dim) with mask (1, cls) in a condition-sized cache, copy that
+        into the slot's rows, restart its random stream at `seed` and pick its first token.
+        Always one image at a time, so its numbers never depend on the batch."""
+        img, rows = self.image_ids[i:i + 1], self.image_rows[i]
         if self.params.uses_cfg:
             cond = torch.cat([cond, self.target.null_condition(cond)])
             if cond_mask is not None:
                 cond_mask = torch.cat([cond_mask, cond_mask])
-        hidden = self.target.prefill(cond, self.cache, cond_mask)  # (rows, cls, dim)
-        first = self.pick(self.dist(self.target.logits(hidden[:, -1:])))[:, 0]  # (B,)
-        self.out[:, 0] = first
-        self.tokens[:, 0] = first
-        self.count.fill_(1)
-        self.cond_mask = cond_mask
-        self.policy.prefill(hidden, first)
+        self.start_cache.reset()
+        hidden = self.target.prefill(cond, self.start_cache, cond_mask)  # (rows per image, cls, dim)
+        self.cache.load_rows(rows, self.start_cache)
+        self.rng.reset_streams(img, torch.tensor([seed], dtype=torch.long, device=self.device))
+        first = self.pick(self.dist(self.target.logits(hidden[:, -1:])), streams=img)[:, 0]  # (1,)
+        self.out[i] = 0
+        self.out[i, :1] = first
+        self.tokens[i, :1] = first
+        self.count[i] = 1
+        self.count_hist[i] = 0
+        self.relax_mass[i] = 0.0
+        self.policy.start(i, rows, hidden, first, cond_mask)
 
     def _draft_step(self) -> None:
         self.policy.draft()
@@ -315,22 +335,51 @@ class Decoder:
 
     # -- the loop -------------------------------------------------------------------------------
     @torch.no_grad()
-    def generate_batch(self, cond: torch.Tensor, cond_mask: torch.Tensor | None,
-                       seeds: list[int]) -> tuple[torch.Tensor, list[ImageStats]]:
-        """B images at once: cond (B,) labels or (B, cls, caption_dim) with cond_mask (B, cls);
-        seeds: B per-image seeds. Returns tokens (B, block_size) long on the device and each
-        image's statistics."""
-        if cond.size(0) != self.batch or len(seeds) != self.batch:
-            raise ValueError(f"this decoder runs batches of {self.batch}; got {cond.size(0)} conditions, "
-                             f"{len(seeds)} seeds")
+    def generate_many(self, conds: list[tuple[torch.Tensor, torch.Tensor | None, int]],
+                      on_image: Callable[[int, torch.Tensor, ImageStats], None] | None = None
+                      ) -> tuple[list[torch.Tensor], list[ImageStats]]:
+        """Decode a workload B images at a time: conds[j] = (cond (1,) or (1, cls, caption_dim),
+        mask (1, cls) or None, seed). The first B images fill the slots; each time one is done
+        its slot starts the next. Returns each image's tokens (block_size,) on the device and
+        statistics, in workload order; `on_image(j, tokens, stats)` is called as each is done.
+        With fewer than B images the spare slots decode a copy of the last one, unused."""
+        if not conds:
+            return [], []
         timer = self._timer()
+        b, n = self.batch, len(conds)
+        first = [conds[min(i, n - 1)] for i in range(b)]
+        cond = torch.cat([c for c, _, _ in first])
+        mask = None if first[0][1] is None else torch.cat([m for _, m, _ in first])
         if not self.captured:
             with timer.phase("capture"):
-                self._capture_steps(cond, cond_mask)
+                self._capture_steps(cond, mask)
         with timer.phase("prefill"):
-            self.prefill(cond, cond_mask, seeds)
+            self.prefill(cond, mask, [seed for _, _, seed in first])
+        holder: list[int | None] = [i if i < n else None for i in range(b)]  # image in each slot
+        queue = list(range(b, n))
+        tokens: list[torch.Tensor | None] = [None] * n
+        stats: list[ImageStats | None] = [None] * n
         mark = getattr(self.backend, "mark_step", None)
-        while int(self.count.min()) < self.num_tokens:  # the one host sync per iteration
+        active = torch.tensor([j is not None for j in holder], device=self.device)
+        while True:
+            if bool(((self.count >= self.num_tokens) & active).any()):  # the one host sync per iteration
+                counts = self.count.tolist()  # only when an image is done
+            else:
+                counts = None
+            for i, j in enumerate(holder if counts is not None else ()):
+                if j is None or counts[i] < self.num_tokens:
+                    continue
+                tokens[j], stats[j] = self.out[i, : self.num_tokens].clone(), self._image_stats_of(i)
+                if on_image is not None:
+                    on_image(j, tokens[j], stats[j])
+                holder[i] = queue.pop(0) if queue else None
+                active[i] = holder[i] is not None
+                if holder[i] is not None:
+                    c, m, seed = conds[holder[i]]
+                    with timer.phase("prefill"):
+                        self.start_image(i, c, m, seed)
+            if all(j is None for j in holder):
+                break
             if self._draft is not None:
                 with timer.phase("draft"):
                     self._draft()
@@ -340,18 +389,17 @@ class Decoder:
                 self._accept()
             if mark is not None:
                 mark()
-        return self.out[:, : self.num_tokens].clone(), self._stats()
+        return tokens, stats  # type: ignore[return-value]
 
     @torch.no_grad()
     def generate_one(self, cond: torch.Tensor, cond_mask: torch.Tensor | None = None,
                      seed: int = 0) -> tuple[torch.Tensor, ImageStats]:
-        """One image (a decoder of batch size 1): tokens (block_size,) and its statistics."""
-        tokens, stats = self.generate_batch(cond, cond_mask, [seed])
+        """One image: tokens (block_size,) and its statistics."""
+        tokens, stats = self.generate_many([(cond, cond_mask, seed)])
         return tokens[0], stats[0]
 
-    def _stats(self) -> list[ImageStats]:
-        return [self._image_stats(hist, int(count), float(mass)) for hist, count, mass in
-                zip(self.count_hist.tolist(), self.count.tolist(), self.relax_mass.tolist())]
+    def _image_stats_of(self, i: int) -> ImageStats:
+        return self._image_stats(self.count_hist[i].tolist(), int(self.count[i]), float(self.relax_mass[i]))
 
     def _image_stats(self, hist: list[int], accepted: int, relax_mass: float) -> ImageStats:
         """hist[c]: iterations accepting c nodes, root included; accepted: tokens known (the

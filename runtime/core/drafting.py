@@ -79,8 +79,11 @@ class DraftPolicy:
     def allocate(self, committed: int) -> None:
         """Policy state, once the loop's shared buffers exist; `committed` = its cache rows."""
 
-    def prefill(self, hidden: torch.Tensor, first: torch.Tensor) -> None:
-        """After the target prefill: hidden (rows, cls, dim), first (B,) the first tokens."""
+    def start(self, i: int, rows: torch.Tensor, hidden: torch.Tensor, first: torch.Tensor,
+              cond_mask: torch.Tensor | None) -> None:
+        """Image slot i starts a new image (between steps; the other slots keep their state):
+        rows its model rows, hidden (len(rows), cls, dim) the target's prefill hidden states,
+        first (1,) its first token, cond_mask (len(rows), cls) or None."""
 
     def draft(self) -> None:
         """Fill the tree for this iteration (see the module docstring)."""
@@ -108,29 +111,36 @@ class DrafterPolicy(DraftPolicy):
         dev, rows, m = loop.device, loop.rows, loop.max_depth + 1
         drafter = loop.drafter
         self.dcache = drafter.new_cache(rows, committed + self.draft_slots(), dev)
+        # condition positions 0..cls-2 of one image, run before its slot takes them
+        self.start_dcache = drafter.new_cache(rows // loop.batch, loop.cls - 1, dev) if loop.cls > 1 else None
         self.draft_hidden = torch.zeros(rows, loop.n1, drafter.config.hidden_size, device=dev, dtype=loop.dtype)
         self.pend_tokens = torch.zeros(loop.batch, m, dtype=torch.long, device=dev)
         self.pend_hidden = torch.zeros(rows, m, loop.target.config.dim, device=dev, dtype=loop.dtype)
         self.pend_count = torch.ones(loop.batch, dtype=torch.long, device=dev)
         self.causal_m = torch.ones(m, m, dtype=torch.bool, device=dev).tril()
 
-    def prefill(self, hidden: torch.Tensor, first: torch.Tensor) -> None:
+    def start(self, i: int, rows: torch.Tensor, hidden: torch.Tensor, first: torch.Tensor,
+              cond_mask: torch.Tensor | None) -> None:
         loop = self.loop
-        self.dcache.reset()
-        if loop.cond_mask is not None:
-            self.dcache.prefix_valid[:, : loop.cls] = loop.cond_mask
-        if loop.cls > 1:  # condition positions 0..cls-2 pair token 0 with the target hidden
-            c1 = loop.cls - 1
-            zeros = torch.zeros(loop.rows, c1, dtype=torch.long, device=loop.device)
+        if self.start_dcache is not None:  # condition positions 0..cls-2 pair token 0 with the target hidden
+            c1, tmp = loop.cls - 1, self.start_dcache
+            tmp.reset()
+            if cond_mask is not None:
+                tmp.prefix_valid.copy_(cond_mask[:, :c1])
+            zeros = torch.zeros(rows.numel(), c1, dtype=torch.long, device=loop.device)
             loop.drafter.forward_cached(zeros, hidden[:, :c1], torch.arange(c1, device=loop.device),
-                                        torch.ones(c1, c1, dtype=torch.bool, device=loop.device).tril(),
-                                        self.dcache)
-            self.dcache.advance(c1)
-        self.pend_tokens.fill_(0)
-        self.pend_tokens[:, 0] = first
-        self.pend_hidden.zero_()
-        self.pend_hidden[:, 0] = hidden[:, -1]
-        self.pend_count.fill_(1)
+                                        torch.ones(c1, c1, dtype=torch.bool, device=loop.device).tril(), tmp)
+            tmp.advance(c1)
+            self.dcache.load_rows(rows, tmp)
+        else:
+            self.dcache.reset_rows(rows)
+        if cond_mask is not None:
+            self.dcache.prefix_valid[rows, : loop.cls] = cond_mask
+        self.pend_tokens[i] = 0
+        self.pend_tokens[i, :1] = first
+        self.pend_hidden[rows] = 0
+        self.pend_hidden[rows, 0] = hidden[:, -1]
+        self.pend_count[i] = 1
 
     def committed(self, path: torch.Tensor, n: torch.Tensor, block: torch.Tensor) -> None:
         loop = self.loop

@@ -53,36 +53,36 @@ def generate(target: Transformer, drafter: Drafter | None, spec: MethodSpec,
     conditions: class ids (c2i) or caption features (n, cls, caption_dim) (t2i, with
     `cond_masks` (n, cls) bool). indices: the global image index of each condition (defaults
     to 0..n-1), used to derive per-image seeds. Pass `decoder` to reuse one across calls
-    (state and captured graphs are kept; its batch size is used). The conditions are split
-    into batches; a short last batch is padded with copies of its last condition, whose
-    images are dropped. `on_image(i, tokens)` is called for each image once its batch is done.
+    (state and captured graphs are kept; its batch size is used). B images decode at once;
+    when one is done the next condition takes its slot (`Decoder.generate_many`).
+    `on_image(i, tokens)` is called as each image is done (not necessarily in order).
     """
     dev = target.tok_embeddings.weight.device
     if decoder is None:
         if neighbours is None and vq is not None:
             neighbours = neighbours_for(vq, spec, target.config.vocab_size)
         decoder = Decoder(target, drafter, spec, neighbours=neighbours, backend=backend, batch_size=batch_size)
-    b = decoder.batch
     n = len(conditions)
     indices = list(range(n)) if indices is None else list(indices)
     seeds = [derive_seed(seed, i) for i in indices]
-    stats = RunStats()
-    out = torch.zeros(n, target.config.block_size, dtype=torch.long)
     captions = isinstance(conditions, torch.Tensor) and conditions.dim() == 3
-    for start in range(0, n, b):
-        real = list(range(start, min(start + b, n)))
-        rows = real + [real[-1]] * (b - len(real))  # pad a short last batch
+    work = []
+    for j in range(n):
         if captions:
-            cond = conditions[rows].to(dev)
-            mask = cond_masks[rows].to(dev) if cond_masks is not None else None
+            cond = conditions[j:j + 1].to(dev)
+            mask = cond_masks[j:j + 1].to(dev) if cond_masks is not None else None
         else:
-            cond = torch.tensor([int(conditions[j]) for j in rows], device=dev)
-            mask = None
-        tokens, image_stats = decoder.generate_batch(cond, mask, [seeds[j] for j in rows])
-        tokens = tokens.cpu()
-        for slot, j in enumerate(real):
-            out[j] = tokens[slot]
-            stats.add(image_stats[slot])
-            if on_image is not None:
-                on_image(j, out[j])
+            cond, mask = torch.tensor([int(conditions[j])], device=dev), None
+        work.append((cond, mask, seeds[j]))
+    out = torch.zeros(n, target.config.block_size, dtype=torch.long)
+
+    def done(j: int, tokens: torch.Tensor, _stats: Any) -> None:
+        out[j] = tokens.cpu()
+        if on_image is not None:
+            on_image(j, out[j])
+
+    _, image_stats = decoder.generate_many(work, on_image=done)
+    stats = RunStats()
+    for s in image_stats:  # workload order, whatever order the images finished in
+        stats.add(s)
     return GenerationResult(out, stats.summary(), seeds)

@@ -102,9 +102,10 @@ class JacobiPolicy(DraftPolicy):
             self.tree_parent_on_spine = torch.tensor([i in self.spine_nodes for i in parents], device=dev)
             self.tree_children = tree.children[self.tree_parents]  # (M, K), all present
 
-    def prefill(self, hidden: torch.Tensor, first: torch.Tensor) -> None:
-        self.last_n.fill_(self.window + 1)
-        self.loop.q.zero_()
+    def start(self, i: int, rows: torch.Tensor, hidden: torch.Tensor, first: torch.Tensor,
+              cond_mask: torch.Tensor | None) -> None:
+        self.last_n[i] = self.window + 1
+        self.loop.q[i] = 0.0
 
     def committed(self, path: torch.Tensor, n: torch.Tensor, block: torch.Tensor) -> None:
         self.last_n.copy_(n)

@@ -50,22 +50,23 @@ def derive_seed(seed: int, *keys: int | str) -> int:
 
 
 class CounterRNG:
-    """Streams of uniforms in (0, 1), one per image, keyed by a seed and an advancing counter.
+    """Streams of uniforms in (0, 1), one per image, each keyed by a seed and its own counter.
 
-    seeds (S,), counter (0-d): int64 device tensors; key = splitmix64(seeds), kept so a draw
-    does not rehash the seeds. One stream (S = 1): `uniform(*shape)` returns float32 of
-    `shape` in [2^-24, 1 - 2^-24] from counter positions counter .. counter + numel - 1.
-    S streams (a batch of S images): the leading dim of `shape` must be S and row i is drawn
-    from stream i at positions counter .. counter + numel/S - 1. Either way the counter then
-    advances past what one stream used, so successive draws never overlap, and image i of a
-    batch gets exactly the numbers it gets alone (batch of one) from the same seed.
+    seeds, counter (S,): int64 device tensors; key = splitmix64(seeds), kept so a draw does
+    not rehash the seeds. One stream (S = 1): `uniform(*shape)` returns float32 of `shape` in
+    [2^-24, 1 - 2^-24] from counter positions counter .. counter + numel - 1. S streams (a
+    batch of S images): the leading dim of `shape` must be S and row i is drawn from stream i
+    at positions counter[i] .. counter[i] + numel/S - 1 (`streams=` draws from a subset of
+    them). The counters then advance past what was used, so successive draws never overlap,
+    and image i of a batch gets exactly the numbers it gets alone from the same seed, even when
+    it starts later than its batch-mates (`reset_streams`).
     """
 
     def __init__(self, device: torch.device | str, seed: int = 0, streams: int = 1) -> None:
         self.streams = streams
         self.seed = torch.full((streams,), seed, dtype=torch.long, device=device)
         self.key = splitmix64(self.seed)
-        self.counter = torch.zeros((), dtype=torch.long, device=device)
+        self.counter = torch.zeros(streams, dtype=torch.long, device=device)
 
     def reset(self, seed: int | torch.Tensor) -> None:
         """Restart at `seed` (an int, or (S,) seeds, one per stream) in place (buffers keep
@@ -77,20 +78,33 @@ class CounterRNG:
         self.key.copy_(splitmix64(self.seed))
         self.counter.zero_()
 
-    def uniform(self, *shape: int) -> torch.Tensor:
+    def reset_streams(self, streams: torch.Tensor, seeds: torch.Tensor) -> None:
+        """Restart streams (long ids) at `seeds` (same shape), leaving the others as they are."""
+        self.seed.index_copy_(0, streams, seeds)
+        self.key.index_copy_(0, streams, splitmix64(seeds))
+        self.counter.index_fill_(0, streams, 0)
+
+    def uniform(self, *shape: int, streams: torch.Tensor | None = None) -> torch.Tensor:
+        """Uniforms of `shape`; with `streams` (long ids), from those streams only (leading dim
+        = len(streams))."""
         n = 1
         for s in shape:
             n *= s
-        per = n // self.streams
-        if self.streams > 1 and (not shape or shape[0] != self.streams):
-            raise ValueError(f"a draw from {self.streams} streams needs leading dim {self.streams}, got {shape}")
-        ids = self.counter + torch.arange(per, device=self.counter.device)
-        bits = splitmix64(self.key[:, None] ^ ids[None])  # (S, per)
-        self.counter.add_(per)
+        lead = self.streams if streams is None else streams.numel()
+        if lead > 1 and (not shape or shape[0] != lead):
+            raise ValueError(f"a draw from {lead} streams needs leading dim {lead}, got {shape}")
+        per = n // lead
+        key, counter = (self.key, self.counter) if streams is None else (self.key[streams], self.counter[streams])
+        ids = counter[:, None] + torch.arange(per, device=counter.device)
+        bits = splitmix64(key[:, None] ^ ids)  # (S, per)
+        if streams is None:
+            self.counter.add_(per)
+        else:
+            self.counter.index_add_(0, streams, torch.full_like(streams, per))
         return ((_shr(bits, 41).float() + 0.5) * (1.0 / (1 << 23))).view(shape)
 
-    def gumbel(self, *shape: int) -> torch.Tensor:
-        return gumbel_from_uniform(self.uniform(*shape))
+    def gumbel(self, *shape: int, streams: torch.Tensor | None = None) -> torch.Tensor:
+        return gumbel_from_uniform(self.uniform(*shape, streams=streams))
 
     def keyed_uniform(self, index: torch.Tensor, stream: int = 1) -> torch.Tensor:
         """Uniforms that are a pure function of (seed, stream, index), float32 like `uniform`.

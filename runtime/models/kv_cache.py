@@ -95,6 +95,22 @@ class StaticKVCache:
             buf[:, self.row_ids, :, dst] = buf[:, self.row_ids, :, src]  # gathered before the write
         self.length.add_(count)
 
+    def reset_rows(self, rows: torch.Tensor) -> None:
+        """Empty `rows` (long ids) only."""
+        self.length.index_fill_(0, rows, 0)
+        self.prefix_valid.index_fill_(0, rows, True)
+
+    def load_rows(self, rows: torch.Tensor, src: "StaticKVCache") -> None:
+        """Make `rows` (long ids) hold exactly what `src` (len(rows) rows, same layers) holds:
+        its committed slots copied in, its length and prefix validity. Used to start one image
+        of a batch while the others keep their state."""
+        n = src.capacity
+        for buf, part in ((self.k_all, src.k_all), (self.v_all, src.v_all)):
+            buf[:, rows, :, :n] = part
+        self.length.index_copy_(0, rows, src.length)
+        self.prefix_valid.index_fill_(0, rows, True)
+        self.prefix_valid[rows, :n] = src.prefix_valid
+
     def advance(self, count: int | torch.Tensor) -> None:
         """Commit the first `count` slots (an int, or (batch,) per row) of the last block as
         written (prefill, AR)."""
