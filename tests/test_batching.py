@@ -1,9 +1,9 @@
 """Batched decoding: B images per decode give the same tokens as one at a time, for every method.
 
 Image i's random numbers come from its own stream (keyed by its seed), its KV length, path,
-bonus and drafter state are its own, and an image that is done stops advancing while the rest
-of its batch finishes; so its tokens (and statistics) must not depend on B, on its place in
-the batch, or on the images beside it.
+bonus and drafter state are its own, a done image hands its slot to the next one and a slot
+with nothing left stops advancing; so its tokens (and statistics) must not depend on B, on
+its slot, or on the images beside it.
 """
 
 from __future__ import annotations
@@ -93,11 +93,12 @@ def test_a_done_image_hands_its_slot_to_the_next_one_at_once():
         assert torch.equal(tokens[j], alone.generate_one(*work[j])[0])
 
 
-def test_a_short_last_batch_is_padded_and_returns_exactly_the_images_asked_for():
-    five = _run("sd", False, 3, conditions=CONDITIONS[:5])
-    assert five.tokens.shape[0] == 5 and len(five.seeds) == 5
-    assert five.stats["tokens"] == 5 * 36
-    assert torch.equal(five.tokens, _run("sd", False, 1, conditions=CONDITIONS[:5]).tokens)
+@pytest.mark.parametrize("n", [2, 5])
+def test_a_workload_that_leaves_slots_empty_returns_exactly_its_images(n):
+    got = _run("sd", False, 3, conditions=CONDITIONS[:n])
+    assert got.tokens.shape[0] == n and len(got.seeds) == n
+    assert got.stats["tokens"] == n * 36
+    assert torch.equal(got.tokens, _run("sd", False, 1, conditions=CONDITIONS[:n]).tokens)
 
 
 def test_captions_with_padding_masks_batch_like_single_images():

@@ -121,6 +121,7 @@ def test_bench_sweeps_batch_size_against_ar_at_the_same_size(tiny_official, tmp_
     for run in result.runs:
         assert run.speedup_vs_ar == pytest.approx(ar[run.params.batch_size].latency_s.p50 / run.latency_s.p50)
         assert run.stats.tokens == 3 * 16  # a padded last batch adds no tokens
+    assert ar[2].memory.state_bytes == pytest.approx(2 * ar[1].memory.state_bytes, rel=0.01)
     res = run_cli("report", str(out), "--out", str(tmp_path / "report"))
     assert res.exit_code == 0, res.stderr
     md = (tmp_path / "report" / "report.md").read_text()

@@ -260,9 +260,10 @@ def batch_scaling_table(runs: Sequence[RunResult]) -> Table | None:
             rows.append([method, params or "-", str(run.params.batch_size), _sig(run.images_per_s),
                          _sig(1e3 / run.images_per_s),
                          fmt_speedup(run.speedup_vs_ar),
-                         f"{run.images_per_s / base.images_per_s:.2f}x (vs B={base.params.batch_size})"])
+                         f"{run.images_per_s / base.images_per_s:.2f}x (vs B={base.params.batch_size})",
+                         _bytes(run.memory.state_bytes)])
     return Table(["method", "params", "batch size", "images/s", "ms per image (p50)", "speedup over ar at B",
-                  "images/s scaling"], rows)
+                  "images/s scaling", "decode state"], rows)
 
 
 def plot_batch_scaling(runs: Sequence[RunResult]) -> bytes | None:

@@ -122,6 +122,7 @@ def bench(loaded: LoadedModel, backend: Any, profile: Any, plan: Sequence[Planne
     latencies: list[list[float]] = [[] for _ in specs]
     peaks: list[list[int]] = [[] for _ in specs]
     last: list[Any] = [None] * len(specs)
+    state: list[int | None] = [None] * len(specs)
 
     def one_pass(i: int, decoder: Any, timed: bool) -> None:
         nonlocal done
@@ -143,6 +144,7 @@ def bench(loaded: LoadedModel, backend: Any, profile: Any, plan: Sequence[Planne
         decoders = []
         for i, spec in enumerate(specs):
             decoders.append(make_decoder(loaded, spec, backend, batch_size=batches[i]))
+            state[i] = decoders[i].state_bytes()
             for _ in range(warmup):
                 one_pass(i, decoders[i], timed=False)
         for r in range(repeats):
@@ -154,12 +156,13 @@ def bench(loaded: LoadedModel, backend: Any, profile: Any, plan: Sequence[Planne
     else:
         for i, spec in enumerate(specs):
             decoder = make_decoder(loaded, spec, backend, batch_size=batches[i])
+            state[i] = decoder.state_bytes()
             for r in range(warmup + repeats):
                 one_pass(i, decoder, timed=r >= warmup)
             ops[i] = _device_ops(decoder, conditions, backend)
             del decoder
     runs = [_run_result(spec, last[i], latencies[i], max(peaks[i], default=None), n, backend, loaded,
-                        conditions, quality, ops[i], batches[i]) for i, spec in enumerate(specs)]
+                        conditions, quality, ops[i], batches[i], state[i]) for i, spec in enumerate(specs)]
     info = backend.info()
     versions = {k: str(info[k]) for k in ("torch", "cuda", "driver", "synapseai") if info.get(k)}
     device = schema.DeviceInfo(backend=backend.name, name=str(info.get("name", backend.name)),
@@ -203,7 +206,8 @@ def _device_ops(decoder: Any, conditions: Sequence[Any], backend: Any) -> dict[s
 
 def _run_result(spec: MethodSpec, out: Any, latencies: list[float], peak_bytes: int | None, n: int, backend: Any,
                 loaded: LoadedModel, conditions: Sequence[int], quality: bool,
-                device_ops: dict[str, schema.DeviceOps] | None = None, batch_size: int = 1) -> schema.RunResult:
+                device_ops: dict[str, schema.DeviceOps] | None = None, batch_size: int = 1,
+                state_bytes: int | None = None) -> schema.RunResult:
     d = spec.describe()
     params = schema.MethodParams(
         tree=d.get("tree", "dynamic" if spec.drafting == "dynamic" else None),
@@ -219,7 +223,7 @@ def _run_result(spec: MethodSpec, out: Any, latencies: list[float], peak_bytes: 
         spec.method, latencies=latencies, num_images=n, target_forwards=st["target_forwards"], tokens=st["tokens"],
         mean_accepted_length=st["mean_accepted_length"], params=params,
         per_depth_acceptance=st["per_depth_acceptance"], mean_relaxation_mass=st["mean_relaxation_mass"],
-        phases=phases, peak_bytes=peak_bytes, device_ops=device_ops,
+        phases=phases, peak_bytes=peak_bytes, state_bytes=state_bytes, device_ops=device_ops,
         quality=_quality(loaded, out.images, conditions) if quality else
         schema.Quality.not_measured("--no-quality"))
 

@@ -255,9 +255,12 @@ class Phase:
 
 @dataclass
 class Memory:
-    """Peak device memory during the measured repeats (bytes, 1 MB = 1e6 B); `None` if unread."""
+    """Peak device memory during the measured repeats (bytes, 1 MB = 1e6 B); `None` if unread.
+    `state_bytes`: the decoder's decode state (KV caches, p/q buffers), which grows with the
+    batch size; `None` in files written before it was recorded."""
 
     peak_bytes: int | None
+    state_bytes: int | None = None
 
 
 @dataclass
@@ -363,6 +366,7 @@ def make_run(
     mean_relaxation_mass: float | None = None,
     phases: dict[str, Phase] | None = None,
     peak_bytes: int | None = None,
+    state_bytes: int | None = None,
     quality: Quality | None = None,
     device_ops: dict[str, DeviceOps] | None = None,
 ) -> RunResult:
@@ -385,7 +389,7 @@ def make_run(
         images_per_s=num_images / latency.p50,
         speedup_vs_ar=None,
         phases=dict(phases or {}),
-        memory=Memory(peak_bytes=peak_bytes),
+        memory=Memory(peak_bytes=peak_bytes, state_bytes=state_bytes),
         quality=quality if quality is not None else Quality.not_measured("quality was not requested"),
         device_ops=dict(device_ops or {}),
     )
@@ -532,7 +536,7 @@ def _run_to_dict(run: RunResult) -> dict[str, Any]:
         "images_per_s": run.images_per_s,
         "speedup_vs_ar": run.speedup_vs_ar,
         "phases": {name: {"seconds": p.seconds, "count": p.count} for name, p in run.phases.items()},
-        "memory": {"peak_bytes": run.memory.peak_bytes},
+        "memory": {"peak_bytes": run.memory.peak_bytes, "state_bytes": run.memory.state_bytes},
         "quality": quality,
         "device_ops": {name: {"ops_per_iteration": o.ops_per_iteration, "kernels_per_step": o.kernels_per_step}
                        for name, o in run.device_ops.items()},
@@ -849,8 +853,10 @@ def _parse_run(obj: dict[str, Any], path: str) -> RunResult:
             count=_field(one, "count", _join(ph_path, name), _integer, minimum=0),
         )
     mem_path = _join(path, "memory")
+    mem = _field(obj, "memory", path, _object)
     memory = Memory(
-        peak_bytes=_optional_field(_field(obj, "memory", path, _object), "peak_bytes", mem_path, _integer, minimum=0)
+        peak_bytes=_optional_field(mem, "peak_bytes", mem_path, _integer, minimum=0),
+        state_bytes=_optional(_integer, mem.get("state_bytes"), _join(mem_path, "state_bytes"), minimum=0),
     )
     return RunResult(
         method=method,

@@ -12,7 +12,8 @@ backend can capture it once and replay it:
     accept  acceptance rule on the device, KV commit by index ops, output tokens appended,
             next root (bonus) and the next level-0 block prepared
 
-The only host read per iteration is the stop check (`int(self.count.min())`).
+The only host read per iteration is the check whether a slot's image is done (then a few
+more to collect it).
 
 Batch: B images decode together (`batch_size`), each in its own slot with its own KV length,
 accepted path, bonus token, drafter state and random stream (keyed by the image's seed, so an
