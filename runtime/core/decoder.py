@@ -234,7 +234,8 @@ class Decoder:
 
     def expand_rows(self, t: torch.Tensor) -> torch.Tensor:
         """Per-image (B, ...) -> per model row (rows, ...): the cond and uncond rows share it."""
-        return torch.cat([t, t]) if self.params.uses_cfg else t
+        # a view at B = 1 (the stride-0 dim merges), one copy for larger batches
+        return t[None].expand(2, *t.shape).flatten(0, 1) if self.params.uses_cfg else t
 
     def live(self) -> torch.Tensor:
         """(B,) long: 1 for images still generating, 0 for those done (their advances are 0)."""

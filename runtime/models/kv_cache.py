@@ -41,6 +41,9 @@ class StaticKVCache:
         self.length = torch.zeros(batch, device=device, dtype=torch.long)
         self.prefix_valid = torch.ones(batch, capacity, device=device, dtype=torch.bool)
         self.slot_ids = torch.arange(capacity, device=device)
+        self.slot_ids_1 = self.slot_ids + 1
+        self.true_col = torch.ones(1, 1, 1, dtype=torch.bool, device=device)
+        self.false_col = torch.zeros(1, 1, 1, dtype=torch.bool, device=device)
         self.row_ids = torch.arange(batch, device=device)[:, None]
         self.capacity = capacity
         self.batch = batch
@@ -64,15 +67,15 @@ class StaticKVCache:
         written level by level: earlier levels sit at length .. length+offset-1.
         """
         t, w = block_mask.shape[-2:]
-        rel = self.slot_ids[None, :] - self.length[:, None]  # (B, cap): slot's column in the block
-        committed = (rel < 0) & self.prefix_valid
-        in_block = (rel >= 0) & (rel < w)
+        # column of each slot in [committed | block | beyond]: 0, 1..w, w+1
+        col = (self.slot_ids_1 - self.length[:, None]).clamp(0, w + 1)  # (B, cap)
         if block_mask.dim() == 2:
             block_mask = block_mask[None]
         block = block_mask.expand(self.batch, t, w).to(torch.bool)
-        cols = rel.clamp(0, w - 1)[:, None, :].expand(self.batch, t, self.capacity)
-        seen = block.gather(2, cols) & in_block[:, None, :]
-        return (committed[:, None, :] | seen)[:, None]
+        table = torch.cat([self.true_col.expand(self.batch, t, 1), block, self.false_col.expand(self.batch, t, 1)], 2)
+        seen = table.gather(2, col[:, None, :].expand(self.batch, t, self.capacity))
+        # prefix_valid is False only on padded condition slots, all committed
+        return (seen & self.prefix_valid[:, None, :])[:, None]
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store k, v (batch, kv_heads, T, head_dim) of `layer` at `slots` (batch, T)."""
