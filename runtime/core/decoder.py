@@ -174,8 +174,7 @@ class Decoder:
         self.image_ids = torch.arange(b, device=dev)
         per_image = self.rows // b
         # model rows of each image, and a condition-sized cache to prefill one image in
-        self.image_rows = [self.image_ids[i::b] if per_image == 1 else torch.tensor([i, i + b], device=dev)
-                           for i in range(b)]
+        self.image_rows = [i + b * torch.arange(per_image, device=dev) for i in range(b)]
         self.start_cache = target.new_cache(per_image, self.cls, dev)
         self.policy.allocate(committed)
 
@@ -371,7 +370,7 @@ class Decoder:
             for i, j in enumerate(holder if counts is not None else ()):
                 if j is None or counts[i] < self.num_tokens:
                     continue
-                tokens[j], stats[j] = self.out[i, : self.num_tokens].clone(), self._image_stats_of(i)
+                tokens[j], stats[j] = self.out[i, : self.num_tokens].clone(), self._image_stats(i)
                 if on_image is not None:
                     on_image(j, tokens[j], stats[j])
                 holder[i] = queue.pop(0) if queue else None
@@ -400,16 +399,15 @@ class Decoder:
         tokens, stats = self.generate_many([(cond, cond_mask, seed)])
         return tokens[0], stats[0]
 
-    def _image_stats_of(self, i: int) -> ImageStats:
-        return self._image_stats(self.count_hist[i].tolist(), int(self.count[i]), float(self.relax_mass[i]))
-
-    def _image_stats(self, hist: list[int], accepted: int, relax_mass: float) -> ImageStats:
-        """hist[c]: iterations accepting c nodes, root included; accepted: tokens known (the
-        prefill's first one plus n per iteration)."""
+    def _image_stats(self, i: int) -> ImageStats:
+        """Statistics of the image in slot i, read once it is done. hist[c]: iterations
+        accepting c nodes, root included; accepted: tokens known (the prefill's first one plus
+        n per iteration)."""
+        hist, accepted = self.count_hist[i].tolist(), int(self.count[i])
         iters = sum(hist)
         depth_acc = [sum(hist[d + 2:]) for d in range(self.max_depth)]
         reached = [iters] + depth_acc[:-1] if self.max_depth else []
         return ImageStats(tokens=self.num_tokens, target_forwards=1 + iters,
                           accepted_tokens=accepted, depth_accepted=depth_acc,
-                          depth_reached=reached, relax_mass=relax_mass,
+                          depth_reached=reached, relax_mass=float(self.relax_mass[i]),
                           accepted_drafts=accepted - 1 - iters)
