@@ -100,17 +100,21 @@ def load_model(*, model: str | None, gpt_model: str | None, gpt_ckpt: str | None
 
 # which methods read each method flag: a flag none of the run's methods reads is refused
 _FLAG_METHODS = {
-    "tree": {"lantern++"}, "depth": {"sd", "eagle2", "lantern"}, "top_k_draft": {"eagle2", "lantern"},
-    "total_tokens": {"eagle2", "lantern"}, "lantern_k": {"lantern", "lantern++", "sjd"},
+    "tree": {"lantern++"}, "depth": {"sd", "eagle2", "lantern"}, "top_k_draft": {"eagle2", "ddd", "lantern"},
+    "total_tokens": {"eagle2", "ddd", "lantern"}, "lantern_k": {"lantern", "lantern++", "sjd"},
     "lantern_delta": {"lantern", "sjd"}, "lantern_lambda": {"lantern++", "sjd"},
     **{k: {"sjd"} for k in ("window", "init", "coupling", "proactive", "accept",
                            "group_window", "group_gap", "group_dist")},
+    **{k: {"ddd"} for k in ("ddd_threshold", "ddd_check_every", "ddd_min_depth", "ddd_max_depth")},
+    "dynamic_depth": {"sd", "lantern++"},
 }
 # types of method options given as text (`--methods sjd:coupling=maximal` in runtime bench)
 OPTION_TYPES: dict[str, type] = {"tree": str, "depth": int, "top_k_draft": int, "total_tokens": int,
                                  "lantern_k": int, "lantern_delta": float, "lantern_lambda": float,
                                  "window": int, "init": str, "coupling": str, "proactive": str, "accept": str,
-                                 "group_window": int, "group_gap": float, "group_dist": float}
+                                 "group_window": int, "group_gap": float, "group_dist": float,
+                                 "ddd_threshold": float, "ddd_check_every": int, "ddd_min_depth": int,
+                                 "ddd_max_depth": int, "dynamic_depth": float}
 _SPEC_KEYS = tuple(OPTION_TYPES)  # the MethodSpec fields a flag, profile or model can set
 
 

@@ -46,7 +46,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 PROFILE_PACKAGE = "profiles"
 DTYPE_NAMES: tuple[str, ...] = ("bf16", "fp16", "fp32")
 HPU_MODES: tuple[str, ...] = ("lazy", "eager")
-METHOD_NAMES: tuple[str, ...] = ("ar", "sd", "eagle2", "lantern", "lantern++")
+METHOD_NAMES: tuple[str, ...] = ("ar", "sd", "eagle2", "ddd", "lantern", "lantern++")
 _NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
 
 
@@ -94,6 +94,11 @@ class MethodSettings:
     depth: int | None = None
     top_k_draft: int | None = None
     total_tokens: int | None = None
+    ddd_threshold: float | None = None
+    ddd_check_every: int | None = None
+    ddd_min_depth: int | None = None
+    ddd_max_depth: int | None = None
+    dynamic_depth: float | None = None
 
     def pinned(self) -> dict[str, Any]:
         """The parameters this profile sets, without ``name``: ``{"top_k_draft": 10, ...}``."""
@@ -218,6 +223,11 @@ SCHEMA: dict[str, dict[str, _Key]] = {
         "depth": _Key(_integer(1)),
         "top_k_draft": _Key(_integer(1)),
         "total_tokens": _Key(_integer(2)),
+        "ddd_threshold": _Key(_real(float("-inf"), 0.0, low_open=True)),
+        "ddd_check_every": _Key(_integer(1)),
+        "ddd_min_depth": _Key(_integer(1)),
+        "ddd_max_depth": _Key(_integer(1)),
+        "dynamic_depth": _Key(_real(0.0, 1.0)),
     },
     "bench": {
         "warmup": _Key(_integer(0), required=True),

@@ -183,7 +183,7 @@ def bench(loaded: LoadedModel, backend: Any, profile: Any, plan: Sequence[Planne
 
 def _label(spec: MethodSpec, batch_size: int = 1) -> str:
     d = spec.describe()
-    keys = ["tree", "lantern_lambda", "lantern_delta"]
+    keys = ["tree", "lantern_lambda", "lantern_delta", "ddd_threshold", "dynamic_depth"]
     if spec.method == "sjd":  # its defaults too, except the switched-off extras
         keys += ["window", "init", "coupling"] + [k for k, off in (("proactive", None), ("accept", "exact"))
                                                   if d[k] != off]
@@ -215,7 +215,8 @@ def _run_result(spec: MethodSpec, out: Any, latencies: list[float], peak_bytes: 
         depth=d.get("depth"), top_k_draft=d.get("top_k_draft"), total_tokens=d.get("total_tokens"),
         graph=bool(backend.graph_mode), window=d.get("window"), init=d.get("init"), coupling=d.get("coupling"),
         proactive="x".join(map(str, d["proactive"])) if d.get("proactive") else None, accept=d.get("accept"),
-        batch_size=batch_size)
+        ddd_threshold=d.get("ddd_threshold"), ddd_check_every=d.get("ddd_check_every"),
+        ddd_min_depth=d.get("ddd_min_depth"), dynamic_depth=d.get("dynamic_depth"), batch_size=batch_size)
     phases = {name: schema.Phase(seconds=float(v["seconds"]), count=int(v["count"]))
               for name, v in out.phases.items()}
     st = out.stats
@@ -223,6 +224,7 @@ def _run_result(spec: MethodSpec, out: Any, latencies: list[float], peak_bytes: 
         spec.method, latencies=latencies, num_images=n, target_forwards=st["target_forwards"], tokens=st["tokens"],
         mean_accepted_length=st["mean_accepted_length"], params=params,
         per_depth_acceptance=st["per_depth_acceptance"], mean_relaxation_mass=st["mean_relaxation_mass"],
+        mean_drafted_depth=st.get("mean_drafted_depth"),
         phases=phases, peak_bytes=peak_bytes, state_bytes=state_bytes, device_ops=device_ops,
         quality=_quality(loaded, out.images, conditions) if quality else
         schema.Quality.not_measured("--no-quality"))

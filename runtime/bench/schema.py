@@ -184,6 +184,12 @@ class MethodParams:
     coupling: str | None = None
     proactive: str | None = None
     accept: str | None = None
+    # dynamic depth: ddd's heuristic threshold / check interval / first check, and the static
+    # tree's path-probability cut (`lantern++ --dynamic-depth`); absent in older files
+    ddd_threshold: float | None = None
+    ddd_check_every: int | None = None
+    ddd_min_depth: int | None = None
+    dynamic_depth: float | None = None
     # images decoded together (files written before batching lack it: 1)
     batch_size: int = 1
 
@@ -202,6 +208,10 @@ class MethodParams:
             ("coupling", self.coupling),
             ("proactive", self.proactive),
             ("accept", self.accept),
+            ("ddd", self.ddd_threshold),
+            ("check", self.ddd_check_every),
+            ("min", self.ddd_min_depth),
+            ("dyn", self.dynamic_depth),
             ("batch", self.batch_size if self.batch_size > 1 else None),
         )
         parts = [f"{name}={_short(value)}" for name, value in names if value is not None]
@@ -219,7 +229,11 @@ class RunStats:
     tokens generated (`num_images * tokens_per_image`). `per_depth_acceptance[d]`: fraction of
     verification steps that accepted a draft token at depth d+1 (empty for ar).
     `mean_relaxation_mass`: LANTERN/LANTERN++ mean probability mass added by relaxation per
-    accepted token (`None` for exact methods).
+    accepted token (`None` for exact methods). `mean_drafted_depth`: tree levels drafted per
+    verification step (fixed for static trees and EAGLE-2; decided per step by ddd and
+    `--dynamic-depth`); `None` in files written before it was recorded. With a depth decided
+    per step, `per_depth_acceptance[d]` is over the steps that drafted depth d+1 and accepted
+    down to depth d.
     """
 
     mean_accepted_length: float
@@ -227,6 +241,7 @@ class RunStats:
     tokens: int
     per_depth_acceptance: list[float] = field(default_factory=list)
     mean_relaxation_mass: float | None = None
+    mean_drafted_depth: float | None = None
 
     @property
     def step_compression(self) -> float:
@@ -364,6 +379,7 @@ def make_run(
     params: MethodParams | None = None,
     per_depth_acceptance: Sequence[float] = (),
     mean_relaxation_mass: float | None = None,
+    mean_drafted_depth: float | None = None,
     phases: dict[str, Phase] | None = None,
     peak_bytes: int | None = None,
     state_bytes: int | None = None,
@@ -384,6 +400,7 @@ def make_run(
             tokens=int(tokens),
             per_depth_acceptance=[float(a) for a in per_depth_acceptance],
             mean_relaxation_mass=None if mean_relaxation_mass is None else float(mean_relaxation_mass),
+            mean_drafted_depth=None if mean_drafted_depth is None else float(mean_drafted_depth),
         ),
         latency_s=latency,
         images_per_s=num_images / latency.p50,
@@ -526,6 +543,7 @@ def _run_to_dict(run: RunResult) -> dict[str, Any]:
             "tokens": run.stats.tokens,
             "per_depth_acceptance": list(run.stats.per_depth_acceptance),
             "mean_relaxation_mass": run.stats.mean_relaxation_mass,
+            "mean_drafted_depth": run.stats.mean_drafted_depth,
         },
         "latency_s": {
             "p10": run.latency_s.p10,
@@ -802,6 +820,11 @@ def _parse_run(obj: dict[str, Any], path: str) -> RunResult:
         # added with sjd: files written before may lack them
         window=_optional(_integer, pr.get("window"), _join(pr_path, "window"), minimum=1),
         **{key: _optional(_string, pr.get(key), _join(pr_path, key)) for key in ("init", "coupling", "proactive", "accept")},
+        # added with dynamic depth
+        ddd_threshold=_optional(_number, pr.get("ddd_threshold"), _join(pr_path, "ddd_threshold")),
+        ddd_check_every=_optional(_integer, pr.get("ddd_check_every"), _join(pr_path, "ddd_check_every"), minimum=1),
+        ddd_min_depth=_optional(_integer, pr.get("ddd_min_depth"), _join(pr_path, "ddd_min_depth"), minimum=1),
+        dynamic_depth=_optional(_number, pr.get("dynamic_depth"), _join(pr_path, "dynamic_depth"), non_negative=True),
         # added with batching: files written before decoded one image at a time
         batch_size=_integer(pr.get("batch_size", 1), _join(pr_path, "batch_size"), minimum=1),
     )
@@ -821,6 +844,8 @@ def _parse_run(obj: dict[str, Any], path: str) -> RunResult:
         tokens=_field(st, "tokens", st_path, _integer, minimum=1),
         per_depth_acceptance=per_depth,
         mean_relaxation_mass=_optional_field(st, "mean_relaxation_mass", st_path, _number, non_negative=True),
+        mean_drafted_depth=_optional(_number, st.get("mean_drafted_depth"), _join(st_path, "mean_drafted_depth"),
+                                     non_negative=True),
     )
     lat_path = _join(path, "latency_s")
     lat = _field(obj, "latency_s", path, _object)

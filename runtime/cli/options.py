@@ -25,7 +25,7 @@ Device = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or hpu.")
 ProfileName = Annotated[Optional[str], typer.Option("--profile-name", help="Hardware profile name (cpu, rtx3090, h100, gaudi2) or a TOML file.")]
 Graph = Annotated[Optional[bool], typer.Option("--graph/--no-graph", help="Capture the fixed-shape steps as device graphs (default: the profile's).")]
 Dtype = Annotated[Optional[str], typer.Option("--dtype", help="bf16, fp16 or fp32 (default: the profile's).")]
-Method = Annotated[Optional[str], typer.Option("--method", help="ar, sd, eagle2, lantern, lantern++ or sjd (no drafter needed).")]
+Method = Annotated[Optional[str], typer.Option("--method", help="ar, sd, eagle2, ddd, lantern, lantern++ or sjd (no drafter needed).")]
 Greedy = Annotated[Optional[bool], typer.Option("--greedy/--sample", help="Greedy decoding instead of sampling.")]
 Temperature = Annotated[Optional[float], typer.Option("--temperature")]
 TopK = Annotated[Optional[int], typer.Option("--top-k", help="Target top-k filter (0 = off).")]
@@ -49,6 +49,11 @@ Accept = Annotated[Optional[str], typer.Option("--accept", help="sjd: exact (def
 GroupWindow = Annotated[Optional[int], typer.Option("--group-window", help="--accept grouped: rank window on each side of the draft (default 7).")]
 GroupGap = Annotated[Optional[float], typer.Option("--group-gap", help="--accept grouped: largest probability gap to the draft (default 0.15).")]
 GroupDist = Annotated[Optional[float], typer.Option("--group-dist", help="--accept grouped: largest squared distance of normalised embedding rows (default 0.5).")]
+DddThreshold = Annotated[Optional[float], typer.Option("--ddd-threshold", help="ddd: stop drafting when log(sum of the beam's path probabilities) falls below this (default -0.3).")]
+DddCheckEvery = Annotated[Optional[int], typer.Option("--ddd-check-every", help="ddd: expansions between two checks of the heuristic (default 2; each check is one host read).")]
+DddMinDepth = Annotated[Optional[int], typer.Option("--ddd-min-depth", help="ddd: expansions before the first check (default 4).")]
+DddMaxDepth = Annotated[Optional[int], typer.Option("--ddd-max-depth", help="ddd: most expansions (default 10).")]
+DynamicDepth = Annotated[Optional[float], typer.Option("--dynamic-depth", help="sd/lantern++: cut the static tree at the first depth whose best drafted path probability is below this threshold (e.g. 0.2); off by default.")]
 Classes = Annotated[Optional[str], typer.Option("--classes", help="Comma-separated class ids, cycled over the images (c2i).")]
 Prompts = Annotated[Optional[str], typer.Option("--prompts", help="Text file, one prompt per line (t2i; needs --t5-path).")]
 T5Path = Annotated[Optional[str], typer.Option("--t5-path", help="Local T5 encoder directory (flan-t5-xl for LlamaGen t2i).")]
@@ -81,6 +86,11 @@ class MethodFlags:
     group_window: int | None = None
     group_gap: float | None = None
     group_dist: float | None = None
+    ddd_threshold: float | None = None
+    ddd_check_every: int | None = None
+    ddd_min_depth: int | None = None
+    ddd_max_depth: int | None = None
+    dynamic_depth: float | None = None
 
     @classmethod
     def pick(cls, params: dict[str, Any]) -> "MethodFlags":

@@ -55,6 +55,7 @@ class ImageStats:
     depth_reached: list[int]
     relax_mass: float
     accepted_drafts: int
+    drafted_levels: int = 0  # tree levels drafted, summed over iterations
 
 
 @dataclass
@@ -69,6 +70,7 @@ class RunStats:
     depth_reached: list[int] = field(default_factory=list)
     relax_mass: float = 0.0
     accepted_drafts: int = 0
+    drafted_levels: int = 0
 
     def add(self, s: ImageStats) -> None:
         self.images += 1
@@ -82,10 +84,13 @@ class RunStats:
         self.depth_reached = [a + b for a, b in zip(self.depth_reached, s.depth_reached)]
         self.relax_mass += s.relax_mass
         self.accepted_drafts += s.accepted_drafts
+        self.drafted_levels += s.drafted_levels
 
     def summary(self) -> dict[str, Any]:
-        """tau = tokens produced (bonus included) per target forward."""
+        """tau = tokens produced (bonus included) per target forward; mean_drafted_depth =
+        tree levels drafted per iteration (every image's prefill is a forward, not an iteration)."""
         fw = max(self.target_forwards, 1)
+        iterations = max(self.target_forwards - self.images, 1)
         return {
             "mean_accepted_length": self.accepted_tokens / fw,
             "target_forwards": self.target_forwards,
@@ -93,6 +98,7 @@ class RunStats:
             "step_compression": self.tokens / fw,
             "per_depth_acceptance": [a / r if r else 0.0 for a, r in zip(self.depth_accepted, self.depth_reached)],
             "mean_relaxation_mass": self.relax_mass / self.accepted_drafts if self.accepted_drafts else 0.0,
+            "mean_drafted_depth": self.drafted_levels / iterations,
         }
 
 
@@ -177,11 +183,21 @@ class Decoder:
         self.image_rows = [i + b * torch.arange(per_image, device=dev) for i in range(b)]
         self.start_cache = target.new_cache(per_image, self.cls, dev)
         self.policy.allocate(committed)
+        # A draft whose depth is decided per iteration (ddd, --dynamic-depth) counts, per image,
+        # the levels drafted and the depths its accepted path could reach (drafted that deep).
+        self.prefix_trees = {d: self.policy.prefix_tree(d) for d in self.policy.verified_depths()}
+        self.variable_depth = len(self.prefix_trees) > 1 or self.policy.drafted_levels() is not None
+        self.drafted_sum = torch.zeros(b, dtype=torch.long, device=dev)
+        self.reached = torch.zeros(b, max(self.max_depth, 1), dtype=torch.long, device=dev)
+        self.depth_ids = torch.arange(1, max(self.max_depth, 1) + 1, device=dev)
 
         # -- steps: eager until `_capture_steps` swaps in captured replays ------------------
-        self._draft: Callable[[], None] | None = self._draft_step if spec.drafting != "none" else None
-        self._verify: Callable[[], None] = self._verify_step
-        self._accept: Callable[[], None] = self._accept_step
+        # the draft as the policy's segments (one, unless its depth is decided as it goes),
+        # and one verify / accept per tree prefix the policy may verify
+        self._draft_segments: list[Callable[[], None]] = self.policy.segments() if spec.drafting != "none" else []
+        self._draft_finish: Callable[[], None] | None = self.policy.finish()
+        self._verify_at: dict[int, Callable[[], None]] = {d: self._verify_fn(d) for d in self.prefix_trees}
+        self._accept_at: dict[int, Callable[[], None]] = {d: self._accept_fn(d) for d in self.prefix_trees}
         self.captured = backend is None or not getattr(backend, "graph_mode", False)
         # kernels the graph compiler generated for each captured step (phase -> count)
         self.kernels_per_step: dict[str, int] = {}
@@ -194,17 +210,26 @@ class Decoder:
         caches; the real batch's prefill resets all state afterwards.
         """
         self.prefill(cond, cond_mask, seed=0)
-        steps = {"verify": self._verify_step, "accept": self._accept_step}
-        if self._draft is not None:
-            steps = {"draft": self._draft_step, **steps}
-        for phase, step in steps.items():
+        suffix = f".b{self.batch}" if self.batch > 1 else ""
+
+        def capture(phase: str, step: Callable[[], None], part: str = "") -> Callable[[], None]:
             before = kernels_generated()
-            name = f"{self.spec.method}.{phase}" + (f".b{self.batch}" if self.batch > 1 else "")
-            replay = self.backend.capture(step, name=name)
-            setattr(self, f"_{phase}", replay)
+            replay = self.backend.capture(step, name=f"{self.spec.method}.{phase}{part}{suffix}")
             made = kernels_generated() - before if before is not None else 0
             if made > 0:  # zero: the backend captured without a compiler (eager, CUDA graph)
-                self.kernels_per_step[phase] = made
+                self.kernels_per_step[phase] = self.kernels_per_step.get(phase, 0) + made
+            return replay
+
+        many = len(self._draft_segments) > 1
+        self._draft_segments = [capture("draft", seg, f".{i}" if many else "")
+                                for i, seg in enumerate(self._draft_segments)]
+        if self._draft_finish is not None:
+            self._draft_finish = capture("draft", self._draft_finish, ".finish")
+        many = len(self.prefix_trees) > 1
+        for d in self.prefix_trees:  # deepest first: it is the one the kernel counts report
+            part = f".d{d}" if many else ""
+            verify, accept = capture("verify", self._verify_at[d], part), capture("accept", self._accept_at[d], part)
+            self._verify_at[d], self._accept_at[d] = verify, accept
         self.captured = True
 
     def _timer(self):
@@ -282,37 +307,74 @@ class Decoder:
         self.count[i] = 1
         self.count_hist[i] = 0
         self.relax_mass[i] = 0.0
+        self.drafted_sum[i] = 0
+        self.reached[i] = 0
         self.policy.start(i, rows, hidden, first, cond_mask)
 
     def _draft_step(self) -> None:
-        self.policy.draft()
+        """The whole draft, every segment (the deepest draft: what op counts measure)."""
+        for seg in self.policy.segments():
+            seg()
+        finish = self.policy.finish()
+        if finish is not None:
+            finish()
 
-    def _verify_step(self) -> None:
-        tree = self.tree
-        x = self.target.tok_embeddings(self.expand_rows(self.tokens))
-        depth = self.expand_rows(tree.depth) if tree.batched else tree.depth[None]
+    def _run_draft(self) -> int:
+        """The draft's segments until no image wants more (one host read per check); returns
+        the depth of the tree prefix to verify."""
+        ran = len(self._draft_segments)
+        for i, seg in enumerate(self._draft_segments):
+            seg()
+            if i in self.policy.checks and not bool(self.policy.go_on.any()):
+                ran = i + 1
+                break
+        if self._draft_finish is not None:
+            self._draft_finish()
+        return self.policy.verified_depth(ran)
+
+    def _verify_fn(self, depth: int) -> Callable[[], None]:
+        return lambda: self._verify_step(depth)
+
+    def _accept_fn(self, depth: int) -> Callable[[], None]:
+        return lambda: self._accept_step(depth)
+
+    def _verify_step(self, depth: int | None = None) -> None:
+        """Target forward over the tree (or its prefix down to `depth`): fills p and hidden."""
+        tree = self.tree if depth is None else self.prefix_trees[depth]
+        n1 = tree.size
+        x = self.target.tok_embeddings(self.expand_rows(self.tokens[:, :n1]))
+        depths = self.expand_rows(tree.depth) if tree.batched else tree.depth[None]
         mask = self.expand_rows(tree.ancestor_mask) if tree.batched else tree.ancestor_mask
-        positions = self.cache.length[:, None] + depth
+        positions = self.cache.length[:, None] + depths
         hidden = self.target.forward_cached(x, positions, mask, self.cache)
-        self.hidden.copy_(hidden)
-        self.p.copy_(self.dist(self.target.logits(hidden), tree.depth))
+        self.hidden[:, :n1].copy_(hidden)
+        self.p[:, :n1].copy_(self.dist(self.target.logits(hidden), tree.depth))
 
-    def _accept_step(self) -> None:
+    def _accept_step(self, depth: int | None = None) -> None:
         live = self.live()
         if not self.max_depth:
             self._accept_ar(live)
             return
-        tokens, p = self.tokens, self.p
-        q = self.q if self.policy.sampled_q else None
+        tree = self.tree if depth is None else self.prefix_trees[depth]
+        n1 = tree.size
+        tokens, p = self.tokens[:, :n1], self.p[:, :n1]
+        q = self.q[:, :n1] if self.policy.sampled_q else None
         if self.group is not None:
-            acc: Accepted = accept_grouped(tokens, p, q, self.tree, self.rng, self.group)
+            acc: Accepted = accept_grouped(tokens, p, q, tree, self.rng, self.group)
         elif self.params.greedy:
-            acc = accept_greedy(tokens, p, self.tree, self.relax)
+            acc = accept_greedy(tokens, p, tree, self.relax)
         else:
-            acc = accept_sampling(tokens, p, self.tree, self.rng, q=q, relax=self.relax)
+            acc = accept_sampling(tokens, p, tree, self.rng, q=q, relax=self.relax)
         path, bonus = acc.path, acc.bonus  # (B, M), (B,)
+        if path.size(1) < self.max_depth + 1:  # a prefix tree: pad as path_table does (repeat the last)
+            path = torch.cat([path, path[:, -1:].expand(-1, self.max_depth + 1 - path.size(1))], 1)
         n = acc.count * live  # a done image accepts nothing
         self.cache.commit(self.expand_rows(path), self.expand_rows(n))
+        if self.variable_depth:
+            levels = self.policy.drafted_levels()
+            drafted = levels if levels is not None else torch.full_like(n, tree.max_depth)
+            self.drafted_sum.add_(drafted * live)
+            self.reached.add_(((drafted[:, None] >= self.depth_ids) & (n[:, None] >= self.depth_ids)).long())
         m = path.size(1)
         # new tokens after the root: accepted drafts, then the bonus at index n-1
         block = torch.cat([self.tokens.gather(1, path[:, 1:]), bonus[:, None]], 1)
@@ -381,13 +443,14 @@ class Decoder:
                         self.start_image(i, c, m, seed)
             if all(j is None for j in holder):
                 break
-            if self._draft is not None:
+            depth = self.max_depth
+            if self._draft_segments:
                 with timer.phase("draft"):
-                    self._draft()
+                    depth = self._run_draft()
             with timer.phase("verify"):
-                self._verify()
+                self._verify_at[depth]()
             with timer.phase("accept"):
-                self._accept()
+                self._accept_at[depth]()
             if mark is not None:
                 mark()
         return tokens, stats  # type: ignore[return-value]
@@ -406,8 +469,12 @@ class Decoder:
         hist, accepted = self.count_hist[i].tolist(), int(self.count[i])
         iters = sum(hist)
         depth_acc = [sum(hist[d + 2:]) for d in range(self.max_depth)]
-        reached = [iters] + depth_acc[:-1] if self.max_depth else []
+        if self.variable_depth:  # reached depth d: drafted that deep and accepted down to d - 1
+            reached, drafted = self.reached[i].tolist(), int(self.drafted_sum[i])
+        else:
+            reached = [iters] + depth_acc[:-1] if self.max_depth else []
+            drafted = self.max_depth * iters
         return ImageStats(tokens=self.num_tokens, target_forwards=1 + iters,
                           accepted_tokens=accepted, depth_accepted=depth_acc,
                           depth_reached=reached, relax_mass=float(self.relax_mass[i]),
-                          accepted_drafts=accepted - 1 - iters)
+                          accepted_drafts=accepted - 1 - iters, drafted_levels=drafted)

@@ -31,11 +31,11 @@ drafts as deterministic (top-k / EAGLE-2, `q` None).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from runtime.core.tree import TreeBuffers, buffers_from_parents, load_tree, static_buffers
+from runtime.core.tree import StaticTree, TreeBuffers, buffers_from_parents, load_tree, static_buffers
 
 if TYPE_CHECKING:
     from runtime.core.decoder import Decoder
@@ -90,6 +90,38 @@ class DraftPolicy:
 
     def committed(self, path: torch.Tensor, n: torch.Tensor, block: torch.Tensor) -> None:
         """Update the policy's state after acceptance (inside the accept step)."""
+
+    # -- drafts of a depth decided per iteration (ddd, --dynamic-depth) -------------------------
+    # The draft runs as `segments()`, each captured on its own; after segment i in `checks`
+    # the host reads `go_on` (B,) bool and stops drafting when no image wants more. Then
+    # `finish()` (if any) runs, and `verified_depth(segments run)` says which prefix of the
+    # tree the loop verifies (None: the whole tree).
+    checks: frozenset[int] = frozenset()
+
+    @property
+    def go_on(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    def segments(self) -> list[Callable[[], None]]:
+        return [self.draft]
+
+    def finish(self) -> Callable[[], None] | None:
+        return None
+
+    def verified_depths(self) -> tuple[int, ...]:
+        """The tree prefixes (by depth) the loop may verify: one captured verify/accept each."""
+        return (self.tree.max_depth,)
+
+    def verified_depth(self, segments_run: int) -> int:
+        return self.tree.max_depth
+
+    def prefix_tree(self, depth: int) -> TreeBuffers:
+        """The tree cut to its depths <= depth (one of `verified_depths()`)."""
+        return self.tree
+
+    def drafted_levels(self) -> torch.Tensor | None:
+        """(B,) long tree levels drafted this iteration when it varies per image, else None."""
+        return None
 
 
 class DrafterPolicy(DraftPolicy):
@@ -188,7 +220,8 @@ class StaticTreePolicy(DrafterPolicy):
         return not self.loop.params.greedy
 
     def build_tree(self, device: torch.device) -> TreeBuffers:
-        tree = static_buffers(load_tree(self.loop.spec.tree_spec)).to(device)
+        self.static = load_tree(self.loop.spec.tree_spec)
+        tree = static_buffers(self.static).to(device)
         self.levels = [tree.level(d) for d in range(1, tree.max_depth + 1)]
         # per level: each node's parent as an index into the previous level's rows
         starts = [0] + [start for start, _ in self.levels]
@@ -196,29 +229,108 @@ class StaticTreePolicy(DrafterPolicy):
         return tree
 
     def _draft_tree(self) -> None:
-        loop, tree, k = self.loop, self.tree, self.tree.max_children
-        parent_start, parent_end = 0, 1
-        # Sampled drafts: the Gumbel noise of every level in one draw (rows = nodes with
-        # children-to-be, i.e. all nodes above the deepest level), one RNG call per step.
-        noise = None if loop.params.greedy else loop.rng.gumbel(loop.batch, self.levels[-1][0], loop.vocab)
-        base = self.dcache.length[:, None] - 1  # (rows, 1)
-        for d, (start, end) in enumerate(self.levels, start=1):
-            q = loop.q[:, parent_start:parent_end]
-            if noise is None:
-                cand = torch.topk(q, k, dim=-1).indices  # (B, parents, k)
-            else:  # k samples without replacement (Gumbel-top-k)
-                cand = torch.topk(torch.log(q) + noise[:, parent_start:parent_end], k, dim=-1).indices
-            par = tree.parent[start:end]
-            loop.tokens[:, start:end] = cand[:, self.level_parent[d - 1], tree.rank[start:end]]
-            if d < tree.max_depth:
-                hid = self.draft_hidden[:, par]
-                positions = (base + d).expand(-1, end - start)
-                out = loop.drafter.forward_cached(loop.expand_rows(loop.tokens[:, start:end]), hid, positions,
-                                                  tree.ancestor_mask[start:end, 1:end], self.dcache,
-                                                  offset=start - 1)
-                self.draft_hidden[:, start:end] = out
-                loop.q[:, start:end] = self._dist(out, d)
-            parent_start, parent_end = start, end
+        noise = None if self.loop.params.greedy else self._noise()
+        for d in range(1, self.tree.max_depth + 1):
+            self._pick(d, noise)
+            if d < self.tree.max_depth:
+                self._forward(d)
+
+    def _noise(self) -> torch.Tensor:
+        """Sampled drafts: the Gumbel noise of every level in one draw (rows = nodes with
+        children-to-be, i.e. all nodes above the deepest level), one RNG call per step."""
+        loop = self.loop
+        return loop.rng.gumbel(loop.batch, self.levels[-1][0], loop.vocab)
+
+    def _pick(self, d: int, noise: torch.Tensor | None) -> None:
+        """Level d's tokens: each parent's top-k (greedy) or k samples without replacement."""
+        loop, tree = self.loop, self.tree
+        start, end = self.levels[d - 1]
+        parent_start, parent_end = (0, 1) if d == 1 else self.levels[d - 2]
+        q = loop.q[:, parent_start:parent_end]
+        if noise is None:
+            cand = torch.topk(q, tree.max_children, dim=-1).indices  # (B, parents, k)
+        else:  # Gumbel-top-k
+            cand = torch.topk(torch.log(q) + noise[:, parent_start:parent_end], tree.max_children, dim=-1).indices
+        loop.tokens[:, start:end] = cand[:, self.level_parent[d - 1], tree.rank[start:end]]
+
+    def _forward(self, d: int) -> None:
+        """Level d's nodes through the drafter: their q (the next level's proposals)."""
+        loop, tree = self.loop, self.tree
+        start, end = self.levels[d - 1]
+        hid = self.draft_hidden[:, tree.parent[start:end]]
+        positions = (self.dcache.length[:, None] - 1 + d).expand(-1, end - start)
+        out = loop.drafter.forward_cached(loop.expand_rows(loop.tokens[:, start:end]), hid, positions,
+                                          tree.ancestor_mask[start:end, 1:end], self.dcache, offset=start - 1)
+        self.draft_hidden[:, start:end] = out
+        loop.q[:, start:end] = self._dist(out, d)
+
+    # -- --dynamic-depth: one segment per level, cut at the first improbable depth -------------
+    def allocate(self, committed: int) -> None:
+        super().allocate(committed)
+        if self.loop.spec.dynamic_depth is None:
+            return
+        loop = self.loop
+        self.path_prob = torch.ones(loop.batch, self.tree.size, device=loop.device)
+        self.confident = torch.ones(loop.batch, dtype=torch.bool, device=loop.device)
+        self.noise = None if loop.params.greedy else torch.zeros(
+            loop.batch, self.levels[-1][0], loop.vocab, device=loop.device)
+
+    @property
+    def checks(self) -> frozenset[int]:  # type: ignore[override]
+        if self.loop.spec.dynamic_depth is None:
+            return frozenset()
+        return frozenset(range(self.tree.max_depth - 1))
+
+    @property
+    def go_on(self) -> torch.Tensor:  # type: ignore[override]
+        return self.confident & self.loop.live().bool()
+
+    def segments(self) -> list[Callable[[], None]]:
+        if self.loop.spec.dynamic_depth is None:
+            return [self.draft]
+        return [self._first_level] + [lambda d=d: self._next_level(d) for d in range(1, self.tree.max_depth)]
+
+    def verified_depths(self) -> tuple[int, ...]:
+        if self.loop.spec.dynamic_depth is None:
+            return (self.tree.max_depth,)
+        return tuple(range(1, self.tree.max_depth + 1))
+
+    def prefix_tree(self, depth: int) -> TreeBuffers:
+        if depth == self.tree.max_depth:
+            return self.tree
+        paths = tuple(p for p in self.static.paths if len(p) <= depth)
+        return static_buffers(StaticTree(f"{self.static.name}[:{depth}]", paths)).to(self.loop.device)
+
+    def verified_depth(self, segments_run: int) -> int:
+        """Segments 0..i ran and the check after i failed: levels 1..i+1 are drafted and level
+        i+1 is improbable, so depths <= i are kept (at least 1)."""
+        if segments_run >= len(self.segments()):
+            return self.tree.max_depth
+        return max(segments_run - 1, 1)
+
+    def _first_level(self) -> None:
+        loop = self.loop
+        root = self._level0()
+        self.draft_hidden[:, 0] = root
+        loop.q[:, 0] = self._dist(root[:, None], 0)[:, 0]
+        if self.noise is not None:
+            self.noise.copy_(self._noise())
+        self._pick_scored(1)
+
+    def _next_level(self, d: int) -> None:
+        self._forward(d)
+        self._pick_scored(d + 1)
+
+    def _pick_scored(self, d: int) -> None:
+        """Pick level d and its path probabilities; `confident` = the best of them >= the threshold."""
+        loop, tree = self.loop, self.tree
+        self._pick(d, self.noise)
+        start, end = self.levels[d - 1]
+        par = tree.parent[start:end]
+        q_tok = loop.q[:, par].gather(2, loop.tokens[:, start:end, None]).squeeze(2)  # (B, width)
+        prob = self.path_prob[:, par] * q_tok
+        self.path_prob[:, start:end] = prob
+        self.confident.copy_(prob.max(-1).values >= loop.spec.dynamic_depth)
 
 
 class DynamicTreePolicy(DrafterPolicy):
@@ -229,13 +341,21 @@ class DynamicTreePolicy(DrafterPolicy):
     counts the expansions after the root's own top-k, so the tree is depth + 1 levels deep
     (reference `topK_genrate`; depth 4 -> 5 levels). Each image of a batch builds its own
     tree of the same size: the tree buffers are batched (B, N+1, ...).
+
+    ddd (Dynamic Depth Decoding) is the same tree with a depth decided per iteration: the
+    expansions run in segments (one captured step each) between the checks of
+    `MethodSpec.ddd_checks`. At a check an image whose beam heuristic H = logsumexp of the
+    frontier's path scores is below `ddd_threshold` stops: its later candidates score -inf,
+    so its tree is what it would be had drafting stopped there, whatever its batch-mates do.
+    The host reads one flag per check (is any image still drafting?) and skips the remaining
+    segments when none is; the final selection runs after the last segment that ran.
     """
 
     kind = "dynamic"
 
     def build_tree(self, device: torch.device) -> TreeBuffers:
         spec, b = self.loop.spec, self.loop.batch
-        k, d, n1 = spec.top_k_draft, spec.depth + 1, spec.total_tokens
+        k, d, n1 = spec.top_k_draft, spec.expansions + 1, spec.total_tokens
         zeros = lambda: torch.zeros(b, n1, dtype=torch.long, device=device)  # noqa: E731
         return TreeBuffers(zeros(), zeros(), zeros(),
                            torch.eye(n1, dtype=torch.bool, device=device).expand(b, n1, n1).clone(),
@@ -245,13 +365,14 @@ class DynamicTreePolicy(DrafterPolicy):
 
     def draft_slots(self) -> int:
         # every level expands all top_k frontier nodes, whatever the tree keeps
-        return self.loop.spec.depth * self.loop.spec.top_k_draft
+        return self.loop.spec.expansions * self.loop.spec.top_k_draft
 
     def allocate(self, committed: int) -> None:
         super().allocate(committed)
-        spec, dev, n1, b = self.loop.spec, self.loop.device, self.tree.size, self.loop.batch
-        k, d = spec.top_k_draft, spec.depth
-        self.n_cand = k + d * k * k
+        loop = self.loop
+        spec, dev, n1, b = loop.spec, loop.device, self.tree.size, loop.batch
+        k, e = spec.top_k_draft, spec.expansions
+        self.n_cand = k + e * k * k
         # constants of every EAGLE-2 draft, built once (a captured step would rebuild them)
         earlier = torch.ones(n1, n1, dtype=torch.bool, device=dev).tril(-1)
         earlier[:, 0] = False  # the root shares parent id 0 with its children but is no sibling
@@ -262,59 +383,138 @@ class DynamicTreePolicy(DrafterPolicy):
             "eye_k": torch.eye(k, dtype=torch.bool, device=dev).expand(b, k, k),
             "arange_nodes": torch.arange(n1 - 1, device=dev).expand(b, n1 - 1), "earlier": earlier,
         }
+        # candidates (root's top-k, then k*k per expansion) and the frontier between segments
+        self.cand_tok = torch.zeros(b, self.n_cand, dtype=torch.long, device=dev)
+        self.cand_score = torch.zeros(b, self.n_cand, device=dev)
+        self.cand_parent = torch.full((b, self.n_cand), -1, dtype=torch.long, device=dev)
+        # the frontier between segments (ddd); `anc` also serves within one
+        self.fr = {"tok": torch.zeros(b, k, dtype=torch.long, device=dev), "score": torch.zeros(b, k, device=dev),
+                   "ids": torch.zeros(b, k, dtype=torch.long, device=dev),
+                   "hidden": torch.zeros(loop.rows, k, loop.drafter.config.hidden_size, device=dev, dtype=loop.dtype),
+                   "anc": torch.zeros(b, k, e * k, dtype=torch.bool, device=dev)}
+        self.alive = torch.ones(b, dtype=torch.bool, device=dev)  # ddd: still drafting
+        self.drafted = torch.ones(b, dtype=torch.long, device=dev)  # tree levels drafted this iteration
+        bounds = [0, *spec.ddd_checks, e]
+        self._spans = list(zip(bounds[:-1], bounds[1:]))  # expansions of each segment
+
+    # -- the draft as segments ---------------------------------------------------------------
+    @property
+    def checks(self) -> frozenset[int]:  # type: ignore[override]
+        return frozenset(range(len(self._spans) - 1))
+
+    @property
+    def go_on(self) -> torch.Tensor:  # type: ignore[override]
+        return self.alive & self.loop.live().bool()
+
+    def segments(self) -> list[Callable[[], None]]:
+        if len(self._spans) == 1:
+            return [self.draft]
+        first, rest = self._spans[0], self._spans[1:]
+        return [lambda: self._segment(*first, start=True)] + [lambda a=a, z=z: self._segment(a, z) for a, z in rest]
+
+    def finish(self) -> Callable[[], None] | None:  # type: ignore[override]
+        return None if len(self._spans) == 1 else self._select
+
+    def drafted_levels(self) -> torch.Tensor | None:
+        return self.drafted if self.loop.spec.ddd_checks else None
 
     def _draft_tree(self) -> None:
-        loop = self.loop
-        k, depth, dev, b = loop.spec.top_k_draft, loop.spec.depth, loop.device, loop.batch
-        c = self._c
+        self._segment(0, self.loop.spec.expansions, start=False, root=True)
+        self._select()
+
+    def draft(self) -> None:
+        if len(self._spans) == 1:
+            super().draft()
+            return
+        for seg in self.segments():
+            seg()
+        self._select()
+
+    def _segment(self, first: int, last: int, start: bool = False, root: bool = False) -> None:
+        """Expansions first+1..last; `start` runs the drafter's level 0 and the root's top-k
+        first. The frontier lives in locals within a segment and in `self.fr` between them."""
+        if start:
+            root_out = self._level0()
+            self.draft_hidden[:, 0] = root_out
+            self.loop.q[:, 0] = self._dist(root_out[:, None], 0)[:, 0]
+        fr = self._root() if start or root else dict(self.fr)
+        for level in range(first + 1, last + 1):
+            fr = self._expand(level, fr)
+        checks = self.loop.spec.ddd_checks
+        if last in checks:  # DDD's heuristic: log of the beam's summed path probability
+            self.alive &= torch.logsumexp(fr["score"], dim=-1) >= self.loop.spec.ddd_threshold
+        if checks and last < self.loop.spec.expansions:
+            for name, value in fr.items():
+                if value is not self.fr[name]:
+                    self.fr[name].copy_(value)
+
+    def _root(self) -> dict[str, torch.Tensor]:
+        """The root's top-k as the first candidates and frontier."""
+        loop, c, k = self.loop, self._c, self.loop.spec.top_k_draft
         logq = torch.log(loop.q[:, 0]).clamp(min=_LOG_FLOOR)  # log 0 = -inf -> the floor
         top = torch.topk(logq, k)  # (B, k)
-        cand_tok, cand_score = [top.indices], [child_scores(c["zero"], top.values)]
-        cand_parent = [c["no_parent"]]
-        frontier = c["arange_k"]  # (B, k) candidate ids of the frontier
-        fr_tok, fr_score = top.indices, cand_score[0]
-        fr_hidden = self.draft_hidden[:, :1].expand(loop.rows, k, -1)
-        fr_anc = c["eye_k"]  # (B, k, l*k) over frontier blocks
-        dim = fr_hidden.size(-1)
-        base = k
-        for level in range(1, depth + 1):
-            positions = (self.dcache.length[:, None] - 1 + level).expand(-1, k)
-            out = loop.drafter.forward_cached(loop.expand_rows(fr_tok), fr_hidden, positions,
-                                              loop.expand_rows(fr_anc), self.dcache, offset=(level - 1) * k)
-            lq = torch.log(self._dist(out, level)).clamp(min=_LOG_FLOOR)  # (B, k, V)
-            ch = torch.topk(lq, k, dim=-1)  # (B, k, k)
-            scores = child_scores(fr_score[..., None], ch.values).reshape(b, -1)
-            ch_tok = ch.indices.reshape(b, -1)
-            cand_tok.append(ch_tok)
-            cand_score.append(scores)
-            cand_parent.append(frontier.repeat_interleave(k, dim=1))
-            best = torch.topk(scores, k).indices  # (B, k) local ids in this block
-            parent_local = best // k
-            frontier = base + best
-            fr_tok = ch_tok.gather(1, best)
-            fr_score = scores.gather(1, best)
-            fr_hidden = out.gather(1, loop.expand_rows(parent_local)[..., None].expand(-1, -1, dim))
-            fr_anc = torch.cat([fr_anc.gather(1, parent_local[..., None].expand(-1, -1, fr_anc.size(-1))),
-                                c["eye_k"]], dim=2)
-            base += k * k
-        tok = torch.cat(cand_tok, 1)  # (B, n_cand)
-        score = torch.cat(cand_score, 1)
-        par = torch.cat(cand_parent, 1)
+        score = child_scores(c["zero"], top.values)
+        self.cand_tok[:, :k] = top.indices
+        self.cand_score[:, :k] = score
+        if loop.spec.ddd_checks:  # stale expansions of the last iteration must not be selected
+            self.cand_score[:, k:] = float("-inf")
+            self.alive.fill_(True)
+            self.drafted.fill_(1)
+        anc = self.fr["anc"]
+        anc[:, :, :k] = c["eye_k"]
+        return {"ids": c["arange_k"], "tok": top.indices, "score": score,
+                "hidden": self.draft_hidden[:, :1].expand(loop.rows, k, -1), "anc": anc}
+
+    def _expand(self, level: int, fr: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """One EAGLE-2 expansion: the frontier through the drafter, its children scored and
+        stored as candidates, the best k of them the next frontier (returned)."""
+        loop, c, b, checks = self.loop, self._c, self.loop.batch, self.loop.spec.ddd_checks
+        k = loop.spec.top_k_draft
+        base = k + (level - 1) * k * k
+        positions = (self.dcache.length[:, None] - 1 + level).expand(-1, k)
+        anc = fr["anc"][:, :, : level * k]
+        out = loop.drafter.forward_cached(loop.expand_rows(fr["tok"]), fr["hidden"], positions,
+                                          loop.expand_rows(anc), self.dcache, offset=(level - 1) * k)
+        lq = torch.log(self._dist(out, level)).clamp(min=_LOG_FLOOR)  # (B, k, V)
+        ch = torch.topk(lq, k, dim=-1)  # (B, k, k)
+        scores = child_scores(fr["score"][..., None], ch.values).reshape(b, -1)
+        if checks and level > checks[0]:  # an image that stopped adds nothing
+            self.drafted += self.alive.long()
+            scores = torch.where(self.alive[:, None], scores, float("-inf"))
+        elif checks:
+            self.drafted += 1
+        ch_tok = ch.indices.reshape(b, -1)
+        self.cand_tok[:, base: base + k * k] = ch_tok
+        self.cand_score[:, base: base + k * k] = scores
+        self.cand_parent[:, base: base + k * k] = fr["ids"].repeat_interleave(k, dim=1)
+        best = torch.topk(scores, k).indices  # (B, k) local ids in this block
+        parent_local = best // k
+        nxt = {"ids": base + best, "tok": ch_tok.gather(1, best), "score": scores.gather(1, best),
+               "hidden": out.gather(1, loop.expand_rows(parent_local)[..., None].expand(-1, -1, out.size(-1))),
+               "anc": fr["anc"]}
+        if level < loop.spec.expansions:
+            fr["anc"][:, :, : (level + 1) * k] = torch.cat(
+                [anc.gather(1, parent_local[..., None].expand(-1, -1, anc.size(-1))), c["eye_k"]], dim=2)
+        return nxt
+
+    def _select(self) -> None:
+        """Keep the best total_tokens - 1 candidates (parents before children) as the tree."""
+        loop, c, b, dev = self.loop, self._c, self.loop.batch, self.loop.device
         n1 = self.tree.size
-        sel = torch.topk(score, n1 - 1).indices.sort().values  # parents before children
+        sel = torch.topk(self.cand_score, n1 - 1).indices.sort().values  # parents before children
         inv = torch.full((b, self.n_cand), -1, dtype=torch.long, device=dev)
         inv.scatter_(1, sel, c["arange_nodes"])
-        sel_par = par.gather(1, sel)
+        sel_par = self.cand_parent.gather(1, sel)
         node_parent = torch.where(sel_par < 0, 0, inv.gather(1, sel_par.clamp(min=0)) + 1)
         parent = torch.cat([c["zero_long"], node_parent], 1)
         rank = ((parent[:, :, None] == parent[:, None, :]) & c["earlier"]).sum(-1)
-        built = buffers_from_parents(parent, rank, depth + 1, k)
+        built = buffers_from_parents(parent, rank, self.tree.max_depth, self.tree.max_children)
         t = self.tree
         for dst, src in ((t.parent, built.parent), (t.depth, built.depth), (t.rank, built.rank),
                          (t.ancestor_mask, built.ancestor_mask), (t.children, built.children),
                          (t.path_table, built.path_table), (t.earlier_sibling, built.earlier_sibling)):
             dst.copy_(src)
-        loop.tokens[:, 1:] = tok.gather(1, sel)
+        loop.tokens[:, 1:] = self.cand_tok.gather(1, sel)
 
 
 def make_policy(loop: "Decoder") -> DraftPolicy:

@@ -5,6 +5,7 @@
     sd         static chain of `depth`           exact
     eagle2     EAGLE-2 dynamic tree              exact
     lantern    EAGLE-2 dynamic tree              relaxed, additive bound delta
+    ddd        EAGLE-2 tree, dynamic depth       exact
     lantern++  static tree (`tree`)              relaxed, multiplicative bound lambda
     sjd        Jacobi window of `window` future  exact (default), relaxed (`relax` delta or
                positions, no drafter (jacobi.py) lambda), or grouped (`accept`, GSD-style)
@@ -21,6 +22,18 @@ rejection point before the chain.
 the number of expansions after the root's own top-k, so the tree has depth + 1 levels and
 top_k + depth * top_k^2 candidates (LANTERN's LlamaGen default depth 4 -> 5 levels). For
 `sd` it is the length of the drafted chain.
+
+ddd (Dynamic Depth Decoding, arXiv 2409.00142): EAGLE-2 whose number of expansions is decided
+per iteration. After `ddd_min_depth` expansions, and then every `ddd_check_every`, the
+heuristic H = log(sum over the top-k frontier of exp(path log q)) is compared with
+`ddd_threshold`; drafting stops (for that image) once H < threshold, and never goes beyond
+`ddd_max_depth` expansions. The paper's setting: threshold -0.3, checks before draft calls
+5, 7, 9 of at most 11 (here: after expansions 4, 6 and 8 of at most 10).
+
+dynamic_depth (sd, lantern++): a threshold on the drafted path's cumulative draft probability.
+The static tree is drafted level by level; at the first depth d whose best node's path
+probability (product of q along it) is below the threshold, the tree is cut to the depths
+< d (at least 1) and only that prefix is verified. None = off.
 """
 
 from __future__ import annotations
@@ -30,7 +43,7 @@ from dataclasses import asdict, dataclass, field
 from runtime.core.sampling import SamplingParams
 from runtime.errors import UserError
 
-METHODS = ("ar", "sd", "eagle2", "lantern", "lantern++", "sjd")
+METHODS = ("ar", "sd", "eagle2", "ddd", "lantern", "lantern++", "sjd")
 JACOBI_INITS = ("uniform", "repeat-h", "repeat-v")
 COUPLINGS = ("none", "maximal", "gumbel")
 ACCEPT_RULES = ("exact", "grouped")
@@ -59,6 +72,11 @@ class MethodSpec:
     group_window: int = 7
     group_gap: float = 0.15
     group_dist: float = 0.5
+    ddd_threshold: float = -0.3
+    ddd_check_every: int = 2
+    ddd_min_depth: int = 4
+    ddd_max_depth: int = 10
+    dynamic_depth: float | None = None
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -85,16 +103,28 @@ class MethodSpec:
             (self.group_window >= 1, f"--group-window must be >= 1, got {self.group_window}"),
             (self.group_gap > 0, f"--group-gap must be > 0, got {self.group_gap}"),
             (self.group_dist > 0, f"--group-dist must be > 0, got {self.group_dist}"),
+            (self.ddd_threshold <= 0 and self.ddd_threshold == self.ddd_threshold,
+             f"--ddd-threshold is a log probability, <= 0; got {self.ddd_threshold}"),
+            (self.ddd_check_every >= 1, f"--ddd-check-every must be >= 1, got {self.ddd_check_every}"),
+            (1 <= self.ddd_min_depth <= self.ddd_max_depth <= 32,
+             f"--ddd-min-depth and --ddd-max-depth need 1 <= min <= max <= 32, got {self.ddd_min_depth} "
+             f"and {self.ddd_max_depth}"),
+            (self.dynamic_depth is None or 0 <= self.dynamic_depth < 1,
+             f"--dynamic-depth is a path probability threshold in [0, 1), got {self.dynamic_depth}"),
         ]
         for ok, message in checks:
             if not ok:
                 raise UserError(message)
         self._check_jacobi()
         if self.drafting == "dynamic":
-            limit = self.top_k_draft + self.depth * self.top_k_draft ** 2
+            # ddd: the tree must fill up even when drafting stops at the first check
+            least = self.ddd_min_depth if self.method == "ddd" else self.depth
+            limit = self.top_k_draft + least * self.top_k_draft ** 2
             if self.total_tokens - 1 > limit:
                 raise UserError(f"--total-tokens {self.total_tokens} exceeds the {limit + 1} nodes a "
-                                f"depth-{self.depth}, top-k-{self.top_k_draft} EAGLE-2 tree can hold")
+                                f"depth-{least}, top-k-{self.top_k_draft} EAGLE-2 tree can hold")
+        if self.dynamic_depth is not None and self.drafting != "static":
+            raise UserError(f"--dynamic-depth cuts a static tree (sd, lantern++), not --method {self.method}")
 
     def _check_jacobi(self) -> None:
         """Options that only mean something for sjd (or only in some combinations) are refused."""
@@ -134,6 +164,18 @@ class MethodSpec:
         return {"ar": "none", "sd": "static", "lantern++": "static", "sjd": "jacobi"}.get(self.method, "dynamic")
 
     @property
+    def expansions(self) -> int:
+        """Dynamic trees: most expansions after the root's top-k (ddd: its maximum depth)."""
+        return self.ddd_max_depth if self.method == "ddd" else self.depth
+
+    @property
+    def ddd_checks(self) -> tuple[int, ...]:
+        """ddd: the expansion counts after which the heuristic is read (e.g. 4, 6, 8 of 10)."""
+        if self.method != "ddd":
+            return ()
+        return tuple(range(self.ddd_min_depth, self.ddd_max_depth, self.ddd_check_every))
+
+    @property
     def needs_drafter(self) -> bool:
         """Whether the method drafts with a trained drafter head (sd, eagle2, lantern, lantern++)."""
         return self.drafting in ("static", "dynamic")
@@ -165,7 +207,12 @@ class MethodSpec:
         if self.method == "lantern++":
             out["tree"] = self.tree
         if self.drafting == "dynamic":
-            out.update(depth=self.depth, top_k_draft=self.top_k_draft, total_tokens=self.total_tokens)
+            out.update(depth=self.expansions, top_k_draft=self.top_k_draft, total_tokens=self.total_tokens)
+        if self.method == "ddd":
+            out.update(ddd_threshold=self.ddd_threshold, ddd_check_every=self.ddd_check_every,
+                       ddd_min_depth=self.ddd_min_depth)
+        if self.dynamic_depth is not None:
+            out.update(dynamic_depth=self.dynamic_depth)
         if self.method == "lantern":
             out.update(lantern_k=self.lantern_k, lantern_delta=self.lantern_delta)
         if self.method == "lantern++":
