@@ -29,6 +29,7 @@ COMMAND_MODULES: list[str] = [
     "runtime.cli.eval_cmd",
     "runtime.cli.bench_cmd",
     "runtime.cli.selfcheck_cmd",
+    "runtime.cli.tune_cmd",
 ]
 
 

@@ -277,7 +277,9 @@ def _merge_stats(all_stats: list[dict]) -> dict:
     return {"mean_accepted_length": accepted / max(fw, 1), "target_forwards": fw, "tokens": tokens,
             "step_compression": tokens / max(fw, 1), "per_depth_acceptance": per_depth,
             "mean_relaxation_mass": (sum(s["mean_relaxation_mass"] * w for s, w in zip(all_stats, weights))
-                                     / max(fw, 1))}
+                                     / max(fw, 1)),
+            "mean_drafted_depth": (sum(s.get("mean_drafted_depth", 0.0) * w for s, w in zip(all_stats, weights))
+                                   / max(fw, 1))}
 
 
 def _merge_phases(all_phases: list[dict]) -> dict:

@@ -115,11 +115,13 @@ class Decoder:
     "ar". neighbours: (V, k) nearest-codebook table for the relaxed methods. backend: an
     object with `capture(fn, name=...)` and `mark_step()` (see backends/); without one,
     steps run eagerly. Set `timer` (an object with `.phase(name)`, e.g. `backend.timer()`)
-    to time the phases prefill / draft / verify / accept.
+    to time the phases prefill / draft / verify / accept. `track_nodes`: count in
+    `node_hits` (B, N+1) how often each tree node was accepted (runtime tune's calibration).
     """
 
     def __init__(self, target: Transformer, drafter: Drafter | None, spec: MethodSpec, *,
-                 neighbours: torch.Tensor | None = None, backend: Any = None, batch_size: int = 1) -> None:
+                 neighbours: torch.Tensor | None = None, backend: Any = None, batch_size: int = 1,
+                 track_nodes: bool = False) -> None:
         self.target, self.drafter, self.spec = target, drafter, spec
         self.backend = backend
         self.timer: Any = None
@@ -190,6 +192,7 @@ class Decoder:
         self.drafted_sum = torch.zeros(b, dtype=torch.long, device=dev)
         self.reached = torch.zeros(b, max(self.max_depth, 1), dtype=torch.long, device=dev)
         self.depth_ids = torch.arange(1, max(self.max_depth, 1) + 1, device=dev)
+        self.node_hits = torch.zeros(b, self.n1, dtype=torch.long, device=dev) if track_nodes else None
 
         # -- steps: eager until `_capture_steps` swaps in captured replays ------------------
         # the draft as the policy's segments (one, unless its depth is decided as it goes),
@@ -376,6 +379,8 @@ class Decoder:
             self.drafted_sum.add_(drafted * live)
             self.reached.add_(((drafted[:, None] >= self.depth_ids) & (n[:, None] >= self.depth_ids)).long())
         m = path.size(1)
+        if self.node_hits is not None:  # path[:, j] (j >= 1) was accepted when j < n
+            self.node_hits.scatter_add_(1, path[:, 1:], (self.block_ids[1:m] < n[:, None]).long())
         # new tokens after the root: accepted drafts, then the bonus at index n-1
         block = torch.cat([self.tokens.gather(1, path[:, 1:]), bonus[:, None]], 1)
         block = block.scatter(1, (acc.count - 1)[:, None], bonus[:, None])

@@ -393,6 +393,8 @@ class DynamicTreePolicy(DrafterPolicy):
                    "hidden": torch.zeros(loop.rows, k, loop.drafter.config.hidden_size, device=dev, dtype=loop.dtype),
                    "anc": torch.zeros(b, k, e * k, dtype=torch.bool, device=dev)}
         self.alive = torch.ones(b, dtype=torch.bool, device=dev)  # ddd: still drafting
+        # a tensor, so a captured step reads it at replay (runtime tune varies it in place)
+        self.threshold = torch.full((), float(spec.ddd_threshold), device=dev)
         self.drafted = torch.ones(b, dtype=torch.long, device=dev)  # tree levels drafted this iteration
         bounds = [0, *spec.ddd_checks, e]
         self._spans = list(zip(bounds[:-1], bounds[1:]))  # expansions of each segment
@@ -442,7 +444,7 @@ class DynamicTreePolicy(DrafterPolicy):
             fr = self._expand(level, fr)
         checks = self.loop.spec.ddd_checks
         if last in checks:  # DDD's heuristic: log of the beam's summed path probability
-            self.alive &= torch.logsumexp(fr["score"], dim=-1) >= self.loop.spec.ddd_threshold
+            self.alive &= torch.logsumexp(fr["score"], dim=-1) >= self.threshold
         if checks and last < self.loop.spec.expansions:
             for name, value in fr.items():
                 if value is not self.fr[name]:

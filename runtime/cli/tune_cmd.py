@@ -1,0 +1,166 @@
+"""`runtime tune`: measure acceptance and step costs on a device, write a profile with the
+static tree (and DDD threshold) that maximise expected tokens per second (runtime/tune.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from runtime.cli import options as opt
+from runtime.cli.app import app
+from runtime.errors import UserError
+
+
+@app.command("tune")
+def tune_cmd(
+    out: Path = typer.Option(..., "--out", help="Profile to write, e.g. profiles/my-cpu.toml (a NAME.tree.toml and NAME.tune.json go beside it)."),
+    device: opt.Device = "auto",
+    model: opt.Model = None,
+    profile_name: opt.ProfileName = None,
+    graph: opt.Graph = None,
+    dtype: opt.Dtype = None,
+    method: Optional[str] = typer.Option("lantern++", "--method", help="Method whose tree is tuned: lantern++ or sd."),
+    greedy: opt.Greedy = None,
+    temperature: opt.Temperature = None,
+    top_k: opt.TopK = None,
+    top_p: opt.TopP = None,
+    cfg: opt.Cfg = None,
+    lantern_k: opt.LanternK = None,
+    lantern_lambda: opt.LanternLambda = None,
+    batch_size: opt.BatchSize = None,
+    classes: opt.Classes = None,
+    num_images: Optional[int] = typer.Option(8, "--num-images", help="Calibration images (classes cycled)."),
+    max_nodes: int = typer.Option(32, "--max-nodes", help="Largest tree considered (draft nodes, root excluded)."),
+    max_depth: int = typer.Option(6, "--max-depth", help="Deepest tree considered."),
+    ranks: int = typer.Option(4, "--ranks", help="Most children of a node (ranks measured per depth)."),
+    ddd_thresholds: str = typer.Option("-0.1,-0.3,-0.6,-1.0", "--ddd-thresholds", help="DDD thresholds to time, or 'none'."),
+    seed: opt.Seed = 0,
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing profile."),
+) -> None:
+    """Choose this device's static tree by measurement and write it as a profile."""
+    from rich.console import Console
+
+    from runtime.atomic import atomic_path
+    from runtime.pipeline import load_model, parse_classes, resolve_spec
+    from runtime.tune import tree_toml, tune
+
+    if out.suffix != ".toml":
+        raise UserError(f"--out {out}: a profile is a .toml file, e.g. profiles/my-device.toml")
+    if out.is_dir() or (out.exists() and not force):
+        raise UserError(f"--out {out} exists; pass --force to overwrite it or choose another name")
+    for name, value, low, high in (("--max-nodes", max_nodes, 1, 128), ("--max-depth", max_depth, 1, 16),
+                                   ("--ranks", ranks, 1, 8), ("--num-images", num_images, 1, 1024)):
+        if not low <= value <= high:
+            raise UserError(f"{name} must be in [{low}, {high}], got {value}")
+    if method not in ("lantern++", "sd"):
+        raise UserError(f"--method {method}: runtime tune chooses a static tree, for lantern++ or sd")
+    thresholds = _thresholds(ddd_thresholds)
+
+    flags = {k: v for k, v in dict(greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, cfg=cfg,
+                                   lantern_k=lantern_k, lantern_lambda=lantern_lambda).items()}
+    full = opt.MethodFlags(**flags).as_dict()
+    backend, prof = opt.open_backend(device, profile_name, graph, dtype)
+    loaded = load_model(model=model, gpt_model=None, gpt_ckpt=None, vq_ckpt=None, image_size=None, drafter=None,
+                        gpt_type="c2i", trust=False, device=backend.device, dtype=backend.dtype)
+    spec = resolve_spec(method, full, prof, loaded.recommended)
+    conditions = parse_classes(classes, num_images, loaded)
+    batch = opt.batch_size(batch_size, prof)
+
+    console = Console(stderr=True)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console) as bar:
+        task = bar.add_task("tune: acceptance", total=None)
+
+        def progress(what: str, done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total, description=f"tune: {what}")
+
+        result = tune(loaded, spec, backend, conditions, batch_size=batch, max_nodes=max_nodes, max_depth=max_depth,
+                      ranks=ranks, ddd_thresholds=thresholds, progress=progress, seed=seed)
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tree_path = out.with_name(out.stem + ".tree.toml")
+    record_path = out.with_name(out.stem + ".tune.json")
+    c = result.choice
+    with atomic_path(tree_path) as tmp:
+        Path(tmp).write_text(tree_toml([tuple(p) for p in c["paths"]],
+                                       f"runtime tune: {c['nodes']} nodes, depth {c['depth']}, "
+                                       f"expected {c['expected_tokens']:.2f} tokens per iteration"))
+    with atomic_path(record_path) as tmp:
+        Path(tmp).write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+    with atomic_path(out) as tmp:
+        Path(tmp).write_text(profile_toml(result, prof, spec, tree_path.name, record_path.name))
+    console.print(f"tree: {c['nodes']} nodes, depth {c['depth']}, expected {c['expected_tokens']:.2f} tokens per "
+                  f"iteration, {c['iteration_s'] * 1e3:.1f} ms per iteration, expected {c['expected_speedup']:.2f}x "
+                  f"over AR" + (f"; ddd threshold {result.ddd['threshold']}" if result.ddd else ""))
+    print(out)
+
+
+def _thresholds(text: str) -> tuple[float, ...]:
+    if text.strip().lower() in ("none", "off", ""):
+        return ()
+    try:
+        values = tuple(float(t) for t in text.split(",") if t.strip())
+    except ValueError:
+        raise UserError(f"--ddd-thresholds {text!r}: expected comma-separated log probabilities like -0.3,-0.6") from None
+    if not values or any(not v <= 0 for v in values):
+        raise UserError(f"--ddd-thresholds {text!r}: thresholds are log probabilities, <= 0")
+    return values
+
+
+def profile_toml(result: Any, base: Any, spec: Any, tree_file: str, record_file: str) -> str:
+    """The tuned profile: the base profile's device and bench settings, the chosen tree and
+    method settings, and comments saying what was measured and why this tree won."""
+    c, costs = result.choice, result.costs
+    ms = lambda s: f"{s * 1e3:.2f} ms"  # noqa: E731
+    lines = [
+        f"# Written by `runtime tune` in {result.seconds:.0f} s on {result.device.get('name', '?')} "
+        f"({'graph' if result.graph else 'eager'}, batch {result.batch_size}); measurements in {record_file}.",
+        f"# Calibration: {result.calibration['iterations']} iterations of {result.method} over a "
+        f"{result.calibration['tree']} tree, classes {result.calibration['conditions']}.",
+        "# Acceptance rate by depth (rows) and rank (columns), given the parent accepted and lower ranks rejected:",
+        *[f"#   depth {d + 1}: " + " ".join(f"{a:.2f}" for a in row) for d, row in enumerate(result.rate)],
+        f"# Step costs: AR step {ms(costs['ar_step_s'])}; verify by nodes "
+        + ", ".join(f"{n}: {ms(t)}" for n, t in costs["verify_s"].items()) + ";",
+        "#   accept by nodes " + ", ".join(f"{n}: {ms(t)}" for n, t in costs["accept_s"].items())
+        + "; draft by depth " + ", ".join(f"{d}: {ms(t)}" for d, t in costs["draft_s"].items()) + ".",
+        "# Best tree of each depth (expected tokens per iteration, ms per iteration, expected speedup over AR):",
+        *[f"#   depth {p['depth']}: {p['nodes']} nodes, {p['expected_tokens']:.2f} tokens, "
+          f"{ms(p['iteration_s'])}, {p['expected_speedup']:.2f}x" for p in result.per_depth],
+        f"# Chosen: depth {c['depth']}, {c['nodes']} nodes (largest expected tokens per second). The expected "
+        "speedup is a model's projection; `runtime bench` measures it.",
+    ]
+    if result.ddd:
+        lines.append("# DDD thresholds timed (images/s): "
+                     + ", ".join(f"{r['threshold']}: {r['images_per_s']:.3f}" for r in result.ddd["runs"]))
+    lines += [
+        f'description = "tuned by runtime tune: {c["nodes"]}-node depth-{c["depth"]} tree for {result.method}"',
+        "",
+        "[device]",
+        f'dtype = "{base.device.dtype}"',
+        f"graph = {'true' if result.graph else 'false'}",
+        *([f'hpu_mode = "{base.device.hpu_mode}"'] if base.device.hpu_mode else []),
+        f"batch_size = {result.batch_size}",
+        "",
+        "[tree]",
+        f'name = "{tree_file}"',
+        "",
+        "[method]",
+        'name = "lantern++"',
+    ]
+    if spec.method == "lantern++":
+        lines.append(f"lantern_lambda = {spec.lantern_lambda}")
+    else:  # sd: exact acceptance over the tuned tree
+        lines.append("lantern_lambda = 1.0")
+    if result.ddd:
+        lines.append(f"ddd_threshold = {result.ddd['threshold']}")
+    pinned = base.method.pinned()
+    for key in ("top_k_draft", "total_tokens", "depth"):
+        if key in pinned:
+            lines.append(f"{key} = {pinned[key]}")
+    lines += ["", "[bench]", f"warmup = {base.bench.warmup}", f"repeats = {base.bench.repeats}", ""]
+    return "\n".join(lines)
