@@ -286,6 +286,43 @@ def plot_batch_scaling(runs: Sequence[RunResult]) -> bytes | None:
     return _png(fig)
 
 
+def depth_table(runs: Sequence[RunResult]) -> Table | None:
+    """Per drafted run: mean drafted depth, tau and the acceptance rate at each depth. None when
+    no run drafted (or the files predate the drafted depth)."""
+    drafted = [r for r in runs if r.stats.per_depth_acceptance]
+    if not drafted:
+        return None
+    rows = []
+    for run in drafted:
+        depth = run.stats.mean_drafted_depth
+        rates = " ".join(f"{a:.2f}" for a in run.stats.per_depth_acceptance)
+        rows.append([run.method, run.params.label(), "-" if depth is None else f"{depth:.2f}",
+                     fmt_tau(run.stats.mean_accepted_length), rates])
+    return Table(["method", "params", "mean drafted depth", "tau", "acceptance at depth 1, 2, ..."], rows)
+
+
+def plot_depth_acceptance(runs: Sequence[RunResult]) -> bytes | None:
+    """Acceptance rate against draft depth, one line per drafted run (a marker where its mean
+    drafted depth lies)."""
+    drafted = [r for r in runs if r.stats.per_depth_acceptance]
+    if not drafted:
+        return None
+    fig = _new_figure(6.0, 3.6)
+    ax = fig.subplots()
+    for run in drafted:
+        rates = run.stats.per_depth_acceptance
+        line, = ax.plot(range(1, len(rates) + 1), rates, marker="o", markersize=3,
+                        label=f"{run.method} [{run.params.label()}]")
+        depth = run.stats.mean_drafted_depth
+        if depth is not None and depth < len(rates):
+            ax.axvline(depth, color=line.get_color(), linewidth=0.8, linestyle=":")
+    ax.set_xlabel("draft depth")
+    ax.set_ylabel("acceptance rate (given the depth above was accepted)")
+    ax.set_ylim(0, 1.02)
+    ax.legend(fontsize=6, loc="lower left")
+    return _png(fig)
+
+
 def device_budget_table(runs: Sequence[RunResult]) -> Table | None:
     """Ops per iteration (and compiler kernels per step) per phase, and the loop efficiency."""
     if not any(r.device_ops for r in runs):
@@ -519,6 +556,18 @@ def _device_section(bench: BenchFile, slug: str) -> list[Block]:
         ))
         blocks.append(Table(["method", "params", "relaxation / TVD bound per accepted draft"],
                             [[r.method, r.params.label(), _sig(r.stats.mean_relaxation_mass)] for r in relaxed]))
+    depths = depth_table(result.runs)
+    if depths is not None:
+        blocks.append(Paragraph(
+            "Draft depth: tree levels drafted per iteration (fixed for static trees and EAGLE-2, decided "
+            "per iteration by `ddd` and `--dynamic-depth`) and the acceptance rate at each depth: the "
+            "fraction of iterations reaching depth d (drafted that deep, path accepted down to d - 1) "
+            "whose path was accepted at d. Dotted lines in the figure mark mean drafted depths."
+        ))
+        blocks.append(depths)
+        curve = plot_depth_acceptance(result.runs)
+        if curve is not None:
+            blocks.append(Figure(f"{slug}-depth", curve, f"Acceptance by draft depth, {bench.label}"))
     budget = device_budget_table(result.runs)
     if budget is not None:
         blocks.append(Paragraph(

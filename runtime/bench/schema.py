@@ -958,7 +958,10 @@ def _check_consistency(result: BenchResult) -> None:
 def _short(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:g}"
-    return str(value)
+    text = str(value)
+    if text.endswith(".toml") and ("/" in text or "\\" in text):  # a tree file: its name says enough
+        return Path(text).name[: -len(".toml")]
+    return text
 
 
 def iter_differences(a: Any, b: Any, path: str = "") -> Iterable[tuple[str, Any, Any]]:
