@@ -26,7 +26,7 @@ from runtime.core import Decoder, MethodSpec, SamplingParams, neighbours_for
 from runtime.core.opcount import phase_ops
 from runtime.core.sampling import sample
 
-METHODS = ("sd", "eagle2", "lantern", "lantern++", "sjd")
+METHODS = ("sd", "eagle2", "ddd", "lantern", "lantern++", "sjd")
 
 
 @dataclass
@@ -106,9 +106,11 @@ def check_graph_and_sync(bundle: Any, backend: Any) -> list[Check]:
             mismatches.append(f"{method} differs from token {first}")
         # a second image through guarded replays: a sync inside a step raises on CUDA
         before = _hpu_compilations() if backend.name == "hpu" else None
-        for phase in ("_draft", "_verify", "_accept"):
-            if getattr(dec, phase) is not None:
-                setattr(dec, phase, _no_sync(backend, getattr(dec, phase)))
+        dec._draft_segments = [_no_sync(backend, step) for step in dec._draft_segments]
+        if dec._draft_finish is not None:
+            dec._draft_finish = _no_sync(backend, dec._draft_finish)
+        dec._verify_at = {d: _no_sync(backend, step) for d, step in dec._verify_at.items()}
+        dec._accept_at = {d: _no_sync(backend, step) for d, step in dec._accept_at.items()}
         try:
             dec.generate_one(torch.tensor([5], device=backend.device), None, 9)
         except RuntimeError as err:
@@ -133,7 +135,12 @@ def check_greedy_exact(bundle: Any, backend: Any) -> Check:
         tokens, _ = _decode(bundle, spec, None)
         if not torch.equal(tokens, ar):
             bad.append(f"{method} differs from token {int((tokens != ar).nonzero()[0, 0])}")
-    return Check("greedy_exact", not bad, "; ".join(bad) or f"{', '.join(METHODS)} equal AR greedy")
+    dynamic = _spec("lantern++", True, tree="naive_extend_57", lantern_lambda=1.0, dynamic_depth=0.2)
+    tokens, _ = _decode(bundle, dynamic, None)
+    if not torch.equal(tokens, ar):
+        bad.append(f"lantern++ --dynamic-depth differs from token {int((tokens != ar).nonzero()[0, 0])}")
+    return Check("greedy_exact", not bad,
+                 "; ".join(bad) or f"{', '.join(METHODS)} and lantern++ --dynamic-depth equal AR greedy")
 
 
 def check_batch_invariance(bundle: Any, backend: Any) -> Check:

@@ -11,8 +11,10 @@ Two measurements, then a choice:
 
    (shrunk towards rank r's rate over all depths where a depth was reached rarely).
 2. Step costs on this device, in its mode (graph or eager) and at the batch size: the verify
-   and accept steps of probe trees of n nodes (complete ternary trees), and the draft step of
-   chains of depth 1 and `max_depth` (one drafter forward per level).
+   and accept steps of probe trees of n nodes (complete ternary trees), the draft step of
+   chains of depth 1 and `max_depth` (one drafter forward per level) and the AR step. All are
+   captured first and then timed in interleaved rounds (medians); verify and accept costs are
+   fitted non-decreasing in n (a noisy probe must not make a bigger tree look cheaper).
 
 The model. A node at path (r_1..r_d) is accepted with probability prod_j w[j][r_j], where
 w[d][r] = rate[d][r] * prod_{s<r} (1 - rate[d][s]) (Sequoia's positional model: acceptance
@@ -252,22 +254,46 @@ class TuneResult:
         return asdict(self)
 
 
-def _timed(fn: Callable[[], None], backend: Any, reps: int) -> float:
-    """Median seconds of `reps` device-synchronised calls (after one untimed)."""
-    fn()
-    backend.synchronize()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
+def _timed_rounds(steps: dict[str, Callable[[], None]], backend: Any, rounds: int) -> dict[str, float]:
+    """Median seconds of each step over `rounds` rounds that call every step once, in turn
+    (interleaved, so drift in the machine's speed falls on all of them alike), device-synchronised,
+    after two untimed calls each."""
+    for fn in steps.values():
         fn()
-        backend.synchronize()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        fn()
+    backend.synchronize()
+    times: dict[str, list[float]] = {key: [] for key in steps}
+    for _ in range(rounds):
+        for key, fn in steps.items():
+            t0 = time.perf_counter()
+            fn()
+            backend.synchronize()
+            times[key].append(time.perf_counter() - t0)
+    return {key: statistics.median(v) for key, v in times.items()}
+
+
+def monotone(table: dict[int, float]) -> dict[int, float]:
+    """The non-decreasing fit of a cost table by node count (pool adjacent violators): a bigger
+    tree never costs less, and a noisy probe must not make one look cheaper."""
+    keys = sorted(table)
+    blocks: list[list[float]] = []  # [sum, count] per pooled block
+    for k in keys:
+        blocks.append([table[k], 1.0])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            s, c = blocks.pop()
+            blocks[-1][0] += s
+            blocks[-1][1] += c
+    out, i = {}, 0
+    for s, c in blocks:
+        for _ in range(int(c)):
+            out[keys[i]] = s / c
+            i += 1
+    return out
 
 
 @torch.no_grad()
 def tune(loaded: Any, spec: MethodSpec, backend: Any, conditions: Sequence[int], *, batch_size: int = 1,
-         max_nodes: int = 32, max_depth: int = 6, ranks: int = 4, reps: int = 10,
+         max_nodes: int = 32, max_depth: int = 6, ranks: int = 4, rounds: int = 30,
          ddd_thresholds: Sequence[float] = (-0.1, -0.3, -0.6, -1.0), ddd_images: int = 2,
          progress: Callable[[str, int, int], None] | None = None, seed: int = 0) -> TuneResult:
     """Measure and choose (see the module docstring). `spec`: the method to tune (sd or
@@ -324,31 +350,40 @@ def tune(loaded: Any, spec: MethodSpec, backend: Any, conditions: Sequence[int],
     def captured(d: Decoder, fn: Callable[[], None], name: str) -> Callable[[], None]:
         return backend.capture(fn, name=name) if getattr(backend, "graph_mode", False) else fn
 
-    verify, accept = {}, {}
+    # every probe is captured first, then all are timed in interleaved rounds
+    steps: dict[str, Callable[[], None]] = {}
+    keep = []
     for n in grid:
         tfile = _write_tree(probe_tree(n))
         try:
             d = decoder_for(str(tfile))
-            d._draft_step()  # real drafts in the tree, so the accept step does real work
-            depth = d.max_depth
-            v = captured(d, d._verify_at[depth], f"tune.verify{n}")
-            a = captured(d, d._accept_at[depth], f"tune.accept{n}")
-            verify[n], accept[n] = _timed(v, backend, reps), _timed(a, backend, reps)
         finally:
             tfile.unlink(missing_ok=True)
-        tick(f"verify/accept of {n} nodes")
-    draft = {}
-    for depth in sorted({1, max_depth}):
+        d._draft_step()  # real drafts in the tree, so the accept step does real work
+        steps[f"verify{n}"] = captured(d, d._verify_at[d.max_depth], f"tune.verify{n}")
+        steps[f"accept{n}"] = captured(d, d._accept_at[d.max_depth], f"tune.accept{n}")
+        keep.append(d)
+        tick(f"capture: verify/accept of {n} nodes")
+    depths = sorted({1, max_depth})
+    for depth in depths:
         d = decoder_for(f"chain{depth}")
-        draft[depth] = _timed(captured(d, d._draft_step, f"tune.draft{depth}"), backend, reps)
-        tick(f"draft of depth {depth}")
+        steps[f"draft{depth}"] = captured(d, d._draft_step, f"tune.draft{depth}")
+        keep.append(d)
+        tick(f"capture: draft of depth {depth}")
     ar = Decoder(target, None, replace(spec, method="ar", tree="chain1", dynamic_depth=None), backend=backend,
                  batch_size=batch_size)
     ar.prefill(cond.repeat(batch_size)[:batch_size], None, seed)
-    ar_step = (_timed(captured(ar, ar._verify_at[0], "tune.ar.verify"), backend, reps)
-               + _timed(captured(ar, ar._accept_at[0], "tune.ar.accept"), backend, reps))
-    del ar
-    tick("AR step")
+    steps["ar_verify"] = captured(ar, ar._verify_at[0], "tune.ar.verify")
+    steps["ar_accept"] = captured(ar, ar._accept_at[0], "tune.ar.accept")
+    keep.append(ar)
+    secs = _timed_rounds(steps, backend, rounds)
+    del keep, steps
+    tick("step costs timed")
+    raw_verify = {n: secs[f"verify{n}"] for n in grid}
+    raw_accept = {n: secs[f"accept{n}"] for n in grid}
+    draft = {depth: secs[f"draft{depth}"] for depth in depths}
+    ar_step = secs["ar_verify"] + secs["ar_accept"]
+    verify, accept = monotone(raw_verify), monotone(raw_accept)
     costs = Costs(verify, accept, draft, ar_step)
 
     weights = node_weights(rate)
@@ -384,6 +419,7 @@ def tune(loaded: Any, spec: MethodSpec, backend: Any, conditions: Sequence[int],
                      "iterations": iterations, "tau": tau, "node_hits": hits},
         rate=rate, reached=reached,
         costs={"verify_s": verify, "accept_s": accept, "draft_s": draft, "ar_step_s": ar_step,
+               "verify_measured_s": raw_verify, "accept_measured_s": raw_accept, "rounds": rounds,
                "level_s": (draft[max_depth] - draft[1]) / (max_depth - 1) if max_depth > 1 else None},
         choice=_choice_dict(best), per_depth=[_choice_dict(c) for c in per_depth], ddd=ddd,
         seconds=time.perf_counter() - t_start)

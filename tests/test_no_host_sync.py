@@ -30,9 +30,12 @@ class SyncCounter(TorchDispatchMode):
 
 SJD = {"sjd": {}, "sjd-maximal-pac": dict(coupling="maximal", proactive=(2, 2)),
        "sjd-gumbel-grouped": dict(coupling="gumbel", accept="grouped")}
+# depth decided per iteration: the steps never read the device; the loop reads one flag per check
+DYNAMIC = {"ddd": dict(ddd_min_depth=1, ddd_check_every=1, ddd_max_depth=3, ddd_threshold=-0.7),
+           "lantern++-dynamic": dict(dynamic_depth=0.3)}
 
 
-@pytest.mark.parametrize("method", ["ar", "sd", "eagle2", "lantern", "lantern++", *SJD])
+@pytest.mark.parametrize("method", ["ar", "sd", "eagle2", "lantern", "lantern++", *SJD, *DYNAMIC])
 @pytest.mark.parametrize("greedy", [True, False])
 def test_steps_never_read_the_device(method, greedy):
     target, drafter = tiny_pair(vocab=8)
@@ -40,21 +43,25 @@ def test_steps_never_read_the_device(method, greedy):
     extra = SJD.get(method, {})
     if greedy and extra:
         pytest.skip("sampling-only sjd options")
+    extra = {**extra, **DYNAMIC.get(method, {})}
     spec = MethodSpec(method=method.split("-")[0], sampling=SamplingParams(greedy=greedy, cfg=2.0), tree="small_12",
                       depth=3, top_k_draft=3, total_tokens=10, lantern_k=4, lantern_lambda=3.0,
-                      lantern_delta=0.2, **({"window": 5, **extra} if method in SJD else {}))
+                      lantern_delta=0.2, **({"window": 5, **extra} if method in SJD else extra))
     dec = Decoder(target, drafter, spec, neighbours=nb)
     with torch.no_grad():
         dec.prefill(torch.tensor([1]), None, seed=0)
         with SyncCounter() as counter:
             for _ in range(3):
-                if dec._draft is not None:
-                    dec._draft()
-                dec._verify()
-                dec._accept()
+                for segment in dec._draft_segments:
+                    segment()
+                if dec._draft_finish is not None:
+                    dec._draft_finish()
+                dec._verify_at[dec.max_depth]()
+                dec._accept_at[dec.max_depth]()
     assert counter.count == 0
 
     with SyncCounter() as counter:
         _, stats = dec.generate_one(torch.tensor([2]), None, seed=1)
     iterations = stats.target_forwards - 1
-    assert iterations <= counter.count <= iterations + 1 + 8  # stop checks + prefill + statistics
+    checks = 1 + len(dec.policy.checks)  # the done check, plus one per depth check reached
+    assert iterations <= counter.count <= checks * iterations + 1 + 8  # + prefill + statistics

@@ -8,8 +8,8 @@ import random
 import pytest
 
 from runtime.profiles import load_profile
-from runtime.tune import (Costs, acceptance_rates, best_trees, calibration_tree, choose_tree, node_weights,
-                          probe_tree, tree_value)
+from runtime.tune import (Costs, acceptance_rates, best_trees, calibration_tree, choose_tree, monotone,
+                          node_weights, probe_tree, tree_value)
 
 
 def all_trees(budget: int, depth: int, ranks: int, prefix: tuple = ()) -> list[tuple]:
@@ -78,6 +78,11 @@ def test_acceptance_rates_from_node_counts():
     assert rate == [[0.6, 0.5], [0.5, 0.5]]
     shrunk, _ = acceptance_rates(tree, [0, 0, 0, 0, 0], 0, 2)  # nothing reached: the pooled prior
     assert all(0 < a < 1 for row in shrunk for a in row)
+
+
+def test_costs_are_fitted_non_decreasing_in_nodes():
+    assert monotone({1: 9.0, 2: 7.0, 4: 11.0, 8: 10.0, 16: 15.0}) == {1: 8.0, 2: 8.0, 4: 10.5, 8: 10.5, 16: 15.0}
+    assert monotone({1: 1.0, 2: 2.0}) == {1: 1.0, 2: 2.0}
 
 
 def test_probe_trees_are_complete_ternary_trees():

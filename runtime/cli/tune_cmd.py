@@ -124,7 +124,8 @@ def profile_toml(result: Any, base: Any, spec: Any, tree_file: str, record_file:
         f"{result.calibration['tree']} tree, classes {result.calibration['conditions']}.",
         "# Acceptance rate by depth (rows) and rank (columns), given the parent accepted and lower ranks rejected:",
         *[f"#   depth {d + 1}: " + " ".join(f"{a:.2f}" for a in row) for d, row in enumerate(result.rate)],
-        f"# Step costs: AR step {ms(costs['ar_step_s'])}; verify by nodes "
+        f"# Step costs (median of {costs['rounds']} interleaved rounds; verify and accept fitted non-decreasing "
+        f"in nodes, measured values in the record): AR step {ms(costs['ar_step_s'])}; verify by nodes "
         + ", ".join(f"{n}: {ms(t)}" for n, t in costs["verify_s"].items()) + ";",
         "#   accept by nodes " + ", ".join(f"{n}: {ms(t)}" for n, t in costs["accept_s"].items())
         + "; draft by depth " + ", ".join(f"{d}: {ms(t)}" for d, t in costs["draft_s"].items()) + ".",
