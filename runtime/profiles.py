@@ -302,9 +302,11 @@ def parse_profile(text: str, *, source: str, name: str, base_dir: Path | None = 
 
 
 def shipped_profiles() -> list[str]:
-    """Names of the profiles shipped as package data (``cpu``, ``gaudi2``, ``h100``, ``rtx3090``)."""
+    """Names of the profiles shipped as package data (``cpu``, ``gaudi2``, ``h100``, ``rtx3090``, and
+    any written there by ``runtime tune``; their ``NAME.tree.toml`` tree files are not profiles)."""
     folder = importlib.resources.files(PROFILE_PACKAGE)
-    return sorted(entry.name[: -len(".toml")] for entry in folder.iterdir() if entry.name.endswith(".toml"))
+    return sorted(entry.name[: -len(".toml")] for entry in folder.iterdir()
+                  if entry.name.endswith(".toml") and not entry.name.endswith(".tree.toml"))
 
 
 def load_profile(name_or_path: str | Path) -> Profile:
