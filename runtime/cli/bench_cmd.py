@@ -118,12 +118,14 @@ def bench(
         path = save_bench(result, out)
 
     table = Table(title=f"runtime bench on {result.device.name} ({result.device.backend}) -> {path}")
-    for col in ("method", "params", "tau", "speedup", "images/s", "p50 s", "quality"):
+    for col in ("method", "params", "tau", "drafted depth", "speedup", "images/s", "p50 s", "quality"):
         table.add_column(col)
     for run in result.runs:
         q = run.quality
         qual = ", ".join(f"{k} {v:.3g}" for k, v in q.metrics.items()) if q.measured else "-"
+        depth = run.stats.mean_drafted_depth
         table.add_row(run.method, run.params.label(), f"{run.stats.mean_accepted_length:.2f}",
+                      "-" if not depth else f"{depth:.2f}",
                       f"{run.speedup_vs_ar:.2f}x" if run.speedup_vs_ar is not None else "-",
                       f"{run.images_per_s:.3f}", f"{run.latency_s.p50:.2f}", qual)
     Console().print(table)

@@ -196,10 +196,14 @@ class DrafterPolicy(DraftPolicy):
     def _dist(self, out: torch.Tensor, depth: torch.Tensor | int) -> torch.Tensor:
         return self.loop.dist(self.loop.target.logits(out), depth)
 
-    def draft(self) -> None:
+    def _root_level(self) -> None:
+        """Level 0: the drafter over the accepted block; the root's q (its children's proposal)."""
         root = self._level0()
         self.draft_hidden[:, 0] = root
         self.loop.q[:, 0] = self._dist(root[:, None], 0)[:, 0]
+
+    def draft(self) -> None:
+        self._root_level()
         self._draft_tree()
 
     def _draft_tree(self) -> None:
@@ -304,15 +308,12 @@ class StaticTreePolicy(DrafterPolicy):
     def verified_depth(self, segments_run: int) -> int:
         """Segments 0..i ran and the check after i failed: levels 1..i+1 are drafted and level
         i+1 is improbable, so depths <= i are kept (at least 1)."""
-        if segments_run >= len(self.segments()):
+        if segments_run >= self.tree.max_depth:  # every segment ran: the whole tree
             return self.tree.max_depth
         return max(segments_run - 1, 1)
 
     def _first_level(self) -> None:
-        loop = self.loop
-        root = self._level0()
-        self.draft_hidden[:, 0] = root
-        loop.q[:, 0] = self._dist(root[:, None], 0)[:, 0]
+        self._root_level()
         if self.noise is not None:
             self.noise.copy_(self._noise())
         self._pick_scored(1)
@@ -436,9 +437,7 @@ class DynamicTreePolicy(DrafterPolicy):
         """Expansions first+1..last; `start` runs the drafter's level 0 and the root's top-k
         first. The frontier lives in locals within a segment and in `self.fr` between them."""
         if start:
-            root_out = self._level0()
-            self.draft_hidden[:, 0] = root_out
-            self.loop.q[:, 0] = self._dist(root_out[:, None], 0)[:, 0]
+            self._root_level()
         fr = self._root() if start or root else dict(self.fr)
         for level in range(first + 1, last + 1):
             fr = self._expand(level, fr)
