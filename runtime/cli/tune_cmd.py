@@ -19,6 +19,13 @@ def tune_cmd(
     out: Path = typer.Option(..., "--out", help="Profile to write, e.g. profiles/my-cpu.toml (a NAME.tree.toml and NAME.tune.json go beside it)."),
     device: opt.Device = "auto",
     model: opt.Model = None,
+    gpt_model: opt.GptModel = None,
+    gpt_ckpt: opt.GptCkpt = None,
+    gpt_type: opt.GptType = "c2i",
+    vq_ckpt: opt.VqCkpt = None,
+    image_size: opt.ImageSize = None,
+    drafter: opt.DrafterDir = None,
+    trust_checkpoint: opt.Trust = False,
     profile_name: opt.ProfileName = None,
     graph: opt.Graph = None,
     dtype: opt.Dtype = None,
@@ -63,8 +70,11 @@ def tune_cmd(
                                    lantern_k=lantern_k, lantern_lambda=lantern_lambda).items()}
     full = opt.MethodFlags(**flags).as_dict()
     backend, prof = opt.open_backend(device, profile_name, graph, dtype)
-    loaded = load_model(model=model, gpt_model=None, gpt_ckpt=None, vq_ckpt=None, image_size=None, drafter=None,
-                        gpt_type="c2i", trust=False, device=backend.device, dtype=backend.dtype)
+    loaded = load_model(model=model, gpt_model=gpt_model, gpt_ckpt=gpt_ckpt, vq_ckpt=vq_ckpt, image_size=image_size,
+                        drafter=drafter, gpt_type=gpt_type, trust=trust_checkpoint, device=backend.device,
+                        dtype=backend.dtype)
+    if loaded.config.model_type != "c2i":
+        raise UserError("runtime tune calibrates on class conditions; text-to-image models are not supported yet")
     spec = resolve_spec(method, full, prof, loaded.recommended)
     conditions = parse_classes(classes, num_images, loaded)
     batch = opt.batch_size(batch_size, prof)
