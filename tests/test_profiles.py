@@ -144,7 +144,7 @@ def test_schema_rejects_every_unknown_key_in_every_section() -> None:
 
 
 def test_unknown_names_and_missing_files_are_refused_with_the_choices() -> None:
-    with pytest.raises(UserError, match=r"unknown profile 'a100' \(shipped: cpu, gaudi2, h100, rtx3090"):
+    with pytest.raises(UserError, match=r"unknown profile 'a100' \(shipped: cpu, (.+, )?gaudi2, h100, rtx3090"):
         load_profile("a100")
     with pytest.raises(UserError, match="profile file 'nowhere/p.toml' not found"):
         load_profile("nowhere/p.toml")

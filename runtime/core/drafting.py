@@ -308,8 +308,8 @@ class StaticTreePolicy(DrafterPolicy):
     def verified_depth(self, segments_run: int) -> int:
         """Segments 0..i ran and the check after i failed: levels 1..i+1 are drafted and level
         i+1 is improbable, so depths <= i are kept (at least 1)."""
-        if segments_run >= self.tree.max_depth:  # every segment ran: the whole tree
-            return self.tree.max_depth
+        if self.loop.spec.dynamic_depth is None or segments_run >= self.tree.max_depth:
+            return self.tree.max_depth  # one segment, or every level's: the whole tree
         return max(segments_run - 1, 1)
 
     def _first_level(self) -> None:
