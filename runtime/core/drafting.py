@@ -412,8 +412,9 @@ class DynamicTreePolicy(DrafterPolicy):
     def segments(self) -> list[Callable[[], None]]:
         if len(self._spans) == 1:
             return [self.draft]
-        first, rest = self._spans[0], self._spans[1:]
-        return [lambda: self._segment(*first, start=True)] + [lambda a=a, z=z: self._segment(a, z) for a, z in rest]
+        (first, last), rest = self._spans[0], self._spans[1:]
+        return ([lambda: self._store(first, self._segment(first, last, start=True))]
+                + [lambda a=a, z=z: self._store(a, self._segment(a, z)) for a, z in rest])
 
     def finish(self) -> Callable[[], None] | None:  # type: ignore[override]
         return None if len(self._spans) == 1 else self._select
@@ -422,8 +423,9 @@ class DynamicTreePolicy(DrafterPolicy):
         return self.drafted if self.loop.spec.ddd_checks else None
 
     def _draft_tree(self) -> None:
-        self._segment(0, self.loop.spec.expansions, start=False, root=True)
-        self._select()
+        """EAGLE-2 in one step: every expansion, then the selection, all in locals."""
+        blocks = self._segment(0, self.loop.spec.expansions, root=True)
+        self._select(*(torch.cat(b, 1) for b in blocks))
 
     def draft(self) -> None:
         if len(self._spans) == 1:
@@ -433,47 +435,65 @@ class DynamicTreePolicy(DrafterPolicy):
             seg()
         self._select()
 
-    def _segment(self, first: int, last: int, start: bool = False, root: bool = False) -> None:
-        """Expansions first+1..last; `start` runs the drafter's level 0 and the root's top-k
-        first. The frontier lives in locals within a segment and in `self.fr` between them."""
+    def _segment(self, first: int, last: int, start: bool = False, root: bool = False
+                 ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+        """Expansions first+1..last, returning their candidate blocks (tokens, scores, parent
+        ids); `start`/`root` begin with the root's top-k (`start` runs the drafter's level 0
+        first). The frontier lives in locals within a segment and in `self.fr` between
+        segments (ddd)."""
+        k, checks = self.loop.spec.top_k_draft, self.loop.spec.ddd_checks
         if start:
             self._root_level()
-        fr = self._root() if start or root else dict(self.fr)
+        if start or root:
+            fr, blocks = self._root()
+        else:
+            fr = dict(self.fr)
+            fr["anc"] = fr["anc"][:, :, : (first + 1) * k]
+            blocks = ([], [], [])
         for level in range(first + 1, last + 1):
-            fr = self._expand(level, fr)
-        checks = self.loop.spec.ddd_checks
+            fr, block = self._expand(level, fr)
+            for dst, src in zip(blocks, block):
+                dst.append(src)
         if last in checks:  # DDD's heuristic: log of the beam's summed path probability
             self.alive &= torch.logsumexp(fr["score"], dim=-1) >= self.threshold
-        if checks and last < self.loop.spec.expansions:
-            for name, value in fr.items():
-                if value is not self.fr[name]:
-                    self.fr[name].copy_(value)
+        if checks and last < self.loop.spec.expansions:  # the next segment starts from here
+            for name in ("ids", "tok", "score", "hidden"):
+                self.fr[name].copy_(fr[name])
+            self.fr["anc"][:, :, : fr["anc"].size(-1)] = fr["anc"]
+        return blocks
 
-    def _root(self) -> dict[str, torch.Tensor]:
-        """The root's top-k as the first candidates and frontier."""
+    def _store(self, first: int, blocks: tuple[list[torch.Tensor], ...]) -> None:
+        """ddd: a segment's candidate blocks into the candidate buffers (its levels' slots)."""
+        k = self.loop.spec.top_k_draft
+        at = 0 if first == 0 else k + first * k * k  # the root block, or level first + 1
+        for dst, src in zip((self.cand_tok, self.cand_score, self.cand_parent), blocks):
+            part = torch.cat(src, 1)
+            dst[:, at: at + part.size(1)] = part
+
+    def _root(self) -> tuple[dict[str, torch.Tensor], tuple[list[torch.Tensor], ...]]:
+        """The root's top-k: the first frontier and the first candidate block."""
         loop, c, k = self.loop, self._c, self.loop.spec.top_k_draft
         logq = torch.log(loop.q[:, 0]).clamp(min=_LOG_FLOOR)  # log 0 = -inf -> the floor
         top = torch.topk(logq, k)  # (B, k)
         score = child_scores(c["zero"], top.values)
-        self.cand_tok[:, :k] = top.indices
-        self.cand_score[:, :k] = score
         if loop.spec.ddd_checks:  # stale expansions of the last iteration must not be selected
             self.cand_score[:, k:] = float("-inf")
             self.alive.fill_(True)
             self.drafted.fill_(1)
-        anc = self.fr["anc"]
-        anc[:, :, :k] = c["eye_k"]
-        return {"ids": c["arange_k"], "tok": top.indices, "score": score,
-                "hidden": self.draft_hidden[:, :1].expand(loop.rows, k, -1), "anc": anc}
+        fr = {"ids": c["arange_k"], "tok": top.indices, "score": score,
+              "hidden": self.draft_hidden[:, :1].expand(loop.rows, k, -1), "anc": c["eye_k"]}
+        return fr, ([top.indices], [score], [c["no_parent"]])
 
-    def _expand(self, level: int, fr: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """One EAGLE-2 expansion: the frontier through the drafter, its children scored and
-        stored as candidates, the best k of them the next frontier (returned)."""
+    def _expand(self, level: int, fr: dict[str, torch.Tensor]
+                ) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """One EAGLE-2 expansion: the frontier (its ancestor mask fr["anc"] (B, k, level*k) over
+        the draft slots so far) through the drafter, its k*k children scored; returns the best
+        k of them as the next frontier, and the children as a candidate block."""
         loop, c, b, checks = self.loop, self._c, self.loop.batch, self.loop.spec.ddd_checks
         k = loop.spec.top_k_draft
         base = k + (level - 1) * k * k
         positions = (self.dcache.length[:, None] - 1 + level).expand(-1, k)
-        anc = fr["anc"][:, :, : level * k]
+        anc = fr["anc"]
         out = loop.drafter.forward_cached(loop.expand_rows(fr["tok"]), fr["hidden"], positions,
                                           loop.expand_rows(anc), self.dcache, offset=(level - 1) * k)
         lq = torch.log(self._dist(out, level)).clamp(min=_LOG_FLOOR)  # (B, k, V)
@@ -485,27 +505,26 @@ class DynamicTreePolicy(DrafterPolicy):
         elif checks:
             self.drafted += 1
         ch_tok = ch.indices.reshape(b, -1)
-        self.cand_tok[:, base: base + k * k] = ch_tok
-        self.cand_score[:, base: base + k * k] = scores
-        self.cand_parent[:, base: base + k * k] = fr["ids"].repeat_interleave(k, dim=1)
         best = torch.topk(scores, k).indices  # (B, k) local ids in this block
         parent_local = best // k
         nxt = {"ids": base + best, "tok": ch_tok.gather(1, best), "score": scores.gather(1, best),
                "hidden": out.gather(1, loop.expand_rows(parent_local)[..., None].expand(-1, -1, out.size(-1))),
-               "anc": fr["anc"]}
-        if level < loop.spec.expansions:
-            fr["anc"][:, :, : (level + 1) * k] = torch.cat(
-                [anc.gather(1, parent_local[..., None].expand(-1, -1, anc.size(-1))), c["eye_k"]], dim=2)
-        return nxt
+               "anc": torch.cat([anc.gather(1, parent_local[..., None].expand(-1, -1, anc.size(-1))), c["eye_k"]],
+                                dim=2)}
+        return nxt, (ch_tok, scores, fr["ids"].repeat_interleave(k, dim=1))
 
-    def _select(self) -> None:
-        """Keep the best total_tokens - 1 candidates (parents before children) as the tree."""
+    def _select(self, tok: torch.Tensor | None = None, score: torch.Tensor | None = None,
+                par: torch.Tensor | None = None) -> None:
+        """Keep the best total_tokens - 1 candidates (parents before children) as the tree;
+        candidates (B, n_cand) given, or read from the buffers (ddd)."""
         loop, c, b, dev = self.loop, self._c, self.loop.batch, self.loop.device
+        if tok is None:
+            tok, score, par = self.cand_tok, self.cand_score, self.cand_parent
         n1 = self.tree.size
-        sel = torch.topk(self.cand_score, n1 - 1).indices.sort().values  # parents before children
+        sel = torch.topk(score, n1 - 1).indices.sort().values  # parents before children
         inv = torch.full((b, self.n_cand), -1, dtype=torch.long, device=dev)
         inv.scatter_(1, sel, c["arange_nodes"])
-        sel_par = self.cand_parent.gather(1, sel)
+        sel_par = par.gather(1, sel)
         node_parent = torch.where(sel_par < 0, 0, inv.gather(1, sel_par.clamp(min=0)) + 1)
         parent = torch.cat([c["zero_long"], node_parent], 1)
         rank = ((parent[:, :, None] == parent[:, None, :]) & c["earlier"]).sum(-1)
@@ -515,7 +534,7 @@ class DynamicTreePolicy(DrafterPolicy):
                          (t.ancestor_mask, built.ancestor_mask), (t.children, built.children),
                          (t.path_table, built.path_table), (t.earlier_sibling, built.earlier_sibling)):
             dst.copy_(src)
-        loop.tokens[:, 1:] = self.cand_tok.gather(1, sel)
+        loop.tokens[:, 1:] = tok.gather(1, sel)
 
 
 def make_policy(loop: "Decoder") -> DraftPolicy:
