@@ -319,7 +319,7 @@ def plot_depth_acceptance(runs: Sequence[RunResult]) -> bytes | None:
     ax.set_xlabel("draft depth")
     ax.set_ylabel("acceptance rate (given the depth above was accepted)")
     ax.set_ylim(0, 1.02)
-    ax.legend(fontsize=6, loc="lower left")
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _png(fig)
 
 
