@@ -268,3 +268,28 @@ def test_an_unknown_device_ops_phase_is_refused(tmp_path: Path) -> None:
     path.write_text(json.dumps(data))
     with pytest.raises(UserError, match="device_ops.decode"):
         load_bench(path)
+
+
+def test_drafted_depth_and_dynamic_depth_params_round_trip_and_are_reported(tmp_path: Path) -> None:
+    path = write_bench(tmp_path / "b.json", "cpu", "Xeon", [
+        ("ar", {}, 4.0, 64, None),
+        ("ddd", {"depth": 10, "ddd_threshold": -0.3, "ddd_check_every": 2, "ddd_min_depth": 4}, 2.5, 24, None),
+        ("lantern++", {"tree": "/somewhere/cpu-tuned.tree.toml", "dynamic_depth": 0.1}, 2.0, 20, None),
+    ])
+    bench = load_bench(path)
+    bench.runs[1].stats.per_depth_acceptance = [0.7, 0.6, 0.5]
+    bench.runs[1].stats.mean_drafted_depth = 6.25
+    bench.runs[2].stats.per_depth_acceptance = [0.8, 0.4]
+    bench.runs[2].stats.mean_drafted_depth = 1.5
+    save_bench(bench, path)
+    again = load_bench(path)
+    assert again.runs[1].params.ddd_threshold == -0.3 and again.runs[1].stats.mean_drafted_depth == 6.25
+    assert again.runs[2].params.dynamic_depth == 0.1
+    assert "tree=cpu-tuned.tree" in again.runs[2].params.label()  # a tree file shows by name
+    out = tmp_path / "report"
+    write_report([path], out)
+    md = (out / "report.md").read_text()
+    depths = [t for t in md_tables(md) if t and "mean drafted depth" in t[0]][0]
+    assert [(r["method"], r["mean drafted depth"], r["acceptance at depth 1, 2, ..."]) for r in depths] == [
+        ("ddd", "6.25", "0.70 0.60 0.50"), ("lantern++", "1.50", "0.80 0.40")]
+    assert "-depth.png" in md
