@@ -392,7 +392,8 @@ def tune(loaded: Any, spec: MethodSpec, backend: Any, conditions: Sequence[int],
     # 3. DDD threshold (optional): fastest images/s on the calibration workload
     ddd = None
     if ddd_thresholds:
-        ddd_spec = MethodSpec(method="ddd", sampling=spec.sampling, top_k_draft=10, total_tokens=60)
+        # the EAGLE-2 budget (top-k, total tokens) the profile resolved, as `runtime bench` uses it
+        ddd_spec = replace(spec, method="ddd", dynamic_depth=None)
         dd = Decoder(target, drafter, ddd_spec, backend=backend, batch_size=batch_size)
         conds = [(cond[i % len(cond):i % len(cond) + 1], None, seed + i) for i in range(max(ddd_images, batch_size))]
         dd.generate_many(conds[:batch_size])  # capture / warm-up
