@@ -323,11 +323,7 @@ def tune(loaded: Any, spec: MethodSpec, backend: Any, conditions: Sequence[int],
     cal = calibration_tree(max_depth, ranks)
     cal_file = _write_tree(cal)
     try:
-        cal_spec = replace(spec, method="lantern++" if spec.method == "lantern++" else "sd", tree=str(cal_file),
-                           dynamic_depth=None)
-        if spec.method == "sd":  # sd's tree is its chain; calibrate its acceptance rule on the same tree
-            cal_spec = replace(cal_spec, method="lantern++", lantern_lambda=1.0)
-        dec = Decoder(target, drafter, cal_spec, neighbours=neighbours, batch_size=batch_size, track_nodes=True)
+        dec = Decoder(target, drafter, on_tree(spec, str(cal_file)), neighbours=neighbours, batch_size=batch_size, track_nodes=True)
         conds = [(cond[i:i + 1], None, seed + i) for i in range(len(cond))]
         _, stats = dec.generate_many(conds)
     finally:
@@ -340,14 +336,12 @@ def tune(loaded: Any, spec: MethodSpec, backend: Any, conditions: Sequence[int],
     del dec
 
     # 2. step costs on the device
-    def decoder_for(tree: str, method_spec: MethodSpec = spec) -> Decoder:
-        s = replace(method_spec, tree=tree, dynamic_depth=None) if method_spec.method != "sd" else \
-            replace(method_spec, method="lantern++", tree=tree, lantern_lambda=1.0)
-        d = Decoder(target, drafter, s, neighbours=neighbours, backend=backend, batch_size=batch_size)
+    def decoder_for(tree: str) -> Decoder:
+        d = Decoder(target, drafter, on_tree(spec, tree), neighbours=neighbours, backend=backend, batch_size=batch_size)
         d.prefill(cond.repeat(batch_size)[:batch_size], None, seed)
         return d
 
-    def captured(d: Decoder, fn: Callable[[], None], name: str) -> Callable[[], None]:
+    def captured(fn: Callable[[], None], name: str) -> Callable[[], None]:
         return backend.capture(fn, name=name) if getattr(backend, "graph_mode", False) else fn
 
     # every probe is captured first, then all are timed in interleaved rounds
@@ -360,21 +354,21 @@ def tune(loaded: Any, spec: MethodSpec, backend: Any, conditions: Sequence[int],
         finally:
             tfile.unlink(missing_ok=True)
         d._draft_step()  # real drafts in the tree, so the accept step does real work
-        steps[f"verify{n}"] = captured(d, d._verify_at[d.max_depth], f"tune.verify{n}")
-        steps[f"accept{n}"] = captured(d, d._accept_at[d.max_depth], f"tune.accept{n}")
+        steps[f"verify{n}"] = captured(d._verify_at[d.max_depth], f"tune.verify{n}")
+        steps[f"accept{n}"] = captured(d._accept_at[d.max_depth], f"tune.accept{n}")
         keep.append(d)
         tick(f"capture: verify/accept of {n} nodes")
     depths = sorted({1, max_depth})
     for depth in depths:
         d = decoder_for(f"chain{depth}")
-        steps[f"draft{depth}"] = captured(d, d._draft_step, f"tune.draft{depth}")
+        steps[f"draft{depth}"] = captured(d._draft_step, f"tune.draft{depth}")
         keep.append(d)
         tick(f"capture: draft of depth {depth}")
     ar = Decoder(target, None, replace(spec, method="ar", tree="chain1", dynamic_depth=None), backend=backend,
                  batch_size=batch_size)
     ar.prefill(cond.repeat(batch_size)[:batch_size], None, seed)
-    steps["ar_verify"] = captured(ar, ar._verify_at[0], "tune.ar.verify")
-    steps["ar_accept"] = captured(ar, ar._accept_at[0], "tune.ar.accept")
+    steps["ar_verify"] = captured(ar._verify_at[0], "tune.ar.verify")
+    steps["ar_accept"] = captured(ar._accept_at[0], "tune.ar.accept")
     keep.append(ar)
     secs = _timed_rounds(steps, backend, rounds)
     del keep, steps
@@ -424,6 +418,14 @@ def tune(loaded: Any, spec: MethodSpec, backend: Any, conditions: Sequence[int],
                "level_s": (draft[max_depth] - draft[1]) / (max_depth - 1) if max_depth > 1 else None},
         choice=_choice_dict(best), per_depth=[_choice_dict(c) for c in per_depth], ddd=ddd,
         seconds=time.perf_counter() - t_start)
+
+
+def on_tree(spec: MethodSpec, tree: str) -> MethodSpec:
+    """`spec`'s drafting and acceptance over the static tree `tree`, uncut: lantern++ as it is,
+    sd as lantern++ at lambda 1 (exact acceptance over any tree, not only its chain)."""
+    if spec.method == "sd":
+        return replace(spec, method="lantern++", tree=tree, lantern_lambda=1.0, dynamic_depth=None)
+    return replace(spec, tree=tree, dynamic_depth=None)
 
 
 def _choice_dict(c: Choice) -> dict[str, Any]:

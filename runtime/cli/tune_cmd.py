@@ -66,9 +66,8 @@ def tune_cmd(
         raise UserError(f"--method {method}: runtime tune chooses a static tree, for lantern++ or sd")
     thresholds = _thresholds(ddd_thresholds)
 
-    flags = {k: v for k, v in dict(greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, cfg=cfg,
-                                   lantern_k=lantern_k, lantern_lambda=lantern_lambda).items()}
-    full = opt.MethodFlags(**flags).as_dict()
+    full = opt.MethodFlags(greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, cfg=cfg,
+                           lantern_k=lantern_k, lantern_lambda=lantern_lambda).as_dict()
     backend, prof = opt.open_backend(device, profile_name, graph, dtype)
     loaded = load_model(model=model, gpt_model=gpt_model, gpt_ckpt=gpt_ckpt, vq_ckpt=vq_ckpt, image_size=image_size,
                         drafter=drafter, gpt_type=gpt_type, trust=trust_checkpoint, device=backend.device,
