@@ -148,3 +148,40 @@ def test_greedy_exact_follows_argmax_and_relaxed_accepts_near_ties():
     # 0.35 + 0.25 (neighbour 2; 0.25 <= (2-1)*0.35) >= 0.40: accepted, then 0 is the argmax
     assert int(relaxed.count) == 3 and relaxed.path[0].tolist() == [0, 1, 2]
     assert float(relaxed.relax_mass) == pytest.approx(0.25)
+
+
+def test_a_sibling_draft_is_never_moved_onto_another():
+    # x1 = 1 is x0 = 0's nearest neighbour and fits its lambda bound; the siblings' proximity
+    # sets are disjoint, so x1 keeps its own mass: x0 takes 2 and 3 (not 1), x1 takes only 4
+    # (2 and 3 are already in x0's list)
+    nb = (torch.arange(V)[:, None] + torch.arange(1, 4)[None]) % V  # neighbours of i: i+1, i+2, i+3
+    p0 = torch.tensor([0.3, 0.25] + [0.45 / (V - 2)] * (V - 2))
+    tree = static_buffers(validate_paths("t", [(0,), (1,)]))
+    P = p0.expand(B, tree.size, V)
+    tokens = torch.tensor([0, 0, 1]).expand(B, -1)
+    res = accept_sampling(tokens, P, tree, CounterRNG("cpu", 3), relax=Relaxation("lambda", lam=2.0, neighbours=nb))
+    first = torch.where(res.count >= 2, tokens[torch.arange(B), res.path[:, 1]], res.bonus)
+    emp = torch.bincount(first, minlength=V).float() / B
+    other = 0.45 / (V - 2)
+    assert abs(float(emp[0]) - (0.3 + 2 * other)) < NOISE
+    assert abs(float(emp[1]) - (0.25 + other)) < NOISE
+
+
+@pytest.mark.parametrize("kind", ["lambda", "delta"])
+def test_sampled_siblings_output_exactly_the_relaxed_mixture(kind):
+    # a relaxed parent's target is relaxed once, for its first proposal; its sampled children
+    # are then judged exactly, so the first output token follows the mixture M itself
+    relax = Relaxation(kind, delta=0.1, lam=3.0, neighbours=NEIGHBOURS)
+    for seed in range(2):
+        tvd_to_p, p0, q0, _ = first_token_tvd(3, relax, True, seed)
+        mix, shift = relaxed_mixture(p0[None], q0[None], relax)
+        tree = static_buffers(validate_paths("t", [(i,) for i in range(3)]))
+        rng = CounterRNG("cpu", seed)
+        children = sample_without_replacement(q0.expand(B, V), 3, rng)
+        tokens = torch.cat([torch.zeros(B, 1, dtype=torch.long), children], 1)
+        res = accept_sampling(tokens, p0.expand(B, tree.size, V), tree, rng, q=q0.expand(B, tree.size, V),
+                              relax=relax)
+        first = torch.where(res.count >= 2, tokens[torch.arange(B), res.path[:, 1]], res.bonus)
+        emp = torch.bincount(first, minlength=V).float() / B
+        assert 0.5 * (emp - mix[0]).abs().sum() < NOISE
+        assert tvd_to_p <= float(shift) + NOISE

@@ -57,6 +57,47 @@ def test_device_builder_matches_static_builder():
         assert torch.equal(getattr(b, field), getattr(again, field))
 
 
+def _walked_buffers(parent: list[int], max_depth: int) -> tuple[list, list, list]:
+    """Ancestor mask, depth and path table of one tree by walking up in Python."""
+    n = len(parent)
+    chains = []
+    for i in range(n):
+        chain = [i]
+        while chain[-1] != 0:
+            chain.append(parent[chain[-1]])
+        chains.append(chain[::-1])  # root first
+    mask = [[int(j in chains[i]) for j in range(n)] for i in range(n)]
+    depth = [len(c) - 1 for c in chains]
+    table = [[c[d] if d < len(c) else i for d in range(max_depth + 1)] for i, c in enumerate(chains)]
+    return mask, depth, table
+
+
+@pytest.mark.parametrize("max_depth", [1, 2, 3, 5, 8])
+def test_batched_device_builder_matches_walking_up_each_tree(max_depth):
+    g = torch.Generator().manual_seed(max_depth)
+    n, b = 24, 6
+    parents = torch.zeros(b, n, dtype=torch.long)
+    for t in range(b):  # random trees no deeper than max_depth
+        depth = [0]
+        for i in range(1, n):
+            choices = [j for j in range(i) if depth[j] < max_depth]
+            parents[t, i] = choices[int(torch.randint(len(choices), (1,), generator=g))]
+            depth.append(depth[int(parents[t, i])] + 1)
+    rank = torch.zeros_like(parents)
+    for t in range(b):
+        seen: dict[int, int] = {}
+        for i in range(1, n):
+            p = int(parents[t, i])
+            rank[t, i] = seen.get(p, 0)
+            seen[p] = int(rank[t, i]) + 1
+    built = buffers_from_parents(parents, rank, max_depth, int(rank.max()) + 1)
+    for t in range(b):
+        mask, depth, table = _walked_buffers(parents[t].tolist(), max_depth)
+        assert built.ancestor_mask[t].int().tolist() == mask
+        assert built.depth[t].tolist() == depth
+        assert built.path_table[t].tolist() == table
+
+
 @pytest.mark.parametrize("text, message", [
     ("paths = [[0], [0, 1, 1]]", "has no parent [0, 1]"),
     ("paths = [[0], [0]]", "appears twice"),

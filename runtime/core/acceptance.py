@@ -76,12 +76,11 @@ class Accepted:
     relax_mass: torch.Tensor
 
 
-def relaxed_target(r: torch.Tensor, x: torch.Tensor, relax: Relaxation,
-                   budget: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def relaxed_target(r: torch.Tensor, x: torch.Tensor, relax: Relaxation) -> tuple[torch.Tensor, torch.Tensor]:
     """Move the proximity-set mass of neighbours onto x.
 
-    r: (B, V) target; x: (B,) drafts; budget: (B,) additive bound (kind "delta"; defaults to
-    relax.delta). Returns (r~ (B, V), c (B,)) with TVD(r, r~) = c <= the bound.
+    r: (B, V) target; x: (B,) drafts. Returns (r~ (B, V), c (B,)) with TVD(r, r~) = c <= the
+    bound (delta, or (lambda - 1) r(x)).
     """
     if not relax.active:
         return r, torch.zeros(r.size(0), device=r.device, dtype=r.dtype)
@@ -90,8 +89,7 @@ def relaxed_target(r: torch.Tensor, x: torch.Tensor, relax: Relaxation,
     cum = mass.cumsum(1)
     rx = r.gather(1, x[:, None]).squeeze(1)
     if relax.kind == "delta":
-        bound = budget if budget is not None else torch.full_like(cum[:, 0], relax.delta)
-        bound = torch.where(rx > 0, bound, 0.0)
+        bound = relax.delta * (rx > 0)
     else:
         bound = (relax.lam - 1.0) * rx
     inside = cum <= bound[:, None]  # a prefix, since masses are >= 0
@@ -108,12 +106,40 @@ def _parent_dists(p: torch.Tensor, tree: TreeBuffers) -> torch.Tensor:
     return p[torch.arange(p.size(0), device=p.device)[:, None], tree.parent]
 
 
-def _sibling_sum(x: torch.Tensor, tree: TreeBuffers) -> torch.Tensor:
-    """(B, N+1) -> (B, N+1): the sum of x over each node's earlier siblings."""
-    es = tree.earlier_sibling.to(x.dtype)
+def _per_node(weights: torch.Tensor, x: torch.Tensor, tree: TreeBuffers) -> torch.Tensor:
+    """(B, N+1): row i of `weights` ((N+1, N+1) or batched (B, N+1, N+1)) applied to x (B, N+1)."""
     if not tree.batched:
-        return x @ es.T
-    return torch.bmm(es, x[..., None]).squeeze(-1)
+        return x @ weights.T
+    return torch.bmm(weights, x[..., None]).squeeze(-1)
+
+
+def _sibling_sum(x: torch.Tensor, tree: TreeBuffers, weights: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """(B, N+1) float -> (B, N+1): the sum of x over each node's earlier siblings."""
+    return _per_node(weights[1], x, tree)
+
+
+@dataclass
+class _Walk:
+    """The accepted path found from per-node outcomes (see `_walk`)."""
+    best: torch.Tensor  # (B,) the deepest node whose path was accepted
+    count: torch.Tensor  # (B,) accepted nodes including the root: depth(best) + 1
+    path: torch.Tensor  # (B, D+1) path_table row of best
+    on_path: torch.Tensor  # (B, N+1) float 1 for best and its ancestors
+
+
+def _walk(won: torch.Tensor, tree: TreeBuffers, rows: torch.Tensor, weights: tuple[torch.Tensor, ...]) -> _Walk:
+    """won (B, N+1) float 1/0: node i's own test passed (the root's entry must be 1);
+    weights: `tree.walk_weights()`.
+
+    The accepted path ends at the deepest node whose every ancestor, itself included, won
+    (the lowest index among equals): a node's count of winning ancestors equals its depth + 1.
+    """
+    anc, _, depth1 = weights
+    full = _per_node(anc, won, tree) == depth1
+    best = (full * depth1).argmax(-1)  # first of the deepest
+    if not tree.batched:
+        return _Walk(best, depth1[best], tree.path_table[best], anc[best])
+    return _Walk(best, depth1[rows, best], tree.path_table[rows, best], anc[rows, best])
 
 
 def accept_greedy(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers,
@@ -129,7 +155,7 @@ def accept_greedy(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers,
     """
     b, n1 = tokens.shape
     par = _parent_dists(p, tree)  # (B, N+1, V)
-    t, rows = tree.per_image(b), torch.arange(b, device=p.device)
+    rows = torch.arange(b, device=p.device)
     best_tok = par.argmax(-1)
     ok = tokens == best_tok
     mass_used = torch.zeros_like(tokens, dtype=p.dtype)
@@ -142,14 +168,10 @@ def accept_greedy(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers,
         mass_used = torch.where(ok, torch.zeros_like(mass_used), c.view(b, n1))
         ok = ok | relaxed_ok
     ok[:, 0] = True
-    all_ok = ~(t.ancestor_mask & ~ok[:, None, :]).any(-1)  # (B, N+1)
-    score = torch.where(all_ok, t.depth + 1, torch.zeros_like(t.depth))
-    best = score.argmax(-1)  # first (lowest index) of the deepest
-    count = t.depth[rows, best] + 1
-    path = t.path_table[rows, best]
-    bonus = p[rows, best].argmax(-1)
-    relax_mass = (mass_used * t.ancestor_mask[rows, best]).sum(-1) if relax.active else torch.zeros_like(bonus, dtype=p.dtype)
-    return Accepted(path, count, bonus, relax_mass)
+    w = _walk(ok.to(p.dtype), tree, rows, tree.walk_weights())
+    bonus = p[rows, w.best].argmax(-1)
+    relax_mass = (mass_used * w.on_path).sum(-1) if relax.active else torch.zeros_like(bonus, dtype=p.dtype)
+    return Accepted(w.path, w.count, bonus, relax_mass)
 
 
 # A sampled draft's relaxation is computed for the proposal's top-m tokens only (see below).
@@ -157,36 +179,31 @@ MIXTURE_CANDIDATES = 64
 
 
 def relaxed_mixture(r: torch.Tensor, q: torch.Tensor, relax: Relaxation,
-                    budget: torch.Tensor | None = None, candidates: int = MIXTURE_CANDIDATES,
-                    support: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    candidates: int = MIXTURE_CANDIDATES) -> tuple[torch.Tensor, torch.Tensor]:
     """The relaxed target for a draft *sampled* from q: M = E_{x~q}[ r~_x ].
 
     r, q: (..., V). Each of q's top-`candidates` tokens x gets its proximity set and mass c_x
     (as in `relaxed_target`); every other token keeps r~_x = r (no relaxation), which keeps
     the cost at O(candidates * k) instead of O(V * k) and only makes the relaxation smaller.
     The candidate set depends on q alone, never on which sample came out, so M is a fixed
-    target. `support` = (cand (..., m), neighbours[cand] (..., m, k)) fixes the candidates
-    instead (the sibling stages keep those of the parent's first proposal). budget: (...,)
-    additive bound (kind "delta", default delta); a candidate of probability 0 gets none.
+    target. A candidate of probability 0 gets no additive budget (kind "delta").
     Returns (M (..., V), shift (...,)) with shift = E_q[c_x] >= TVD(r, M); shift is <= delta
     (LANTERN) or <= (lambda - 1) * E_q[r(x)] (LANTERN++). A deterministic draft (q = one-hot
     x) gives M = r~_x and shift = c_x, i.e. `relaxed_target`.
     """
-    if support is None:
-        cand = torch.topk(q, min(candidates, q.size(-1)), dim=-1).indices
-        support = cand, relax.neighbours[cand]
-    cand, nb = support
+    cand = torch.topk(q, min(candidates, q.size(-1)), dim=-1).indices
+    nb = relax.neighbours[cand]
     nb_flat = nb.flatten(-2)
     r_cand, q_cand = r.gather(-1, cand), q.gather(-1, cand)
     mass = r.gather(-1, nb_flat).view(nb.shape)
     if relax.kind == "delta":
-        bound = budget[..., None] if budget is not None else torch.full_like(r_cand, relax.delta)
-        bound = torch.where(r_cand > 0, bound, 0.0)
+        bound = relax.delta * (r_cand > 0)
     else:
         bound = (relax.lam - 1.0) * r_cand
-    moved = mass * (mass.cumsum(-1) <= bound[..., None])  # (..., m, k) moved from neighbour j onto x
-    gained = q_cand * moved.sum(-1)  # (..., m): q(x) c_x
-    mix = r.scatter_add(-1, cand, gained).scatter_add(-1, nb_flat, -(q_cand[..., None] * moved).flatten(-2))
+    # (..., m, k): q(x) times the mass moved from neighbour j onto x
+    moved = mass * (mass.cumsum(-1) <= bound[..., None]) * q_cand[..., None]
+    gained = moved.sum(-1)  # (..., m): q(x) c_x
+    mix = r.scatter_add(-1, cand, gained).scatter_add(-1, nb_flat, moved.neg().flatten(-2))
     return mix, gained.sum(-1)
 
 
@@ -205,31 +222,35 @@ def accept_sampling(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers, rn
     replacement, or None for deterministic drafts (top-k / EAGLE-2), which behave as
     q_i = one-hot(x).
 
-    The stage target t. Exact: t = r. Relaxed, deterministic draft: t = r~_x (mass of x's
-    proximity set moved onto x, `relaxed_target`). Relaxed, sampled draft: t = M =
-    E_{x~q_i}[r~_x] (`relaxed_mixture`): the relaxation may not depend on which sample came
-    out, or the output would drift from any fixed target.
+    The stage target t. Exact: t = r. Relaxed, deterministic drafts: t = r~_x (mass of x's
+    proximity set moved onto x, `relaxed_target`), the siblings' proximity sets disjoint (a
+    token already in an earlier sibling's list, or a sibling draft itself, is never moved
+    onto a later sibling; see `_deterministic_stages`). Relaxed, sampled drafts: the parent's
+    target is relaxed once, for its first proposal, t = M = E_{x~q_0}[r~_x]
+    (`relaxed_mixture`; the relaxation may not depend on which sample came out, or the
+    output would drift from any fixed target), and the siblings are judged exactly toward M.
 
     How it is computed (the op count of this step is a design constraint, see opcount.py).
-    Stage i of a parent only matters if stages 0..i-1 rejected, so each parent's residual
-    chain is computed as if they did, for every parent of the tree at once (a loop over the
-    K sibling ranks, not over depths and siblings). Each node then has an acceptance
+    Stage i of a parent only matters if stages 0..i-1 rejected, so every stage is computed as
+    if they did, for every parent of the tree at once. Each node then has an acceptance
     probability a and a uniform u; the accepted path is the deepest node whose every
-    ancestor (itself included) was accepted with no earlier sibling accepted, found with the
-    tree's ancestor mask as in `accept_greedy`. Exact deterministic drafts need no loop at
-    all: a_i = r(x_i) / (1 - sum of r over x_i's earlier siblings). A missing child (a
-    parent with fewer than K children) points at a padding token V whose mass is zero, so it
+    ancestor (itself included) was accepted with no earlier sibling accepted (`_walk`).
+    Deterministic drafts need no loop over sibling ranks: exact, a_i = r(x_i) / (1 - sum of
+    r over x_i's earlier siblings); relaxed, the same with r(x_i) + c_i, since disjoint sets
+    make every stage read p itself. Sampled drafts loop over the K ranks for the residual
+    alone (its normalisers are computed for all ranks at once). A missing child (a parent
+    with fewer than K children) points at a padding token V whose mass is zero, so it
     changes nothing.
 
     Guarantees. Every stage is an exact speculative-sampling step toward t, so its output
     (accepted draft, or what the remaining siblings and the residual produce) is distributed
     exactly as t. Exact mode is therefore lossless, for sampled and deterministic drafts. In
-    relaxed mode TVD(t, r) = c_x (deterministic) or <= E_q[c_x] (sampled), with c bounded by
-    delta (LANTERN) or (lambda - 1) * r(x) (LANTERN++). For LANTERN the additive budget is
-    shared by the siblings of a node: after a stage with rejection probability beta the next
-    stage may use (budget - c) / beta, c being the stage's shift (>= its TVD), so each node's
-    output stays within TVD delta of p.
-    `relax_mass` sums c_x (deterministic) or E_q[c_x] (sampled) over the accepted drafts.
+    relaxed mode each node's output lies within TVD sum_i c_i of p (deterministic drafts: c_i
+    bounded by (lambda - 1) * r(x_i) for LANTERN++, and by delta in total over the siblings
+    for LANTERN, whose budget they share in rank order) or E_q[c_x] (sampled: c_x bounded by
+    delta, or (lambda - 1) * r(x)).
+    `relax_mass` sums c (deterministic, normalised at its stage) or the parent's E_q[c_x]
+    (sampled) over the accepted drafts.
     A residual of zero mass (reachable only through float rounding) falls back to p after
     the node, so no token of probability zero is ever returned.
 
@@ -245,13 +266,15 @@ def accept_sampling(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers, rn
     # one draw per node (its acceptance test) and one Gumbel row for the bonus
     noise = rng.uniform(b, n1 + v)
     u, gumbel = noise[:, :n1], gumbel_from_uniform(noise[:, n1:])
-    tokens_pad = torch.cat([tokens, torch.full_like(tokens[:, :1], v)], 1)  # node n1 = "no child"
     t, rows = tree.per_image(b), torch.arange(b, device=p.device)
+    weights = tree.walk_weights()
+    if q is None:
+        tokens_pad = torch.cat([tokens, torch.full_like(tokens[:, :1], v)], 1)  # node n1 = "no child"
 
     if q is not None:
         if tree.stages is None or tree.batched:
             raise ValueError("sampled drafts need a static tree (TreeBuffers.stages)")
-        a, shift, bonus_rows = _sampled_stages(tokens_pad, p, q, tree, relax)
+        a, shift, bonus_rows = _sampled_stages(tokens, p, q, tree, relax)
     elif relax.active:
         k = tree.max_children
         child = torch.where(t.children >= 0, t.children, n1)  # (B, N+1, K)
@@ -261,17 +284,15 @@ def accept_sampling(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers, rn
         a, shift = a_pk.reshape(b, -1).gather(1, slot), shift_pk.reshape(b, -1).gather(1, slot)
     else:  # exact deterministic drafts: closed form
         px = p.reshape(b, -1).gather(1, t.parent * v + tokens)  # (B, N+1) r(x) at the parent
-        a = px / (1.0 - _sibling_sum(px, tree)).clamp(min=_EPS)
+        a = px / (1.0 - _sibling_sum(px, tree, weights)).clamp(min=_EPS)
         shift = torch.zeros_like(a)
         bonus_rows = None
 
-    acc = u < a
-    beaten = _sibling_sum(acc.to(p.dtype), tree) > 0
-    win = (acc & ~beaten) | (t.depth == 0)
-    all_ok = ~(t.ancestor_mask & ~win[:, None, :]).any(-1)  # (B, N+1)
-    best = torch.where(all_ok, t.depth + 1, 0).argmax(-1)  # first of the deepest
-    count = t.depth[rows, best] + 1
-    path = t.path_table[rows, best]
+    acc = (u < a).to(p.dtype)
+    won = acc * (_sibling_sum(acc, tree, weights) == 0)  # accepted, and no earlier sibling was
+    won[:, 0] = 1.0
+    w = _walk(won, tree, rows, weights)
+    best, count, path = w.best, w.count, w.path
     # bonus: from the residual left after every child of `best` was rejected
     p_best = p[rows, best]
     if bonus_rows is None:  # exact deterministic: p after best without its children's tokens
@@ -279,99 +300,104 @@ def accept_sampling(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers, rn
         kids = tokens_pad[rows[:, None], torch.where(kids_best >= 0, kids_best, n1)]
         r = p_best * torch.ones(b, v + 1, dtype=p.dtype, device=p.device).scatter_(1, kids, 0.0)[:, :v]
     else:
-        r = bonus_rows(best)
+        r = bonus_rows(best, rows)
     r = torch.where(r.sum(-1, keepdim=True) > 0, r, p_best)
     bonus = torch.argmax(torch.log(r) + gumbel, dim=-1)
-    relax_mass = (shift * t.ancestor_mask[rows, best]).sum(-1) if relax.active else torch.zeros_like(bonus, dtype=p.dtype)
+    relax_mass = (shift * w.on_path).sum(-1) if relax.active else torch.zeros_like(bonus, dtype=p.dtype)
     return Accepted(path, count, bonus, relax_mass)
 
 
 def _deterministic_stages(xs: torch.Tensor, p: torch.Tensor, relax: Relaxation
-                          ) -> tuple[torch.Tensor, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
-    """Relaxed stages of deterministic drafts for every parent at once (a loop over ranks).
+                          ) -> tuple[torch.Tensor, torch.Tensor, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
+    """Relaxed stages of deterministic drafts for every parent and sibling rank at once.
 
-    xs: (B, P, K) child tokens per parent (V = no child, whose mass is zero: a no-op stage);
-    p: (B, P, V). r is kept unnormalised: z, the mass left before a stage, is 1 minus what
-    earlier stages removed (the draft and the neighbours moved onto it), and the additive
-    budget in those units shrinks by each stage's moved mass. Returns acceptance
-    probabilities (B, P, K), shifts (B, P, K) and a function giving the bonus rows (B, V) of
-    the given parents (B,) after all their children were rejected.
+    xs: (B, P, K) child tokens per parent in rank order (V = no child: zero mass, a no-op
+    stage); p: (B, P, V). Returns acceptance probabilities (B, P, K), shifts (B, P, K) and a
+    function giving the bonus rows (B, V) of the given parents (B,) after all their children
+    were rejected.
+
+    The siblings' proximity sets are disjoint by construction: a neighbour that is a sibling
+    draft, or that an earlier sibling's neighbour list already holds, counts as mass 0 for the
+    later sibling (it is never moved onto it). Every stage therefore reads p itself, not what
+    earlier stages left, and no loop over ranks is needed:
+        lambda: sibling x takes the longest prefix of its list with mass <= (lambda - 1) p(x);
+        delta:  the siblings together take the longest prefix of their concatenated lists (in
+                rank order) with mass <= delta (one shared additive budget), skipping the lists
+                of drafts of probability 0.
+    Unnormalised, stage s removes taken_s = p(x_s) + c_s from the parent's mass; it runs on
+    the mass z_s = 1 - sum of earlier taken, so a_s = taken_s / z_s and the shift is c_s / z_s.
+    The output of a node is p with the moved masses relocated onto their drafts, so its TVD
+    from p is at most the sum of c over the siblings: <= delta, or <= (lambda - 1) p(x) per
+    sibling.
     """
     b, n_par, k = xs.shape
     v = p.size(-1)
-    r = F.pad(p, (0, 1))  # a fresh buffer: the stages below update it in place
-    budget = torch.full((b, n_par), float(relax.delta), dtype=p.dtype, device=p.device)
-    ext = torch.cat([xs[..., None], relax.padded[xs]], -1)  # (B, P, K, 1 + k): x, neighbours
-    taken, own = [], []
-    for s in range(k):
-        idx = ext[:, :, s]
-        mass = r.gather(2, idx)  # (B, P, 1 + k): x, then its neighbours
-        # x's own column passes trivially (mass[0] <= bound + mass[0]), so x leaves r too
-        if relax.kind == "delta":  # a draft of probability 0 gets no budget
-            limit = torch.where(mass[..., :1] > 0, budget[..., None], 0.0) + mass[..., :1]
-        else:
-            limit = relax.lam * mass[..., :1]
-        keep = mass.cumsum(-1) > limit
-        r.scatter_(2, idx, mass * keep)
-        gone = (mass * ~keep).sum(-1)
-        taken.append(gone)
-        own.append(mass[..., 0])
-        if relax.kind == "delta":
-            budget = budget - gone + mass[..., 0]
-    taken_t = torch.stack(taken, -1)  # (B, P, K): r(x) + c, unnormalised
-    z = (1.0 - (taken_t.cumsum(-1) - taken_t)).clamp(min=_EPS)  # mass before each stage
-    accept = (taken_t / z).clamp(max=1.0)
-    shifts = (taken_t - torch.stack(own, -1)) / z
-    return accept, shifts, lambda best: r[torch.arange(b, device=p.device), best, :v]
+    p_pad = F.pad(p, (0, 1))  # token V (no child) has mass 0
+    # siblings first, then each sibling's neighbour list in rank order
+    flat = torch.cat([xs, relax.padded[xs].flatten(-2)], -1)  # (B, P, K + K * kn)
+    ranked, order = flat.sort(dim=-1, stable=True)  # equal tokens keep flat order: the first wins
+    repeat = F.pad(ranked[..., 1:] == ranked[..., :-1], (1, 0))
+    mass = p_pad.gather(-1, flat).masked_fill(torch.zeros_like(repeat).scatter_(-1, order, repeat), 0.0)
+    px, nbm = mass[..., :k], mass[..., k:].view(b, n_par, k, -1)
+    if relax.kind == "delta":
+        nbm = nbm * (px > 0)[..., None]  # a draft of probability 0 gets no budget
+        inside = (nbm.flatten(-2).cumsum(-1) <= relax.delta).view(nbm.shape)
+    else:
+        inside = nbm.cumsum(-1) <= (relax.lam - 1.0) * px[..., None]
+    moved = nbm * inside  # (B, P, K, kn) moved from each neighbour onto its sibling
+    c = moved.sum(-1)
+    taken = px + c  # (B, P, K): what stage s removes from the parent's mass, unnormalised
+    z = (1.0 - (taken.cumsum(-1) - taken)).clamp(min=_EPS)  # mass before each stage
+    accept = (taken / z).clamp(max=1.0)
+    # after every stage rejected: the drafts and the moved neighbours are gone from p
+    gone = torch.cat([xs, torch.where(moved > 0, relax.padded[xs], v).flatten(-2)], -1)
+    rest = p_pad.scatter(-1, gone, 0.0)
+    return accept, c / z, lambda best, rows: rest[rows, best, :v]
 
 
-def _sampled_stages(tokens_pad: torch.Tensor, p: torch.Tensor, q: torch.Tensor, tree: TreeBuffers,
-                    relax: Relaxation) -> tuple[torch.Tensor, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
+def _sampled_stages(tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor, tree: TreeBuffers,
+                    relax: Relaxation) -> tuple[torch.Tensor, torch.Tensor, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
     """Stages of sampled drafts on a static tree, every parent at once.
 
     Parents are taken in `tree.stages.order` (most children first), so stage s runs on the
-    first rows[s] of them: the parents that have a child of rank s. r and q are the stage's
-    target residual and proposal, normalised. Returns per-node acceptance probabilities
-    (B, N+1), per-node shifts (B, N+1) and a function giving the bonus rows (B, V) of the
+    first rows[s] of them: the parents that have a child of rank s. A relaxed parent's target
+    is relaxed once, for its first proposal: t = M = E_{x~q}[r~_x] (`relaxed_mixture`); its
+    children are then judged by exact recursive rejection sampling toward t, so the parent's
+    output is distributed exactly as M, within TVD `shift` of p. Stage s proposes from q
+    without the earlier siblings, q_s = q masked / W_s with W_s = 1 - sum_{t<s} q(x_t), whose
+    normalisers are computed for every stage at once; the loop over ranks only carries the
+    residual r <- norm(max(r - q_s, 0)). Returns per-node acceptance probabilities (B, N+1),
+    per-node shifts (B, N+1: the parent's) and a function giving the bonus rows (B, V) of the
     given parents (B,) after all their children were rejected.
     """
     lay = tree.stages
-    b = p.size(0)
-    v = p.size(-1)
-    order = lay.order
-    r, qc = p[:, order], q[:, order]  # (B, P, V) in stage order
-    xs = tokens_pad[:, lay.child]  # (B, P, K)
-    if relax.active:  # the candidates of each parent's first proposal serve all its stages
-        cand = torch.topk(qc[:, : lay.rows[0]], min(MIXTURE_CANDIDATES, v), dim=-1).indices
-        nb = relax.neighbours[cand]  # (B, rows0, m, k)
-    budget = (torch.full((b, lay.rows[0]), float(relax.delta), dtype=p.dtype, device=p.device)
-              if relax.kind == "delta" else None)
-    accept, gains, last = [], [], []
+    rows0 = lay.rows[0]
+    p_sorted = p[:, lay.order]  # (B, P, V) in stage order
+    r, qm = p_sorted[:, :rows0], q[:, lay.order[:rows0]]
+    xs = tokens[:, lay.child[:rows0]]  # (B, rows0, K); a missing child (the root's token) is never read
+    q_x = qm.gather(2, xs)  # q(x_s)
+    left = (1.0 - (q_x.cumsum(-1) - q_x)).clamp(min=_EPS)  # W_s: q's mass before stage s
+    qs_x = q_x / left  # q_s(x_s)
+    shift = None
+    if relax.active:
+        r, shift = relaxed_mixture(r, qm, relax)
+    t_x, last = [], []
     for s, n in enumerate(lay.rows):
-        r, qc, x = r[:, :n], qc[:, :n], xs[:, :n, s, None]
-        if relax.active:
-            stage_budget = budget[:, :n] if budget is not None else None
-            target, shift = relaxed_mixture(r, qc, relax, stage_budget, support=(cand[:, :n], nb[:, :n]))
-            gains.append(shift)
-        else:
-            target = r
-        qx = qc.gather(2, x).squeeze(2)
-        # a sample outside the proposal's support (q exhausted) is not a draft: never accepted
-        accept.append(torch.where(qx > 0, target.gather(2, x).squeeze(2) / qx, 0.0))
-        res = (target - qc).clamp(min=0.0)
-        reject = res.sum(-1, keepdim=True)  # = TV(target, q): P(reject) over x ~ q
-        r = res / reject.clamp(min=_EPS)
-        nxt = lay.rows[s + 1] if s + 1 < len(lay.rows) else 0
-        last.append(r[:, nxt:])  # parents whose last child is this stage's
-        if relax.kind == "delta":
-            budget = ((budget[:, :n] - gains[-1]) / reject.squeeze(-1).clamp(min=_EPS)).clamp(min=0.0)
-        qc = qc.scatter(2, x, 0.0) / (1.0 - qx[..., None]).clamp(min=_EPS)
-    flat_a = torch.cat(accept, 1).clamp(max=1.0)  # (B, sum(rows)) in stage-major order
-    a = flat_a[:, lay.node_slot]
-    shift = torch.cat(gains, 1)[:, lay.node_slot] if relax.active else torch.zeros_like(a)
+        r, qm, x = r[:, :n], qm[:, :n], xs[:, :n, s, None]
+        t_x.append(r.gather(2, x).squeeze(2))
+        res = (r - qm / left[:, :n, s, None]).clamp(min=0.0)
+        r = res / res.sum(-1, keepdim=True).clamp(min=_EPS)
+        last.append(r[:, lay.rows[s + 1] if s + 1 < len(lay.rows) else 0:])  # parents whose last child this is
+        if s + 1 < len(lay.rows):
+            qm = qm.scatter(2, x, 0.0)
+    t_all = torch.cat(t_x, 1)  # (B, sum(rows)) in stage-major order
+    q_all = torch.cat([qs_x[:, :n, s] for s, n in enumerate(lay.rows)], 1)
+    # min(1, t/q); a sample outside the proposal's support (q exhausted) is never accepted
+    a = (t_all.minimum(q_all) / q_all.clamp(min=torch.finfo(q_all.dtype).tiny))[:, lay.node_slot]
+    node_shift = shift[:, lay.parent_row] if shift is not None else torch.zeros_like(a)
     # bonus rows, stage order: parents with K children come from the last stage, ..., leaves keep p
-    bonus_table = torch.cat(last[::-1] + [p[:, order[lay.rows[0]:]]], 1)
-    return a, shift, lambda best: bonus_table[torch.arange(b, device=p.device), lay.position[best]]
+    bonus_table = torch.cat(last[::-1] + [p_sorted[:, rows0:]], 1)
+    return a, node_shift, lambda best, rows: bonus_table[rows, lay.position[best]]
 
 
 @dataclass(frozen=True)
@@ -479,16 +505,15 @@ def accept_grouped(tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor, tree:
     a_par = torch.where(child >= 0, a_par.view(b, n1), 0.0)
     bound_par = bound_par.view(b, n1) * (child >= 0)
     a = a_par[:, tree.parent]  # node i judged at its parent
-    win = (u < a) | (tree.depth == 0)[None]
-    all_ok = ~(tree.ancestor_mask[None] & ~win[:, None, :]).any(-1)
-    best = torch.where(all_ok, tree.depth[None] + 1, 0).argmax(-1)
-    count = tree.depth[best] + 1
-    path = tree.path_table[best]
+    won = (u < a).to(p.dtype)
+    won[:, 0] = 1.0
     rows = torch.arange(b, device=p.device)
+    w = _walk(won, tree, rows, tree.walk_weights())
+    best, count, path = w.best, w.count, w.path
     p_best = p[rows, best]
     res = (p_best - q[rows, best]).clamp(min=0.0) * (child[best] >= 0)[:, None]
     r = torch.where(res.sum(-1, keepdim=True) > 0, res, p_best)
     bonus = torch.argmax(torch.log(r) + gumbel, dim=-1)
     bound_node = bound_par[:, tree.parent] * (tree.depth > 0)[None]
-    mass = (bound_node * tree.ancestor_mask[best]).sum(-1) + bound_par[rows, best]
+    mass = (bound_node * w.on_path).sum(-1) + bound_par[rows, best]
     return Accepted(path, count, bonus, mass)

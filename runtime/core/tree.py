@@ -140,6 +140,21 @@ class TreeBuffers:
             self.children_at = (self.max_children,) * self.max_depth
         if self.earlier_sibling is None:
             self.earlier_sibling = earlier_siblings(self.parent, self.rank)
+        self._walk: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        if not self.batched:
+            self.walk_weights()
+
+    def walk_weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(ancestor_mask, earlier_sibling) as float32 and depth + 1, for the acceptance walk.
+
+        A shared tree's are built with it and kept (its buffers never change); a batched
+        tree's buffers are refilled in place every iteration, so they are built on each call.
+        """
+        if self.batched:
+            return self.ancestor_mask.float(), self.earlier_sibling.float(), self.depth + 1
+        if getattr(self, "_walk", None) is None:
+            self._walk = (self.ancestor_mask.float(), self.earlier_sibling.float(), self.depth + 1)
+        return self._walk
 
     @property
     def size(self) -> int:
@@ -183,10 +198,12 @@ class StageLayout:
 
     order      (N+1,)      long  node ids sorted by child count (descending, then id)
     position   (N+1,)      long  inverse of `order`: where node i sits in it
-    child      (N+1, K)    long  child of rank s of parent order[j] at [j, s]; N+1 where none
+    child      (N+1, K)    long  child of rank s of parent order[j] at [j, s]; 0 (the root, a
+                                 placeholder never judged) where none
     node_slot  (N+1,)      long  where node i's stage result sits when the stages' results
                                  (rows[0] of stage 0, then rows[1] of stage 1, ...) are
                                  concatenated; 0 for the root
+    parent_row (N+1,)      long  position of node i's parent in `order` (0 for the root)
     rows       tuple[int]        parents with more than s children, s = 0..K-1
     """
 
@@ -194,11 +211,12 @@ class StageLayout:
     position: torch.Tensor
     child: torch.Tensor
     node_slot: torch.Tensor
+    parent_row: torch.Tensor
     rows: tuple[int, ...]
 
     def to(self, device: torch.device | str) -> "StageLayout":
         return StageLayout(self.order.to(device), self.position.to(device), self.child.to(device),
-                           self.node_slot.to(device), self.rows)
+                           self.node_slot.to(device), self.parent_row.to(device), self.rows)
 
 
 def stage_layout(parent: list[int], rank: list[int], k: int) -> StageLayout:
@@ -214,11 +232,12 @@ def stage_layout(parent: list[int], rank: list[int], k: int) -> StageLayout:
     for j, i in enumerate(order):
         position[i] = j
     rows = tuple(sum(1 for c in kids if len(c) > s) for s in range(k))
-    child = [[kids[i][s] if s < len(kids[i]) else n for s in range(k)] for i in order]
+    child = [[kids[i][s] if s < len(kids[i]) else 0 for s in range(k)] for i in order]
     start = [sum(rows[:s]) for s in range(k)]
     node_slot = [0] + [start[rank[i]] + position[parent[i]] for i in range(1, n)]
+    parent_row = [0] + [position[parent[i]] for i in range(1, n)]
     return StageLayout(torch.tensor(order), torch.tensor(position), torch.tensor(child).view(n, k),
-                       torch.tensor(node_slot), rows)
+                       torch.tensor(node_slot), torch.tensor(parent_row), rows)
 
 
 def static_buffers(tree: StaticTree) -> TreeBuffers:
@@ -251,33 +270,34 @@ def buffers_from_parents(parent: torch.Tensor, rank: torch.Tensor, max_depth: in
     parent: (N+1,) long with parent[0] == 0 and parent[i] < i; rank: (N+1,) rank among
     siblings (< max_children, distinct per parent). Both may carry a leading batch dim B
     (one tree per image; every buffer then has it too). Works on any device and under capture.
+
+    The ancestor mask is the reachability of "self or parent" within max_depth steps, by
+    repeated squaring (ceil(log2 max_depth) matrix products instead of max_depth walks up):
+    a handful of kernels whatever the depth (EAGLE-2 rebuilds its tree every iteration).
     """
     single = parent.dim() == 1
     if single:
         parent, rank = parent[None], rank[None]
     b, n = parent.shape
     dev = parent.device
-    ar = torch.arange(n, device=dev).expand(b, n)
-    is_root = ar == 0
-    anc = torch.eye(n, dtype=torch.bool, device=dev).expand(b, n, n).clone()
-    depth = torch.zeros(b, n, dtype=torch.long, device=dev)
-    cur = ar
-    # Walk up max_depth times: after step s, cur = ancestor s levels up (stuck at root).
-    for _ in range(max_depth):
-        nxt = parent.gather(1, cur)
-        depth = depth + (cur != 0).long()
-        anc.scatter_(2, nxt[..., None], True)
-        cur = nxt
-    # path_table[i, d] = ancestor of i at depth d: walk up, writing each ancestor at its depth.
-    path_table = ar[..., None].expand(b, n, max_depth + 1).clone()
-    cur = ar
-    for _ in range(max_depth + 1):
-        path_table.scatter_(2, depth.gather(1, cur)[..., None], cur[..., None])
-        cur = parent.gather(1, cur)
+    ar = torch.arange(n, device=dev)
+    # reach[i, j] = 1 if j is i or i's parent; squared until it spans max_depth steps
+    reach = (parent[..., None] == ar).float() + torch.eye(n, device=dev)
+    span = 1
+    while span < max_depth:
+        reach = torch.bmm(reach, reach).clamp(max=1.0)
+        span *= 2
+    anc = reach > 0
+    depth = anc.sum(-1) - 1
+    # path_table[i, d] = the ancestor of i at depth d (each depth has one), i itself past depth(i)
+    levels = torch.arange(max_depth + 1, device=dev)
+    at_depth = (depth[..., None] == levels) * ar[:, None]  # (B, N+1, D+1): j at column depth(j)
+    found = torch.bmm(anc.float(), at_depth.float()).long()
+    path_table = torch.where(levels > depth[..., None], ar[:, None], found)
     # children[parent, rank] = node; the root's entry lands in a spare slot that is dropped.
     flat = torch.full((b, n * max_children + 1), -1, dtype=torch.long, device=dev)
-    slot = torch.where(is_root, n * max_children, parent * max_children + rank)
-    flat.scatter_(1, slot, ar)
+    slot = torch.where(ar == 0, n * max_children, parent * max_children + rank)
+    flat.scatter_(1, slot, ar.expand(b, n))
     children = flat[:, : n * max_children].view(b, n, max_children)
     out = [parent, depth, rank, anc, children, path_table]
     if single:

@@ -35,8 +35,8 @@ class DrafterAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, freqs: torch.Tensor, **attn_kw) -> torch.Tensor:
         b, t, _ = x.shape
-        q = apply_rope(self.q_proj(x).view(b, t, self.n_head, self.head_dim), freqs)
-        k = apply_rope(self.k_proj(x).view(b, t, self.kv_heads, self.head_dim), freqs)
+        qk = torch.cat([self.q_proj(x), self.k_proj(x)], -1).view(b, t, self.n_head + self.kv_heads, self.head_dim)
+        q, k = apply_rope(qk, freqs).split([self.n_head, self.kv_heads], dim=2)  # one rotation for both
         v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim)
         out = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **attn_kw)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))

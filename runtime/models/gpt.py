@@ -17,7 +17,7 @@ from torch import nn
 
 from runtime.models.configs import GPTConfig
 from runtime.models.kv_cache import StaticKVCache
-from runtime.models.layers import RMSNorm, SwiGLU, attend
+from runtime.models.layers import RMSNorm, SwiGLU, additive_mask, attend
 from runtime.models.rope import apply_rope, rope_table_2d
 
 # Zero RoPE rows after the last image token: room for draft tokens that overshoot the image.
@@ -84,9 +84,10 @@ class Attention(nn.Module):
                 mask: torch.Tensor | None) -> torch.Tensor:
         b, t, _ = x.shape
         kv = self.kv_heads * self.head_dim
-        q, k, v = self.wqkv(x).split([self.n_head * self.head_dim, kv, kv], dim=-1)
-        q = apply_rope(q.view(b, t, self.n_head, self.head_dim), freqs)
-        k = apply_rope(k.view(b, t, self.kv_heads, self.head_dim), freqs)
+        qk, v = self.wqkv(x).split([self.n_head * self.head_dim + kv, kv], dim=-1)
+        # q and k heads rotated by one call (the same elementwise arithmetic, half the kernels)
+        qk = apply_rope(qk.view(b, t, self.n_head + self.kv_heads, self.head_dim), freqs)
+        q, k = qk.split([self.n_head, self.kv_heads], dim=2)
         v = v.view(b, t, self.kv_heads, self.head_dim)
         out = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                      layer=layer, cache=cache, slots=slots, mask=mask)
@@ -231,7 +232,7 @@ class Transformer(nn.Module):
         """
         freqs = self.rope_rows(positions)
         slots = cache.block_slots(x.size(1), offset)
-        mask = cache.attention_mask(block_mask, offset)
+        mask = additive_mask(cache.attention_mask(block_mask, offset), x.dtype)
         for i, layer in enumerate(self.layers):
             x = layer(x, freqs, layer=i, cache=cache, slots=slots, mask=mask)
         return self.norm(x)

@@ -63,6 +63,12 @@ class RMSNorm(nn.Module):
         return normed.type_as(x) * self.weight
 
 
+def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean attention mask as the additive mask (0 where allowed, -inf elsewhere) that
+    scaled_dot_product_attention builds from it: built once per forward, not once per layer."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+
+
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layer: int,
            cache: StaticKVCache | None, slots: torch.Tensor | None,
            mask: torch.Tensor | None) -> torch.Tensor:
@@ -70,7 +76,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layer: int,
 
     q: (B, H, T, D); k, v: (B, KV, T, D) for the T new tokens (already rotated).
     With a cache, k and v are stored at `slots` and attention reads all `capacity` slots
-    under `mask` (B, 1, T, capacity). Without one, `mask` is (B, 1, T, T) or None (causal).
+    under `mask` (B, 1, T, capacity), bool or additive (`additive_mask`). Without one, `mask` is (B, 1, T, T) or None (causal).
     Returns (B, H, T, D).
     """
     if cache is not None:
