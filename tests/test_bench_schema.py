@@ -276,3 +276,14 @@ def test_save_refuses_invalid_results_and_keeps_the_old_file(tmp_path: Path) -> 
 def test_schema_version_constant() -> None:
     assert SCHEMA_VERSION == 1
     assert to_dict(bench())["schema_version"] == 1
+
+
+def test_phases_are_the_mean_over_the_timed_repeats_not_the_last() -> None:
+    from runtime.bench.runner import mean_phases
+
+    repeats = [{"verify": {"seconds": 10.0, "count": 100}, "draft": {"seconds": 2.0, "count": 100}},
+               {"verify": {"seconds": 14.0, "count": 100}, "draft": {"seconds": 4.0, "count": 100}},
+               {"verify": {"seconds": 18.0, "count": 100}}]  # no draft phase in this repeat
+    phases = mean_phases(repeats)
+    assert phases["verify"].seconds == pytest.approx(14.0) and phases["verify"].count == 100
+    assert phases["draft"].seconds == pytest.approx(2.0) and phases["draft"].count == 67

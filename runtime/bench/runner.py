@@ -122,6 +122,7 @@ def bench(loaded: LoadedModel, backend: Any, profile: Any, plan: Sequence[Planne
     latencies: list[list[float]] = [[] for _ in specs]
     peaks: list[list[int]] = [[] for _ in specs]
     last: list[Any] = [None] * len(specs)
+    phase_runs: list[list[dict[str, dict[str, float]]]] = [[] for _ in specs]
     state: list[int | None] = [None] * len(specs)
 
     def one_pass(i: int, decoder: Any, timed: bool) -> None:
@@ -135,6 +136,7 @@ def bench(loaded: LoadedModel, backend: Any, profile: Any, plan: Sequence[Planne
             if peak is not None:
                 peaks[i].append(int(peak))
             last[i] = out
+            phase_runs[i].append(out.phases)
         done += 1
         if progress is not None:
             progress(_label(specs[i], batches[i]), done, total_steps)
@@ -162,7 +164,8 @@ def bench(loaded: LoadedModel, backend: Any, profile: Any, plan: Sequence[Planne
             ops[i] = _device_ops(decoder, conditions, backend)
             del decoder
     runs = [_run_result(spec, last[i], latencies[i], max(peaks[i], default=None), n, backend, loaded,
-                        conditions, quality, ops[i], batches[i], state[i]) for i, spec in enumerate(specs)]
+                        conditions, quality, ops[i], batches[i], state[i], mean_phases(phase_runs[i]))
+            for i, spec in enumerate(specs)]
     info = backend.info()
     versions = {k: str(info[k]) for k in ("torch", "cuda", "driver", "synapseai") if info.get(k)}
     device = schema.DeviceInfo(backend=backend.name, name=str(info.get("name", backend.name)),
@@ -204,10 +207,20 @@ def _device_ops(decoder: Any, conditions: Sequence[Any], backend: Any) -> dict[s
             for phase, n in ops.items()}
 
 
+def mean_phases(per_repeat: Sequence[dict[str, dict[str, float]]]) -> dict[str, schema.Phase]:
+    """Each phase's seconds and count averaged over the timed repeats (as the schema states),
+    not taken from the last repeat. A phase missing from a repeat counts as 0 there."""
+    names = sorted({name for phases in per_repeat for name in phases})
+    k = max(len(per_repeat), 1)
+    return {name: schema.Phase(seconds=sum(float(p.get(name, {}).get("seconds", 0.0)) for p in per_repeat) / k,
+                               count=round(sum(int(p.get(name, {}).get("count", 0)) for p in per_repeat) / k))
+            for name in names}
+
+
 def _run_result(spec: MethodSpec, out: Any, latencies: list[float], peak_bytes: int | None, n: int, backend: Any,
                 loaded: LoadedModel, conditions: Sequence[int], quality: bool,
                 device_ops: dict[str, schema.DeviceOps] | None = None, batch_size: int = 1,
-                state_bytes: int | None = None) -> schema.RunResult:
+                state_bytes: int | None = None, phases: dict[str, schema.Phase] | None = None) -> schema.RunResult:
     d = spec.describe()
     params = schema.MethodParams(
         tree=d.get("tree", "dynamic" if spec.drafting == "dynamic" else None),
@@ -217,8 +230,8 @@ def _run_result(spec: MethodSpec, out: Any, latencies: list[float], peak_bytes: 
         proactive="x".join(map(str, d["proactive"])) if d.get("proactive") else None, accept=d.get("accept"),
         ddd_threshold=d.get("ddd_threshold"), ddd_check_every=d.get("ddd_check_every"),
         ddd_min_depth=d.get("ddd_min_depth"), dynamic_depth=d.get("dynamic_depth"), batch_size=batch_size)
-    phases = {name: schema.Phase(seconds=float(v["seconds"]), count=int(v["count"]))
-              for name, v in out.phases.items()}
+    if phases is None:
+        phases = mean_phases([out.phases])
     st = out.stats
     return schema.make_run(
         spec.method, latencies=latencies, num_images=n, target_forwards=st["target_forwards"], tokens=st["tokens"],
