@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
+from runtime.models.layers import additive_mask
 from runtime.core.tree import StaticTree, TreeBuffers, buffers_from_parents, load_tree, static_buffers
 
 if TYPE_CHECKING:
@@ -230,14 +231,43 @@ class StaticTreePolicy(DrafterPolicy):
         # per level: each node's parent as an index into the previous level's rows
         starts = [0] + [start for start, _ in self.levels]
         self.level_parent = [tree.parent[a:b] - starts[d] for d, (a, b) in enumerate(self.levels)]
+        # Known on the host, so a level whose nodes are "every parent's ranks 0..r-1" (chains,
+        # most of a preset's levels) picks its tokens with a view instead of an index op, and
+        # a level whose parents are one contiguous range reads their hidden states as a slice.
+        par, rank = tree.parent.tolist(), tree.rank.tolist()
+        self.level_grid: list[int | None] = []
+        self.parent_range: list[tuple[int, int] | None] = []
+        for d, (a, b) in enumerate(self.levels):
+            n_par = (1 if d == 0 else self.levels[d - 1][1] - self.levels[d - 1][0])
+            r = (b - a) // n_par
+            grid = [(starts[d] + p, k) for p in range(n_par) for k in range(r)]
+            self.level_grid.append(r if r * n_par == b - a and list(zip(par[a:b], rank[a:b])) == grid else None)
+            lo, hi = min(par[a:b]), max(par[a:b])
+            contiguous = par[a:b] == sorted(par[a:b]) and len(set(par[a:b])) == hi - lo + 1
+            self.parent_range.append((lo, hi + 1) if contiguous and all(par[a:b].count(x) == (b - a) // (hi - lo + 1)
+                                                                          for x in range(lo, hi + 1)) else None)
+        self.tree_mask = tree.ancestor_mask[1:, 1:].contiguous()  # drafted nodes over drafted slots
+        self.level_offsets = torch.arange(tree.max_depth, device=device)
         return tree
 
     def _draft_tree(self) -> None:
         noise = None if self.loop.params.greedy else self._noise()
+        ctx = self._tree_context()
         for d in range(1, self.tree.max_depth + 1):
             self._pick(d, noise)
             if d < self.tree.max_depth:
-                self._forward(d)
+                self._forward(d, ctx)
+
+    def _tree_context(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The drafter's RoPE rows (rows, D, ...) of every depth, and the cache slots (rows, N)
+        and additive mask (rows, 1, N, capacity) of every drafted node, built once per draft:
+        the drafter cache's length does not move while the tree is drafted, so each level's
+        context is a slice of these (node i sits at slot length + i - 1, depth d at position
+        length - 1 + d)."""
+        dc = self.dcache
+        positions = dc.length[:, None] + self.level_offsets
+        rot, slots, mask = self.loop.drafter.block_context(positions, self.tree_mask, dc)
+        return rot, slots, mask
 
     def _noise(self) -> torch.Tensor:
         """Sampled drafts: the Gumbel noise of every level in one draw (rows = nodes with
@@ -251,21 +281,34 @@ class StaticTreePolicy(DrafterPolicy):
         start, end = self.levels[d - 1]
         parent_start, parent_end = (0, 1) if d == 1 else self.levels[d - 2]
         q = loop.q[:, parent_start:parent_end]
+        k = self.level_grid[d - 1] or tree.max_children
         if noise is None:
-            cand = torch.topk(q, tree.max_children, dim=-1).indices  # (B, parents, k)
+            cand = torch.topk(q, k, dim=-1).indices  # (B, parents, k)
         else:  # Gumbel-top-k
-            cand = torch.topk(torch.log(q) + noise[:, parent_start:parent_end], tree.max_children, dim=-1).indices
-        loop.tokens[:, start:end] = cand[:, self.level_parent[d - 1], tree.rank[start:end]]
+            cand = torch.topk(torch.log(q) + noise[:, parent_start:parent_end], k, dim=-1).indices
+        if self.level_grid[d - 1] is not None:
+            loop.tokens[:, start:end].view(cand.shape).copy_(cand)
+        else:
+            loop.tokens[:, start:end] = cand[:, self.level_parent[d - 1], tree.rank[start:end]]
 
-    def _forward(self, d: int) -> None:
-        """Level d's nodes through the drafter: their q (the next level's proposals)."""
+    def _forward(self, d: int, ctx: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> None:
+        """Level d's nodes through the drafter: their q (the next level's proposals). `ctx`:
+        `_tree_context()` (built here when a level runs as its own segment)."""
         loop, tree = self.loop, self.tree
         start, end = self.levels[d - 1]
-        hid = self.draft_hidden[:, tree.parent[start:end]]
-        positions = (self.dcache.length[:, None] - 1 + d).expand(-1, end - start)
-        out = loop.drafter.forward_cached(loop.expand_rows(loop.tokens[:, start:end]), hid, positions,
-                                          tree.ancestor_mask[start:end, 1:end], self.dcache, offset=start - 1)
-        self.draft_hidden[:, start:end] = out
+        rot, slots, mask = ctx if ctx is not None else self._tree_context()
+        span = self.parent_range[d - 1]
+        if span is None:
+            hid = self.draft_hidden[:, tree.parent[start:end]]
+        else:  # parents a..b-1, each with the same number of children, in order
+            a, b = span
+            hid = self.draft_hidden[:, a:b, None].expand(-1, -1, (end - start) // (b - a), -1).flatten(1, 2)
+        width = end - start
+        out = loop.drafter.forward_block(loop.expand_rows(loop.tokens[:, start:end]), hid,
+                                         rot[:, d - 1:d].expand(-1, width, *rot.shape[2:]),
+                                         slots[:, start - 1:end - 1], mask[:, :, start - 1:end - 1], self.dcache)
+        if d + 1 < tree.max_depth:  # the deepest forwarded level's outputs are never a parent's hidden
+            self.draft_hidden[:, start:end] = out
         loop.q[:, start:end] = self._dist(out, d)
 
     # -- --dynamic-depth: one segment per level, cut at the first improbable depth -------------
@@ -397,6 +440,7 @@ class DynamicTreePolicy(DrafterPolicy):
         # a tensor, so a captured step reads it at replay (runtime tune varies it in place)
         self.threshold = torch.full((), float(spec.ddd_threshold), device=dev)
         self.drafted = torch.ones(b, dtype=torch.long, device=dev)  # tree levels drafted this iteration
+        self.level_offsets = torch.arange(e, device=dev)  # expansion l sits at drafter position length - 1 + l
         bounds = [0, *spec.ddd_checks, e]
         self._spans = list(zip(bounds[:-1], bounds[1:]))  # expansions of each segment
 
@@ -450,8 +494,11 @@ class DynamicTreePolicy(DrafterPolicy):
             fr = dict(self.fr)
             fr["anc"] = fr["anc"][:, :, : (first + 1) * k]
             blocks = ([], [], [])
+        # RoPE rows and slots of every expansion, once (the drafter cache length does not move)
+        dc, k_slots = self.dcache, self.loop.spec.expansions * k
+        ctx = (self.loop.drafter.rope_rows(dc.length[:, None] + self.level_offsets), dc.block_slots(k_slots))
         for level in range(first + 1, last + 1):
-            fr, block = self._expand(level, fr)
+            fr, block = self._expand(level, fr, ctx)
             for dst, src in zip(blocks, block):
                 dst.append(src)
         if last in checks:  # DDD's heuristic: log of the beam's summed path probability
@@ -484,18 +531,22 @@ class DynamicTreePolicy(DrafterPolicy):
               "hidden": self.draft_hidden[:, :1].expand(loop.rows, k, -1), "anc": c["eye_k"]}
         return fr, ([top.indices], [score], [c["no_parent"]])
 
-    def _expand(self, level: int, fr: dict[str, torch.Tensor]
+    def _expand(self, level: int, fr: dict[str, torch.Tensor], ctx: tuple[torch.Tensor, torch.Tensor]
                 ) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """One EAGLE-2 expansion: the frontier (its ancestor mask fr["anc"] (B, k, level*k) over
         the draft slots so far) through the drafter, its k*k children scored; returns the best
-        k of them as the next frontier, and the children as a candidate block."""
+        k of them as the next frontier, and the children as a candidate block. ctx: the RoPE
+        rows (rows, E, ...) of every expansion and the slots (rows, E*k) of every drafted node."""
         loop, c, b, checks = self.loop, self._c, self.loop.batch, self.loop.spec.ddd_checks
         k = loop.spec.top_k_draft
         base = k + (level - 1) * k * k
-        positions = (self.dcache.length[:, None] - 1 + level).expand(-1, k)
         anc = fr["anc"]
-        out = loop.drafter.forward_cached(loop.expand_rows(fr["tok"]), fr["hidden"], positions,
-                                          loop.expand_rows(anc), self.dcache, offset=(level - 1) * k)
+        rot_all, slots_all = ctx
+        mask = additive_mask(self.dcache.attention_mask(loop.expand_rows(anc), offset=(level - 1) * k),
+                             self.draft_hidden.dtype)
+        out = loop.drafter.forward_block(loop.expand_rows(fr["tok"]), fr["hidden"],
+                                         rot_all[:, level - 1:level].expand(-1, k, *rot_all.shape[2:]),
+                                         slots_all[:, (level - 1) * k: level * k], mask, self.dcache)
         lq = torch.log(self._dist(out, level)).clamp(min=_LOG_FLOOR)  # (B, k, V)
         ch = torch.topk(lq, k, dim=-1)  # (B, k, k)
         scores = child_scores(fr["score"][..., None], ch.values).reshape(b, -1)

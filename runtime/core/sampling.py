@@ -69,7 +69,8 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     logits = logits.float()
     if params.greedy:
         return torch.softmax(logits, dim=-1)
-    logits = logits / max(params.temperature, 1e-5)
+    if params.temperature != 1.0:  # x / 1 == x: no kernel for the common case
+        logits = logits / max(params.temperature, 1e-5)
     if params.top_k > 0:
         k = min(params.top_k, logits.size(-1))
         kth = torch.topk(logits, k, dim=-1).values[..., -1:]

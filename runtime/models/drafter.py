@@ -18,8 +18,8 @@ from torch import nn
 from runtime.models.configs import DrafterConfig
 from runtime.models.gpt import ROPE_EXTRA_ROWS
 from runtime.models.kv_cache import StaticKVCache
-from runtime.models.layers import RMSNorm, SwiGLU, attend
-from runtime.models.rope import apply_rope, rope_table_2d
+from runtime.models.layers import RMSNorm, SwiGLU, additive_mask, attend
+from runtime.models.rope import apply_rope, rope_table_2d, rotation_table
 
 
 class DrafterAttention(nn.Module):
@@ -70,14 +70,15 @@ class Drafter(nn.Module):
         self.fc = nn.Linear(2 * h, h, bias=config.bias)
         self.layers = nn.ModuleList(DrafterLayer(config, i) for i in range(config.num_hidden_layers))
         grid = int(round(config.block_size**0.5))
-        self.freqs_cis = rope_table_2d(grid, config.head_dim, config.rope_base,
-                                       max(config.cls_token_num - 1, 0), ROPE_EXTRA_ROWS + 1)
+        self.rope_rot = rotation_table(rope_table_2d(grid, config.head_dim, config.rope_base,
+                                                     max(config.cls_token_num - 1, 0), ROPE_EXTRA_ROWS + 1))
 
     def rope_rows(self, positions: torch.Tensor) -> torch.Tensor:
-        if self.freqs_cis.device != positions.device:
-            self.freqs_cis = self.freqs_cis.to(positions.device)
+        """Rotation rows (`rotation_table`) for positions (T,) or (B, T)."""
+        if self.rope_rot.device != positions.device:
+            self.rope_rot = self.rope_rot.to(positions.device)
         # clamped: a finished image of a batch keeps stepping past the table (its output is unused)
-        return self.freqs_cis[positions.clamp(max=self.freqs_cis.size(0) - 1)]
+        return self.rope_rot[positions.clamp(max=self.rope_rot.size(0) - 1)]
 
     def _inputs(self, tokens: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         emb = self.embed_tokens(tokens)
@@ -104,12 +105,27 @@ class Drafter(nn.Module):
         tokens: (B, T) long; hidden: (B, T, dim) (target hidden states, or the drafter's own
         predictions inside a tree); block_mask: (T, T) or per row (B, T, T) bool. Returns (B, T, dim).
         """
+        return self.forward_block(tokens, hidden, *self.block_context(positions, block_mask, cache, offset), cache)
+
+    def block_context(self, positions: torch.Tensor, block_mask: torch.Tensor, cache: StaticKVCache,
+                      offset: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What `forward_block` needs for a block of T = block_mask.size(-2) tokens: RoPE rows
+        (..., T, head_dim/2, 2, 2), cache slots (B, T) and the additive mask (B, 1, T, capacity).
+
+        A caller that runs several blocks against one cache length (the levels of a static
+        tree) builds these once for all of them and passes slices (see `StaticTreePolicy`).
+        """
+        t = block_mask.size(-2)
+        mask = additive_mask(cache.attention_mask(block_mask, offset), self.fc.weight.dtype)
+        return self.rope_rows(positions), cache.block_slots(t, offset), mask
+
+    def forward_block(self, tokens: torch.Tensor, hidden: torch.Tensor, rot: torch.Tensor,
+                      slots: torch.Tensor, mask: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
+        """`forward_cached` with its context (`block_context`) given: (B, T) tokens, (B, T, dim)
+        hidden -> (B, T, dim), keys and values written at `slots`."""
         x = self._inputs(tokens, hidden)
-        freqs = self.rope_rows(positions)
-        slots = cache.block_slots(x.size(1), offset)
-        mask = cache.attention_mask(block_mask, offset)
         for i, layer in enumerate(self.layers):
-            x = layer(x, freqs, layer=i, cache=cache, slots=slots, mask=mask)
+            x = layer(x, rot, layer=i, cache=cache, slots=slots, mask=mask)
         return x
 
 

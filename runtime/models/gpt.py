@@ -18,7 +18,7 @@ from torch import nn
 from runtime.models.configs import GPTConfig
 from runtime.models.kv_cache import StaticKVCache
 from runtime.models.layers import RMSNorm, SwiGLU, additive_mask, attend
-from runtime.models.rope import apply_rope, rope_table_2d
+from runtime.models.rope import apply_rope, rope_table_2d, rotation_table
 
 # Zero RoPE rows after the last image token: room for draft tokens that overshoot the image.
 ROPE_EXTRA_ROWS = 64
@@ -129,6 +129,7 @@ class Transformer(nn.Module):
         # Plain attribute, not a buffer: stays fp32 under .to(bf16) and out of the state dict.
         self.freqs_cis = rope_table_2d(config.grid_size, config.head_dim, config.rope_base,
                                        config.cls_token_num, ROPE_EXTRA_ROWS)
+        self.rope_rot = rotation_table(self.freqs_cis)
 
     # -- helpers ---------------------------------------------------------------------------
     def init_weights(self) -> None:
@@ -141,11 +142,11 @@ class Transformer(nn.Module):
         nn.init.zeros_(self.output.weight)
 
     def rope_rows(self, positions: torch.Tensor) -> torch.Tensor:
-        """RoPE table rows for sequence positions (T,) or (B, T) -> (..., head_dim/2, 2) fp32."""
-        if self.freqs_cis.device != positions.device:
-            self.freqs_cis = self.freqs_cis.to(positions.device)
+        """Rotation rows (`rotation_table`) for sequence positions (T,) or (B, T) -> (..., head_dim/2, 2, 2) fp32."""
+        if self.rope_rot.device != positions.device:
+            self.rope_rot = self.rope_rot.to(positions.device)
         # clamped: a finished image of a batch keeps stepping past the table (its output is unused)
-        return self.freqs_cis[positions.clamp(max=self.freqs_cis.size(0) - 1)]
+        return self.rope_rot[positions.clamp(max=self.rope_rot.size(0) - 1)]
 
     @property
     def max_position(self) -> int:
