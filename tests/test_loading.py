@@ -598,3 +598,29 @@ def test_t5_encoder_needs_a_local_folder(tmp_path):
     with pytest.raises(UserError, match=r"empty: no config\.json"):
         T5Encoder(tmp_path / "empty")
 
+
+
+def test_drafter_fused_projections_load_every_part(tiny_drafter):
+    """q/k/v and gate/up run as one matmul each, but load from (and save as) the separate
+    layers' keys: every part of a state dict lands in the fused weight."""
+    from runtime.models.drafter import Drafter
+
+    drafter, _ = tiny_drafter
+    state = drafter.state_dict()
+    torch.manual_seed(7)
+    fresh = load_state_dict_strict(Drafter(drafter.config), state, "drafter.safetensors")
+    attn, mlp = fresh.layers[0].self_attn, fresh.layers[0].mlp
+    q, k, v = (state[f"layers.0.self_attn.{n}_proj.weight"] for n in "qkv")
+    assert torch.equal(attn.qkv.weight, torch.cat([q, k, v]))
+    assert torch.equal(mlp.gate_up.weight, torch.cat([state["layers.0.mlp.gate_proj.weight"],
+                                                      state["layers.0.mlp.up_proj.weight"]]))
+    x = torch.randn(2, 3, drafter.config.hidden_size)
+    assert torch.equal(fresh.layers[0].mlp(x), drafter.layers[0].mlp(x))
+
+
+def test_strict_load_refuses_a_module_whose_hooks_drop_a_key():
+    """A key the check accepted but the module never loaded is a bug, not a silent random weight."""
+    module = small_module()
+    module.register_load_state_dict_pre_hook(lambda _m, state, prefix, *_: state.pop(prefix + "0.bias"))
+    with pytest.raises(RuntimeError, match="left '0.bias' unloaded"):
+        load_state_dict_strict(module, small_module().state_dict(), "a.pt")

@@ -35,7 +35,6 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from runtime.models.layers import additive_mask
 from runtime.core.tree import StaticTree, TreeBuffers, buffers_from_parents, load_tree, static_buffers
 
 if TYPE_CHECKING:
@@ -46,17 +45,20 @@ _SMALLEST_NORMAL = 1.1754944e-38
 _LOG_FLOOR = -80.0
 
 
-def child_scores(parent: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
+def child_scores(parent: torch.Tensor, logq: torch.Tensor, neg_inf: torch.Tensor | None = None) -> torch.Tensor:
     """EAGLE-2 score of children: parent score + log q, strictly below the parent's score.
 
     parent broadcasts against logq. A child with log q == 0 (or one whose log q is lost in
     float32 rounding at large |score|) would tie its parent; it takes the next float below
-    instead, so in any top-n selection a kept child implies a kept parent.
+    instead, so in any top-n selection a kept child implies a kept parent. neg_inf: a 0-d
+    -inf on parent's device (the drafting policy keeps one, so a step makes no constant).
     """
-    below = torch.nextafter(parent, torch.full_like(parent, float("-inf")))
-    # next to 0 the next float is denormal, which a flush-to-zero CPU mode (set by compiled
-    # kernels) turns back into 0: step down by the smallest normal float there instead
-    below = torch.minimum(below, parent - _SMALLEST_NORMAL)
+    if neg_inf is None:
+        neg_inf = torch.full((), float("-inf"), device=parent.device)
+    # Next to 0 the next float is denormal, which a flush-to-zero CPU mode (set by compiled
+    # kernels) turns back into 0: stepping down from parent - (smallest normal) stays normal
+    # there, and equals stepping down from parent wherever |parent| > 2^-102.
+    below = torch.nextafter(parent - _SMALLEST_NORMAL, neg_inf)
     return torch.minimum(parent + logq, below)
 
 
@@ -421,7 +423,8 @@ class DynamicTreePolicy(DrafterPolicy):
         earlier = torch.ones(n1, n1, dtype=torch.bool, device=dev).tril(-1)
         earlier[:, 0] = False  # the root shares parent id 0 with its children but is no sibling
         self._c = {
-            "zero": torch.zeros((), device=dev), "zero_long": torch.zeros(b, 1, dtype=torch.long, device=dev),
+            "zero": torch.zeros((), device=dev), "neg_inf": torch.full((), float("-inf"), device=dev),
+            "zero_long": torch.zeros(b, 1, dtype=torch.long, device=dev),
             "no_parent": torch.full((b, k), -1, dtype=torch.long, device=dev),
             "arange_k": torch.arange(k, device=dev).expand(b, k),
             "eye_k": torch.eye(k, dtype=torch.bool, device=dev).expand(b, k, k),
@@ -494,9 +497,11 @@ class DynamicTreePolicy(DrafterPolicy):
             fr = dict(self.fr)
             fr["anc"] = fr["anc"][:, :, : (first + 1) * k]
             blocks = ([], [], [])
-        # RoPE rows and slots of every expansion, once (the drafter cache length does not move)
+        # RoPE rows, slots and mask columns of every expansion, once (the drafter cache length
+        # does not move while the tree is drafted)
         dc, k_slots = self.dcache, self.loop.spec.expansions * k
-        ctx = (self.loop.drafter.rope_rows(dc.length[:, None] + self.level_offsets), dc.block_slots(k_slots))
+        ctx = (self.loop.drafter.rope_rows(dc.length[:, None] + self.level_offsets), dc.block_slots(k_slots),
+               dc.mask_columns(k_slots))
         for level in range(first + 1, last + 1):
             fr, block = self._expand(level, fr, ctx)
             for dst, src in zip(blocks, block):
@@ -522,7 +527,7 @@ class DynamicTreePolicy(DrafterPolicy):
         loop, c, k = self.loop, self._c, self.loop.spec.top_k_draft
         logq = torch.log(loop.q[:, 0]).clamp(min=_LOG_FLOOR)  # log 0 = -inf -> the floor
         top = torch.topk(logq, k)  # (B, k)
-        score = child_scores(c["zero"], top.values)
+        score = child_scores(c["zero"], top.values, c["neg_inf"])
         if loop.spec.ddd_checks:  # stale expansions of the last iteration must not be selected
             self.cand_score[:, k:] = float("-inf")
             self.alive.fill_(True)
@@ -531,25 +536,25 @@ class DynamicTreePolicy(DrafterPolicy):
               "hidden": self.draft_hidden[:, :1].expand(loop.rows, k, -1), "anc": c["eye_k"]}
         return fr, ([top.indices], [score], [c["no_parent"]])
 
-    def _expand(self, level: int, fr: dict[str, torch.Tensor], ctx: tuple[torch.Tensor, torch.Tensor]
+    def _expand(self, level: int, fr: dict[str, torch.Tensor], ctx: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
                 ) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """One EAGLE-2 expansion: the frontier (its ancestor mask fr["anc"] (B, k, level*k) over
         the draft slots so far) through the drafter, its k*k children scored; returns the best
         k of them as the next frontier, and the children as a candidate block. ctx: the RoPE
-        rows (rows, E, ...) of every expansion and the slots (rows, E*k) of every drafted node."""
+        rows (rows, E, ...) of every expansion, the slots (rows, E*k) of every drafted node and
+        the drafter cache's `mask_columns(E*k)`."""
         loop, c, b, checks = self.loop, self._c, self.loop.batch, self.loop.spec.ddd_checks
         k = loop.spec.top_k_draft
         base = k + (level - 1) * k * k
         anc = fr["anc"]
-        rot_all, slots_all = ctx
-        mask = additive_mask(self.dcache.attention_mask(loop.expand_rows(anc), offset=(level - 1) * k),
-                             self.draft_hidden.dtype)
+        rot_all, slots_all, columns = ctx
+        mask = self.dcache.additive_mask_from(columns, slots_all.size(1), loop.expand_rows(anc))
         out = loop.drafter.forward_block(loop.expand_rows(fr["tok"]), fr["hidden"],
                                          rot_all[:, level - 1:level].expand(-1, k, *rot_all.shape[2:]),
                                          slots_all[:, (level - 1) * k: level * k], mask, self.dcache)
         lq = torch.log(self._dist(out, level)).clamp(min=_LOG_FLOOR)  # (B, k, V)
         ch = torch.topk(lq, k, dim=-1)  # (B, k, k)
-        scores = child_scores(fr["score"][..., None], ch.values).reshape(b, -1)
+        scores = child_scores(fr["score"][..., None], ch.values, c["neg_inf"]).reshape(b, -1)
         if checks and level > checks[0]:  # an image that stopped adds nothing
             self.drafted += self.alive.long()
             scores = torch.where(self.alive[:, None], scores, float("-inf"))

@@ -18,7 +18,7 @@ from torch import nn
 from runtime.models.configs import DrafterConfig
 from runtime.models.gpt import ROPE_EXTRA_ROWS
 from runtime.models.kv_cache import StaticKVCache
-from runtime.models.layers import RMSNorm, SwiGLU, additive_mask, attend
+from runtime.models.layers import RMSNorm, SwiGLU, attach_fused_linear, attend
 from runtime.models.rope import apply_rope, rope_table_2d, rotation_table
 
 
@@ -28,16 +28,18 @@ class DrafterAttention(nn.Module):
         self.n_head, self.kv_heads, self.head_dim = (cfg.num_attention_heads,
                                                      cfg.num_key_value_heads, cfg.head_dim)
         h = cfg.hidden_size
-        self.q_proj = nn.Linear(h, self.n_head * self.head_dim, bias=cfg.qkv_bias)
-        self.k_proj = nn.Linear(h, self.kv_heads * self.head_dim, bias=cfg.qkv_bias)
-        self.v_proj = nn.Linear(h, self.kv_heads * self.head_dim, bias=cfg.qkv_bias)
+        # q, k and v in one matmul; the state dict keeps q_proj / k_proj / v_proj
+        self.qkv = attach_fused_linear(self, "qkv", h, {"q_proj": self.n_head * self.head_dim,
+                                                        "k_proj": self.kv_heads * self.head_dim,
+                                                        "v_proj": self.kv_heads * self.head_dim}, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(self.n_head * self.head_dim, h, bias=False)
 
     def forward(self, x: torch.Tensor, freqs: torch.Tensor, **attn_kw) -> torch.Tensor:
         b, t, _ = x.shape
-        qk = torch.cat([self.q_proj(x), self.k_proj(x)], -1).view(b, t, self.n_head + self.kv_heads, self.head_dim)
-        q, k = apply_rope(qk, freqs).split([self.n_head, self.kv_heads], dim=2)  # one rotation for both
-        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim)
+        heads = self.n_head + self.kv_heads
+        qk, v = self.qkv.whole(x).split([heads * self.head_dim, self.kv_heads * self.head_dim], dim=-1)
+        q, k = apply_rope(qk.view(b, t, heads, self.head_dim), freqs).split([self.n_head, self.kv_heads], dim=2)
+        v = v.view(b, t, self.kv_heads, self.head_dim)
         out = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **attn_kw)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
@@ -49,7 +51,7 @@ class DrafterLayer(nn.Module):
             self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = DrafterAttention(cfg)
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size,
-                          names=("gate_proj", "up_proj", "down_proj"))
+                          names=("gate_proj", "up_proj", "down_proj"), fused=True)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, freqs: torch.Tensor, **attn_kw) -> torch.Tensor:
@@ -116,8 +118,7 @@ class Drafter(nn.Module):
         tree) builds these once for all of them and passes slices (see `StaticTreePolicy`).
         """
         t = block_mask.size(-2)
-        mask = additive_mask(cache.attention_mask(block_mask, offset), self.fc.weight.dtype)
-        return self.rope_rows(positions), cache.block_slots(t, offset), mask
+        return self.rope_rows(positions), cache.block_slots(t, offset), cache.additive_mask(block_mask, offset)
 
     def forward_block(self, tokens: torch.Tensor, hidden: torch.Tensor, rot: torch.Tensor,
                       slots: torch.Tensor, mask: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:

@@ -17,7 +17,7 @@ from torch import nn
 
 from runtime.models.configs import GPTConfig
 from runtime.models.kv_cache import StaticKVCache
-from runtime.models.layers import RMSNorm, SwiGLU, additive_mask, attend
+from runtime.models.layers import RMSNorm, SwiGLU, attend
 from runtime.models.rope import apply_rope, rope_table_2d, rotation_table
 
 # Zero RoPE rows after the last image token: room for draft tokens that overshoot the image.
@@ -233,7 +233,7 @@ class Transformer(nn.Module):
         """
         freqs = self.rope_rows(positions)
         slots = cache.block_slots(x.size(1), offset)
-        mask = additive_mask(cache.attention_mask(block_mask, offset), x.dtype)
+        mask = cache.additive_mask(block_mask, offset)
         for i, layer in enumerate(self.layers):
             x = layer(x, freqs, layer=i, cache=cache, slots=slots, mask=mask)
         return self.norm(x)

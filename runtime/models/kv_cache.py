@@ -42,8 +42,9 @@ class StaticKVCache:
         self.prefix_valid = torch.ones(batch, capacity, device=device, dtype=torch.bool)
         self.slot_ids = torch.arange(capacity, device=device)
         self.slot_ids_1 = self.slot_ids + 1
-        self.true_col = torch.ones(1, 1, 1, dtype=torch.bool, device=device)
-        self.false_col = torch.zeros(1, 1, 1, dtype=torch.bool, device=device)
+        # the two values of an additive mask, made here: a captured step must not allocate constants
+        self._zero = torch.zeros((), device=device, dtype=dtype)
+        self._neg_inf = torch.full((), float("-inf"), device=device, dtype=dtype)
         self.row_ids = torch.arange(batch, device=device)[:, None]
         self.capacity = capacity
         self.batch = batch
@@ -58,24 +59,38 @@ class StaticKVCache:
         length + offset + arange(block_len)."""
         return self.length[:, None] + offset + self.slot_ids[:block_len]
 
-    def attention_mask(self, block_mask: torch.Tensor, offset: int = 0) -> torch.Tensor:
-        """Mask for a block of T new tokens over the whole cache, (batch, 1, T, capacity) bool.
+    def mask_columns(self, width: int) -> torch.Tensor:
+        """(batch, capacity) long: each slot's column in a [committed | block of `width` | beyond]
+        table, for `additive_mask_from`. A padded condition slot (prefix_valid False, always
+        committed) reads the "beyond" column. Depends only on `length`, so a caller that
+        builds several masks against one length (the levels of a draft) computes it once."""
+        col = (self.slot_ids_1 - self.length[:, None]).clamp(0, width + 1)
+        return torch.where(self.prefix_valid, col, width + 1)
+
+    def additive_mask_from(self, columns: torch.Tensor, width: int, block_mask: torch.Tensor) -> torch.Tensor:
+        """Additive mask (batch, 1, T, capacity) in the cache dtype: 0 where a query sees a slot,
+        -inf elsewhere (what scaled_dot_product_attention makes of a boolean mask).
+
+        columns: `mask_columns(width)`; block_mask: (T, w) or per row (batch, T, w) bool with
+        w <= width: which of the uncommitted slots length .. length+w-1 each query sees (the
+        block's slots past w are masked). Three kernels: a where, a cat and a gather.
+        """
+        t, w = block_mask.shape[-2:]
+        block = torch.where(block_mask, self._zero, self._neg_inf).expand(self.batch, t, w)
+        table = torch.cat([self._zero.expand(self.batch, t, 1), block,
+                           self._neg_inf.expand(self.batch, t, width - w + 1)], 2)
+        return table.gather(2, columns[:, None, :].expand(self.batch, t, self.capacity))[:, None]
+
+    def additive_mask(self, block_mask: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """Additive mask (batch, 1, T, capacity) for a block of T new tokens over the whole cache.
 
         A query sees every committed slot (< length) that is a valid prefix position, plus the
         uncommitted slots length .. length+offset+T-1 where `block_mask` allows: shape
         (T, offset+T) or per row (batch, T, offset+T). `offset` > 0 is used when a tree is
         written level by level: earlier levels sit at length .. length+offset-1.
         """
-        t, w = block_mask.shape[-2:]
-        # column of each slot in [committed | block | beyond]: 0, 1..w, w+1
-        col = (self.slot_ids_1 - self.length[:, None]).clamp(0, w + 1)  # (B, cap)
-        if block_mask.dim() == 2:
-            block_mask = block_mask[None]
-        block = block_mask.expand(self.batch, t, w).to(torch.bool)
-        table = torch.cat([self.true_col.expand(self.batch, t, 1), block, self.false_col.expand(self.batch, t, 1)], 2)
-        seen = table.gather(2, col[:, None, :].expand(self.batch, t, self.capacity))
-        # prefix_valid is False only on padded condition slots, all committed
-        return (seen & self.prefix_valid[:, None, :])[:, None]
+        width = block_mask.size(-1)
+        return self.additive_mask_from(self.mask_columns(width), width, block_mask)
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store k, v (batch, kv_heads, T, head_dim) of `layer` at `slots` (batch, T)."""

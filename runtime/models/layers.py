@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -63,12 +63,6 @@ class RMSNorm(nn.Module):
         return normed.type_as(x) * self.weight
 
 
-def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """A boolean attention mask as the additive mask (0 where allowed, -inf elsewhere) that
-    scaled_dot_product_attention builds from it: built once per forward, not once per layer."""
-    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
-
-
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layer: int,
            cache: StaticKVCache | None, slots: torch.Tensor | None,
            mask: torch.Tensor | None) -> torch.Tensor:
@@ -76,7 +70,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layer: int,
 
     q: (B, H, T, D); k, v: (B, KV, T, D) for the T new tokens (already rotated).
     With a cache, k and v are stored at `slots` and attention reads all `capacity` slots
-    under `mask` (B, 1, T, capacity), bool or additive (`additive_mask`). Without one, `mask` is (B, 1, T, T) or None (causal).
+    under `mask` (B, 1, T, capacity), bool or additive (`StaticKVCache.additive_mask`, built once per forward). Without one, `mask` is (B, 1, T, T) or None (causal).
     Returns (B, H, T, D).
     """
     if cache is not None:
@@ -98,17 +92,80 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor 
     return F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask)
 
 
-class SwiGLU(nn.Module):
-    """w2(silu(w1 x) * w3 x). Names are parameterised so the drafter can keep HF names."""
+class FusedLinear(nn.Linear):
+    """Several Linear layers over the same input as one matmul (one kernel instead of one
+    per part plus a concatenation); `forward` returns the parts.
 
-    def __init__(self, dim: int, hidden: int, names: tuple[str, str, str] = ("w1", "w3", "w2")) -> None:
+    Build it with `attach_fused_linear`, which makes it attribute `attr` of its owner. The
+    state dict keeps one entry per part, named as the separate layers were
+    (`{owner prefix}{part}.weight`, `.bias`), so checkpoints keep their layout and key checks
+    see the names they always saw; loading concatenates the parts back. The join is the
+    owner's load hook because PyTorch hands a child module only the keys under its own
+    prefix, where the parts' names are not.
+    """
+
+    def __init__(self, in_features: int, parts: dict[str, int], bias: bool, attr: str) -> None:
+        super().__init__(in_features, sum(parts.values()), bias=bias)
+        self.parts, self.attr = dict(parts), attr
+        self.register_state_dict_post_hook(FusedLinear._split_state)
+
+    @staticmethod
+    def _split_state(module: "FusedLinear", state: dict, prefix: str, _meta: Any) -> None:
+        owner = prefix[: len(prefix) - len(module.attr) - 1]  # "...self_attn.qkv." -> "...self_attn."
+        for kind in ("weight", "bias"):
+            whole = state.pop(prefix + kind, None)
+            if whole is not None:
+                for name, part in zip(module.parts, whole.split(list(module.parts.values()), dim=0)):
+                    state[f"{owner}{name}.{kind}"] = part
+
+    def _join_state(self, _owner: nn.Module, state: dict, prefix: str, *_: Any) -> None:
+        for kind in ("weight", "bias"):
+            keys = [f"{prefix}{name}.{kind}" for name in self.parts]
+            if all(k in state for k in keys):
+                state[f"{prefix}{self.attr}.{kind}"] = torch.cat([state.pop(k) for k in keys], dim=0)
+
+    def whole(self, x: torch.Tensor) -> torch.Tensor:
+        """The parts side by side (..., sum of part sizes), in the order given."""
+        return super().forward(x)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:  # type: ignore[override]
+        return self.whole(x).split(list(self.parts.values()), dim=-1)
+
+
+def attach_fused_linear(owner: nn.Module, attr: str, in_features: int, parts: dict[str, int],
+                        bias: bool) -> FusedLinear:
+    """`owner.<attr>` = a FusedLinear of `parts` (name -> output size), its state-dict entries
+    named `<part>.weight` / `.bias` under the owner, as separate layers would be."""
+    fused = FusedLinear(in_features, parts, bias, attr)
+    setattr(owner, attr, fused)
+    owner.register_load_state_dict_pre_hook(fused._join_state)
+    return fused
+
+
+class SwiGLU(nn.Module):
+    """w2(silu(w1 x) * w3 x). Names are parameterised so the drafter can keep HF names.
+
+    `fused`: gate and up as one matmul (`FusedLinear`; the state dict still holds them
+    separately). The target keeps two matmuls: a fused one rounds differently on some BLAS
+    kernels, and the target must compute what the reference LlamaGen computes bit for bit.
+    """
+
+    def __init__(self, dim: int, hidden: int, names: tuple[str, str, str] = ("w1", "w3", "w2"),
+                 fused: bool = False) -> None:
         super().__init__()
-        self.names = names
         gate, up, down = names
-        setattr(self, gate, nn.Linear(dim, hidden, bias=False))
-        setattr(self, up, nn.Linear(dim, hidden, bias=False))
+        self.names, self.fused = names, fused
+        if fused:
+            attach_fused_linear(self, "gate_up", dim, {gate: hidden, up: hidden}, bias=False)
+        else:
+            setattr(self, gate, nn.Linear(dim, hidden, bias=False))
+            setattr(self, up, nn.Linear(dim, hidden, bias=False))
         setattr(self, down, nn.Linear(hidden, dim, bias=False))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up, down = (getattr(self, n) for n in self.names)
-        return down(F.silu(gate(x)) * up(x))
+        gate_name, up_name, down_name = self.names
+        if self.fused:
+            gate, up = self.gate_up(x)
+        else:
+            gate, up = getattr(self, gate_name)(x), getattr(self, up_name)(x)
+        return getattr(self, down_name)(F.silu(gate) * up)

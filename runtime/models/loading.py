@@ -174,7 +174,12 @@ def load_state_dict_strict(module: nn.Module, state: Mapping[str, Tensor], sourc
     """Copy `state` into `module` after `check_state_dict`; buffers absent from the file (only the
     VQ usage buffer qualifies) keep the module's values. Returns `module`."""
     state = check_state_dict(module, state, source, hint)
-    module.load_state_dict(state, strict=False)
+    result = module.load_state_dict(state, strict=False)
+    # every checked key must land; one that does not is a module's bug (its load hooks), not the file's
+    unset = [k for k in result.missing_keys if not _HARMLESS_MISSING.search(k)] + list(result.unexpected_keys)
+    if unset:
+        raise RuntimeError(f"{source}: {type(module).__name__} left {unset[0]!r} unloaded "
+                           f"({len(unset)} keys): its state-dict hooks and its keys disagree")
     return module
 
 
