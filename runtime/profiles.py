@@ -25,7 +25,6 @@ import dataclasses
 import importlib.resources
 import math
 import re
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,14 +33,8 @@ from typing import Any
 import torch
 
 from runtime.errors import UserError
+from runtime.toml_compat import tomllib
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on Python 3.10 only
-    try:
-        import tomli as tomllib
-    except ImportError:
-        tomllib = None  # type: ignore[assignment]
 
 PROFILE_PACKAGE = "profiles"
 DTYPE_NAMES: tuple[str, ...] = ("bf16", "fp16", "fp32")
@@ -266,8 +259,6 @@ def parse_profile(text: str, *, source: str, name: str, base_dir: Path | None = 
 
     A tree given as a relative path is resolved against ``base_dir`` (the profile's folder).
     """
-    if tomllib is None:  # pragma: no cover - Python 3.10 without tomli
-        raise UserError(f"{source}: reading profiles on Python 3.10 needs tomli; pip install tomli")
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:

@@ -22,7 +22,6 @@ leading batch dim B (`TreeBuffers.batched`); a static tree is shared by the whol
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -30,6 +29,7 @@ from pathlib import Path
 import torch
 
 from runtime.errors import UserError
+from runtime.toml_compat import tomllib
 
 
 @dataclass(frozen=True)
