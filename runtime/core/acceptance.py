@@ -36,7 +36,7 @@ import torch
 
 import torch.nn.functional as F
 
-from runtime.core.rng import CounterRNG, gumbel_from_uniform
+from runtime.core.rng import CounterRNG, exponential_from_uniform
 from runtime.core.tree import TreeBuffers
 
 _EPS = 1e-12
@@ -263,9 +263,9 @@ def accept_sampling(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers, rn
     """
     b, n1 = tokens.shape
     v = p.size(-1)
-    # one draw per node (its acceptance test) and one Gumbel row for the bonus
+    # one draw per node (its acceptance test) and one noise row for the bonus
     noise = rng.uniform(b, n1 + v)
-    u, gumbel = noise[:, :n1], gumbel_from_uniform(noise[:, n1:])
+    u, expo = noise[:, :n1], exponential_from_uniform(noise[:, n1:])
     t, rows = tree.per_image(b), torch.arange(b, device=p.device)
     weights = tree.walk_weights()
     if q is None:
@@ -302,7 +302,7 @@ def accept_sampling(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers, rn
     else:
         r = bonus_rows(best, rows)
     r = torch.where(r.sum(-1, keepdim=True) > 0, r, p_best)
-    bonus = torch.argmax(torch.log(r) + gumbel, dim=-1)
+    bonus = torch.argmax(r / expo, dim=-1)  # exponential race (see sampling.sample)
     relax_mass = (shift * w.on_path).sum(-1) if relax.active else torch.zeros_like(bonus, dtype=p.dtype)
     return Accepted(path, count, bonus, relax_mass)
 
@@ -497,7 +497,7 @@ def accept_grouped(tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor, tree:
     b, n1 = tokens.shape
     v = p.size(-1)
     noise = rng.uniform(b, n1 + v)
-    u, gumbel = noise[:, :n1], gumbel_from_uniform(noise[:, n1:])
+    u, expo = noise[:, :n1], exponential_from_uniform(noise[:, n1:])
     flat_p, flat_q = p.reshape(b * n1, v), q.reshape(b * n1, v)
     child = tree.children[:, 0]  # (N+1,) -1 at the leaf
     x = tokens[:, child.clamp(min=0)].reshape(b * n1, 1)
@@ -513,7 +513,7 @@ def accept_grouped(tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor, tree:
     p_best = p[rows, best]
     res = (p_best - q[rows, best]).clamp(min=0.0) * (child[best] >= 0)[:, None]
     r = torch.where(res.sum(-1, keepdim=True) > 0, res, p_best)
-    bonus = torch.argmax(torch.log(r) + gumbel, dim=-1)
+    bonus = torch.argmax(r / expo, dim=-1)  # exponential race (see sampling.sample)
     bound_node = bound_par[:, tree.parent] * (tree.depth > 0)[None]
     mass = (bound_node * w.on_path).sum(-1) + bound_par[rows, best]
     return Accepted(path, count, bonus, mass)

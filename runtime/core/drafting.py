@@ -35,7 +35,8 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from runtime.core.tree import StaticTree, TreeBuffers, buffers_from_parents, load_tree, static_buffers
+from runtime.core.tree import (StaticTree, TreeBuffers, buffers_from_parents, load_tree, static_buffers,
+                               tree_constants)
 
 if TYPE_CHECKING:
     from runtime.core.decoder import Decoder
@@ -152,7 +153,8 @@ class DrafterPolicy(DraftPolicy):
         self.pend_tokens = torch.zeros(loop.batch, m, dtype=torch.long, device=dev)
         self.pend_hidden = torch.zeros(rows, m, loop.target.config.dim, device=dev, dtype=loop.dtype)
         self.pend_count = torch.ones(loop.batch, dtype=torch.long, device=dev)
-        self.causal_m = torch.ones(m, m, dtype=torch.bool, device=dev).tril()
+        # the pending block's causal mask, additive once (not per draft)
+        self.causal_m = self.dcache.additive(torch.ones(m, m, dtype=torch.bool, device=dev).tril())
 
     def start(self, i: int, rows: torch.Tensor, hidden: torch.Tensor, first: torch.Tensor,
               cond_mask: torch.Tensor | None) -> None:
@@ -248,7 +250,8 @@ class StaticTreePolicy(DrafterPolicy):
             contiguous = par[a:b] == sorted(par[a:b]) and len(set(par[a:b])) == hi - lo + 1
             self.parent_range.append((lo, hi + 1) if contiguous and all(par[a:b].count(x) == (b - a) // (hi - lo + 1)
                                                                           for x in range(lo, hi + 1)) else None)
-        self.tree_mask = tree.ancestor_mask[1:, 1:].contiguous()  # drafted nodes over drafted slots
+        # drafted nodes over drafted slots (`tree_mask`: additive, made in `allocate`)
+        self.tree_seen = tree.ancestor_mask[1:, 1:].contiguous()
         self.level_offsets = torch.arange(tree.max_depth, device=device)
         return tree
 
@@ -272,10 +275,10 @@ class StaticTreePolicy(DrafterPolicy):
         return rot, slots, mask
 
     def _noise(self) -> torch.Tensor:
-        """Sampled drafts: the Gumbel noise of every level in one draw (rows = nodes with
+        """Sampled drafts: the exponential noise of every level in one draw (rows = nodes with
         children-to-be, i.e. all nodes above the deepest level), one RNG call per step."""
         loop = self.loop
-        return loop.rng.gumbel(loop.batch, self.levels[-1][0], loop.vocab)
+        return loop.rng.exponential(loop.batch, self.levels[-1][0], loop.vocab)
 
     def _pick(self, d: int, noise: torch.Tensor | None) -> None:
         """Level d's tokens: each parent's top-k (greedy) or k samples without replacement."""
@@ -286,8 +289,8 @@ class StaticTreePolicy(DrafterPolicy):
         k = self.level_grid[d - 1] or tree.max_children
         if noise is None:
             cand = torch.topk(q, k, dim=-1).indices  # (B, parents, k)
-        else:  # Gumbel-top-k
-            cand = torch.topk(torch.log(q) + noise[:, parent_start:parent_end], k, dim=-1).indices
+        else:  # Gumbel-top-k as an exponential race: q / E orders as log q - log E (one op, not two)
+            cand = torch.topk(q / noise[:, parent_start:parent_end], k, dim=-1).indices
         if self.level_grid[d - 1] is not None:
             loop.tokens[:, start:end].view(cand.shape).copy_(cand)
         else:
@@ -316,6 +319,7 @@ class StaticTreePolicy(DrafterPolicy):
     # -- --dynamic-depth: one segment per level, cut at the first improbable depth -------------
     def allocate(self, committed: int) -> None:
         super().allocate(committed)
+        self.tree_mask = self.dcache.additive(self.tree_seen)
         if self.loop.spec.dynamic_depth is None:
             return
         loop = self.loop
@@ -418,27 +422,34 @@ class DynamicTreePolicy(DrafterPolicy):
         loop = self.loop
         spec, dev, n1, b = loop.spec, loop.device, self.tree.size, loop.batch
         k, e = spec.top_k_draft, spec.expansions
-        self.n_cand = k + e * k * k
         # constants of every EAGLE-2 draft, built once (a captured step would rebuild them)
         earlier = torch.ones(n1, n1, dtype=torch.bool, device=dev).tril(-1)
         earlier[:, 0] = False  # the root shares parent id 0 with its children but is no sibling
+        self.n_cand = k + e * k * k
+        # a candidate's parent is another candidate's id, or n_cand for the root's children:
+        # `_select` maps ids to tree nodes through one table whose last entry is the root
+        self._tree_consts = tree_constants(n1, self.tree.max_depth, dev)
         self._c = {
-            "zero": torch.zeros((), device=dev), "neg_inf": torch.full((), float("-inf"), device=dev),
+            "neg_inf": torch.full((), float("-inf"), device=dev),
             "zero_long": torch.zeros(b, 1, dtype=torch.long, device=dev),
-            "no_parent": torch.full((b, k), -1, dtype=torch.long, device=dev),
+            "no_parent": torch.full((b, k), self.n_cand, dtype=torch.long, device=dev),
             "arange_k": torch.arange(k, device=dev).expand(b, k),
-            "eye_k": torch.eye(k, dtype=torch.bool, device=dev).expand(b, k, k),
-            "arange_nodes": torch.arange(n1 - 1, device=dev).expand(b, n1 - 1), "earlier": earlier,
+            # a frontier's ancestor mask over the draft slots is kept additive (0 / -inf), so the
+            # drafter's attention mask takes it as is
+            "eye_k": self.dcache.additive(torch.eye(k, dtype=torch.bool, device=dev)).expand(b, k, k),
+            "arange_nodes": torch.arange(1, n1, device=dev).expand(b, n1 - 1), "earlier": earlier,
         }
+        zero = torch.zeros((), device=dev)
+        self._c["root_below"] = child_scores(zero, zero, self._c["neg_inf"])  # the root's score is 0
         # candidates (root's top-k, then k*k per expansion) and the frontier between segments
         self.cand_tok = torch.zeros(b, self.n_cand, dtype=torch.long, device=dev)
         self.cand_score = torch.zeros(b, self.n_cand, device=dev)
-        self.cand_parent = torch.full((b, self.n_cand), -1, dtype=torch.long, device=dev)
+        self.cand_parent = torch.full((b, self.n_cand), self.n_cand, dtype=torch.long, device=dev)
         # the frontier between segments (ddd); `anc` also serves within one
         self.fr = {"tok": torch.zeros(b, k, dtype=torch.long, device=dev), "score": torch.zeros(b, k, device=dev),
                    "ids": torch.zeros(b, k, dtype=torch.long, device=dev),
                    "hidden": torch.zeros(loop.rows, k, loop.drafter.config.hidden_size, device=dev, dtype=loop.dtype),
-                   "anc": torch.zeros(b, k, e * k, dtype=torch.bool, device=dev)}
+                   "anc": torch.zeros(b, k, e * k, device=dev, dtype=self.dcache.k_all.dtype)}
         self.alive = torch.ones(b, dtype=torch.bool, device=dev)  # ddd: still drafting
         # a tensor, so a captured step reads it at replay (runtime tune varies it in place)
         self.threshold = torch.full((), float(spec.ddd_threshold), device=dev)
@@ -527,7 +538,7 @@ class DynamicTreePolicy(DrafterPolicy):
         loop, c, k = self.loop, self._c, self.loop.spec.top_k_draft
         logq = torch.log(loop.q[:, 0]).clamp(min=_LOG_FLOOR)  # log 0 = -inf -> the floor
         top = torch.topk(logq, k)  # (B, k)
-        score = child_scores(c["zero"], top.values, c["neg_inf"])
+        score = torch.minimum(top.values, c["root_below"])  # = child_scores(0, top.values): one op
         if loop.spec.ddd_checks:  # stale expansions of the last iteration must not be selected
             self.cand_score[:, k:] = float("-inf")
             self.alive.fill_(True)
@@ -578,13 +589,14 @@ class DynamicTreePolicy(DrafterPolicy):
             tok, score, par = self.cand_tok, self.cand_score, self.cand_parent
         n1 = self.tree.size
         sel = torch.topk(score, n1 - 1).indices.sort().values  # parents before children
-        inv = torch.full((b, self.n_cand), -1, dtype=torch.long, device=dev)
-        inv.scatter_(1, sel, c["arange_nodes"])
-        sel_par = par.gather(1, sel)
-        node_parent = torch.where(sel_par < 0, 0, inv.gather(1, sel_par.clamp(min=0)) + 1)
-        parent = torch.cat([c["zero_long"], node_parent], 1)
-        rank = ((parent[:, :, None] == parent[:, None, :]) & c["earlier"]).sum(-1)
-        built = buffers_from_parents(parent, rank, self.tree.max_depth, self.tree.max_children)
+        # node of each candidate id (n_cand: the root, node 0); a kept node's parent is kept
+        node_of = torch.zeros(b, self.n_cand + 1, dtype=torch.long, device=dev)
+        node_of.scatter_(1, sel, c["arange_nodes"])
+        parent = torch.cat([c["zero_long"], node_of.gather(1, par.gather(1, sel))], 1)
+        # selected in candidate order, so a parent's children come in rank order
+        sib = (parent[:, :, None] == parent[:, None, :]) & c["earlier"]
+        built = buffers_from_parents(parent, sib.sum(-1), self.tree.max_depth, self.tree.max_children,
+                                     earlier_sibling=sib, consts=self._tree_consts)
         t = self.tree
         for dst, src in ((t.parent, built.parent), (t.depth, built.depth), (t.rank, built.rank),
                          (t.ancestor_mask, built.ancestor_mask), (t.children, built.children),

@@ -106,6 +106,11 @@ class CounterRNG:
     def gumbel(self, *shape: int, streams: torch.Tensor | None = None) -> torch.Tensor:
         return gumbel_from_uniform(self.uniform(*shape, streams=streams))
 
+    def exponential(self, *shape: int, streams: torch.Tensor | None = None) -> torch.Tensor:
+        """Standard exponential noise E = -log(u), positive and finite: top-k of p / E is
+        Gumbel-top-k of p (k draws without replacement), -log(E) being Gumbel noise."""
+        return exponential_from_uniform(self.uniform(*shape, streams=streams))
+
     def keyed_uniform(self, index: torch.Tensor, stream: int = 1) -> torch.Tensor:
         """Uniforms that are a pure function of (seed, stream, index), float32 like `uniform`.
 
@@ -123,10 +128,13 @@ class CounterRNG:
         return (_shr(bits, 41).float() + 0.5) * (1.0 / (1 << 23))
 
 
-def gumbel_from_uniform(u: torch.Tensor) -> torch.Tensor:
-    """Standard Gumbel noise -log(-log(u)) for u in (0, 1); finite for every u `uniform` returns.
+def exponential_from_uniform(u: torch.Tensor) -> torch.Tensor:
+    """Standard exponential noise -log(u) for u in (0, 1), floored at the smallest normal
+    float32 so that a device whose log rounds log(1 - 2^-24) to 0 still yields a positive
+    number (and finite Gumbel noise below)."""
+    return (-torch.log(u)).clamp(min=1.1754944e-38)
 
-    -log(u) is floored at the smallest normal float32 so that a device whose log rounds
-    log(1 - 2^-24) to 0 still yields finite noise.
-    """
-    return -torch.log((-torch.log(u)).clamp(min=1.1754944e-38))
+
+def gumbel_from_uniform(u: torch.Tensor) -> torch.Tensor:
+    """Standard Gumbel noise -log(-log(u)) for u in (0, 1); finite for every u `uniform` returns."""
+    return -torch.log(exponential_from_uniform(u))

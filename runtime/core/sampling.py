@@ -86,12 +86,13 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 
 def sample(probs: torch.Tensor, rng: CounterRNG) -> torch.Tensor:
-    """One categorical sample per row of probs (..., V) -> (...) long, on the device."""
-    g = rng.gumbel(*probs.shape)
-    return torch.argmax(torch.log(probs) + g, dim=-1)
+    """One categorical sample per row of probs (..., V) -> (...) long, on the device.
+
+    The exponential race argmax(p / E) (= Gumbel-max argmax(log p - log E)): a token of
+    probability 0 scores 0 and any positive one scores above it, E being positive and finite."""
+    return torch.argmax(probs / rng.exponential(*probs.shape), dim=-1)
 
 
 def sample_without_replacement(probs: torch.Tensor, k: int, rng: CounterRNG) -> torch.Tensor:
-    """k distinct samples per row, in draw order (Gumbel-top-k), (..., k) long."""
-    g = rng.gumbel(*probs.shape)
-    return torch.topk(torch.log(probs) + g, k, dim=-1).indices
+    """k distinct samples per row, in draw order (Gumbel-top-k as an exponential race), (..., k) long."""
+    return torch.topk(probs / rng.exponential(*probs.shape), k, dim=-1).indices

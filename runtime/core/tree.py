@@ -263,13 +263,39 @@ def earlier_siblings(parent: torch.Tensor, rank: torch.Tensor) -> torch.Tensor:
     return same & (rank[..., None, :] < rank[..., :, None])
 
 
-def buffers_from_parents(parent: torch.Tensor, rank: torch.Tensor, max_depth: int,
-                         max_children: int) -> TreeBuffers:
+@dataclass(frozen=True)
+class TreeConstants:
+    """The index constants `buffers_from_parents` needs for trees of N+1 nodes and depth D:
+    built once by a caller that rebuilds its tree every iteration (EAGLE-2), so a captured
+    step does not make them again.
+
+    ar (N+1,) long 0..N, ar_float the same as float32; eye (N+1, N+1) bool; levels (D+1,)
+    long 0..D.
+    """
+
+    ar: torch.Tensor
+    ar_float: torch.Tensor
+    eye: torch.Tensor
+    levels: torch.Tensor
+
+
+def tree_constants(n: int, max_depth: int, device: torch.device | str) -> TreeConstants:
+    """`TreeConstants` for trees of n nodes (root included) and depth max_depth."""
+    ar = torch.arange(n, device=device)
+    return TreeConstants(ar, ar.float(), torch.eye(n, dtype=torch.bool, device=device),
+                         torch.arange(max_depth + 1, device=device))
+
+
+def buffers_from_parents(parent: torch.Tensor, rank: torch.Tensor, max_depth: int, max_children: int,
+                         earlier_sibling: torch.Tensor | None = None,
+                         consts: TreeConstants | None = None) -> TreeBuffers:
     """Build every buffer from parent pointers with fixed-shape device ops (no host sync).
 
     parent: (N+1,) long with parent[0] == 0 and parent[i] < i; rank: (N+1,) rank among
     siblings (< max_children, distinct per parent). Both may carry a leading batch dim B
     (one tree per image; every buffer then has it too). Works on any device and under capture.
+    earlier_sibling: the (..., N+1, N+1) buffer if the caller has it (built here otherwise);
+    consts: `tree_constants(N+1, max_depth)` if the caller keeps them.
 
     The ancestor mask is the reachability of "self or parent" within max_depth steps, by
     repeated squaring (ceil(log2 max_depth) matrix products instead of max_depth walks up):
@@ -278,11 +304,13 @@ def buffers_from_parents(parent: torch.Tensor, rank: torch.Tensor, max_depth: in
     single = parent.dim() == 1
     if single:
         parent, rank = parent[None], rank[None]
+        if earlier_sibling is not None:
+            earlier_sibling = earlier_sibling[None]
     b, n = parent.shape
-    dev = parent.device
-    ar = torch.arange(n, device=dev)
+    c = consts if consts is not None else tree_constants(n, max_depth, parent.device)
+    ar, levels = c.ar, c.levels
     # reach[i, j] = 1 if j is i or i's parent; squared until it spans max_depth steps
-    reach = (parent[..., None] == ar).float() + torch.eye(n, device=dev)
+    reach = ((parent[..., None] == ar) | c.eye).float()
     span = 1
     while span < max_depth:
         reach = torch.bmm(reach, reach).clamp(max=1.0)
@@ -290,16 +318,15 @@ def buffers_from_parents(parent: torch.Tensor, rank: torch.Tensor, max_depth: in
     anc = reach > 0
     depth = anc.sum(-1) - 1
     # path_table[i, d] = the ancestor of i at depth d (each depth has one), i itself past depth(i)
-    levels = torch.arange(max_depth + 1, device=dev)
-    at_depth = (depth[..., None] == levels) * ar[:, None]  # (B, N+1, D+1): j at column depth(j)
-    found = torch.bmm(anc.float(), at_depth.float()).long()
+    at_depth = (depth[..., None] == levels) * c.ar_float[:, None]  # (B, N+1, D+1): j at column depth(j)
+    found = torch.bmm(reach, at_depth).long()  # reach is 0/1, as anc
     path_table = torch.where(levels > depth[..., None], ar[:, None], found)
-    # children[parent, rank] = node; the root's entry lands in a spare slot that is dropped.
-    flat = torch.full((b, n * max_children + 1), -1, dtype=torch.long, device=dev)
-    slot = torch.where(ar == 0, n * max_children, parent * max_children + rank)
-    flat.scatter_(1, slot, ar.expand(b, n))
-    children = flat[:, : n * max_children].view(b, n, max_children)
+    # children[parent, rank] = node, for every node but the root
+    flat = torch.full((b, n * max_children), -1, dtype=torch.long, device=parent.device)
+    flat.scatter_(1, parent[:, 1:] * max_children + rank[:, 1:], ar[1:].expand(b, n - 1))
+    children = flat.view(b, n, max_children)
     out = [parent, depth, rank, anc, children, path_table]
     if single:
         out = [t[0] for t in out]
-    return TreeBuffers(*out, max_depth, max_children)
+        earlier_sibling = earlier_sibling[0] if earlier_sibling is not None else None
+    return TreeBuffers(*out, max_depth, max_children, earlier_sibling=earlier_sibling)

@@ -71,22 +71,30 @@ class StaticKVCache:
         """Additive mask (batch, 1, T, capacity) in the cache dtype: 0 where a query sees a slot,
         -inf elsewhere (what scaled_dot_product_attention makes of a boolean mask).
 
-        columns: `mask_columns(width)`; block_mask: (T, w) or per row (batch, T, w) bool with
+        columns: `mask_columns(width)`; block_mask: (T, w) or per row (batch, T, w) with
         w <= width: which of the uncommitted slots length .. length+w-1 each query sees (the
-        block's slots past w are masked). Three kernels: a where, a cat and a gather.
+        block's slots past w are masked), bool or already additive in the cache dtype
+        (`additive`: a caller whose block mask is fixed converts it once). Three kernels: a
+        where (none for an additive block), a cat and a gather.
         """
         t, w = block_mask.shape[-2:]
-        block = torch.where(block_mask, self._zero, self._neg_inf).expand(self.batch, t, w)
+        block = block_mask if block_mask.is_floating_point() else self.additive(block_mask)
+        block = block.expand(self.batch, t, w)
         table = torch.cat([self._zero.expand(self.batch, t, 1), block,
                            self._neg_inf.expand(self.batch, t, width - w + 1)], 2)
         return table.gather(2, columns[:, None, :].expand(self.batch, t, self.capacity))[:, None]
+
+    def additive(self, mask: torch.Tensor) -> torch.Tensor:
+        """A bool mask as 0 (True) / -inf (False) in the cache dtype, same shape."""
+        return torch.where(mask, self._zero, self._neg_inf)
 
     def additive_mask(self, block_mask: torch.Tensor, offset: int = 0) -> torch.Tensor:
         """Additive mask (batch, 1, T, capacity) for a block of T new tokens over the whole cache.
 
         A query sees every committed slot (< length) that is a valid prefix position, plus the
         uncommitted slots length .. length+offset+T-1 where `block_mask` allows: shape
-        (T, offset+T) or per row (batch, T, offset+T). `offset` > 0 is used when a tree is
+        (T, offset+T) or per row (batch, T, offset+T), bool or additive (`additive_mask_from`).
+        `offset` > 0 is used when a tree is
         written level by level: earlier levels sit at length .. length+offset-1.
         """
         width = block_mask.size(-1)
