@@ -549,7 +549,7 @@ class DynamicTreePolicy(DrafterPolicy):
 
     def _expand(self, level: int, fr: dict[str, torch.Tensor], ctx: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
                 ) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """One EAGLE-2 expansion: the frontier (its ancestor mask fr["anc"] (B, k, level*k) over
+        """One EAGLE-2 expansion: the frontier (its additive ancestor mask fr["anc"] (B, k, level*k) over
         the draft slots so far) through the drafter, its k*k children scored; returns the best
         k of them as the next frontier, and the children as a candidate block. ctx: the RoPE
         rows (rows, E, ...) of every expansion, the slots (rows, E*k) of every drafted node and
