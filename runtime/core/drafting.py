@@ -270,9 +270,7 @@ class StaticTreePolicy(DrafterPolicy):
         context is a slice of these (node i sits at slot length + i - 1, depth d at position
         length - 1 + d)."""
         dc = self.dcache
-        positions = dc.length[:, None] + self.level_offsets
-        rot, slots, mask = self.loop.drafter.block_context(positions, self.tree_mask, dc)
-        return rot, slots, mask
+        return self.loop.drafter.block_context(dc.length[:, None] + self.level_offsets, self.tree_mask, dc)
 
     def _noise(self) -> torch.Tensor:
         """Sampled drafts: the exponential noise of every level in one draw (rows = nodes with
@@ -316,18 +314,18 @@ class StaticTreePolicy(DrafterPolicy):
             self.draft_hidden[:, start:end] = out
         loop.q[:, start:end] = self._dist(out, d)
 
-    # -- --dynamic-depth: one segment per level, cut at the first improbable depth -------------
     def allocate(self, committed: int) -> None:
         super().allocate(committed)
         self.tree_mask = self.dcache.additive(self.tree_seen)
         if self.loop.spec.dynamic_depth is None:
             return
-        loop = self.loop
+        loop = self.loop  # --dynamic-depth state
         self.path_prob = torch.ones(loop.batch, self.tree.size, device=loop.device)
         self.confident = torch.ones(loop.batch, dtype=torch.bool, device=loop.device)
         self.noise = None if loop.params.greedy else torch.zeros(
             loop.batch, self.levels[-1][0], loop.vocab, device=loop.device)
 
+    # -- --dynamic-depth: one segment per level, cut at the first improbable depth -------------
     @property
     def checks(self) -> frozenset[int]:  # type: ignore[override]
         if self.loop.spec.dynamic_depth is None:
