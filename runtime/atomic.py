@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+from runtime.errors import UserError
 
 
 def umask_mode(base: int = 0o666) -> int:
@@ -57,3 +60,49 @@ def atomic_write_bytes(target: str | os.PathLike[str], data: bytes, *, fsync: bo
     with atomic_path(target, fsync=fsync) as tmp:
         tmp.write_bytes(data)
     return Path(target)
+
+
+@contextlib.contextmanager
+def writing(what: str) -> Iterator[None]:
+    """Turn a file-system fault while writing `what` (read-only, full, missing permission, a
+    file where a folder goes) into one `UserError` line naming it and the way out."""
+    try:
+        yield
+    except OSError as err:
+        reason = err.strerror or type(err).__name__
+        where = f" ({err.filename})" if err.filename else ""
+        raise UserError(f"cannot write {what}: {reason}{where}; choose a writable location with free space") from None
+
+
+def check_run_folder(out: Path, force: bool, *, marker: str) -> None:
+    """Before any work: `out` may be new, empty, or (with `force`) an earlier run, i.e. a folder
+    holding `marker`. A file, or a folder of other files, is refused: replacing it would delete
+    what the runtime did not write."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out}: exists and is not a folder; choose a folder path")
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    if not (out / marker).is_file():
+        raise UserError(f"--out {out}: the folder holds files that are not a run (no {marker}); choose a new or "
+                        "empty folder")
+    if not force:
+        raise UserError(f"--out {out}: holds an earlier run; pass --force to replace it whole, or choose "
+                        "another folder")
+
+
+def publish_folder(staging: Path, out: Path) -> None:
+    """Move the finished `staging` folder to `out`, replacing an earlier `out` whole (never
+    mixing old files with new ones): the old folder is renamed aside, the new one renamed in,
+    then the old one deleted."""
+    os.chmod(staging, umask_mode(0o777))  # mkdtemp made it private
+    if out.is_dir():
+        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.absolute().parent))
+        os.replace(out, old / out.name)
+        try:
+            os.replace(staging, out)
+        except BaseException:
+            os.replace(old / out.name, out)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+        return
+    os.replace(staging, out)

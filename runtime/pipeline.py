@@ -66,6 +66,14 @@ def load_model(*, model: str | None, gpt_model: str | None, gpt_ckpt: str | None
                image_size: int | None, drafter: str | None, gpt_type: str, trust: bool,
                device: torch.device, dtype: torch.dtype) -> LoadedModel:
     """The demo bundle (`model` None/"demo"/a bundle dir) or official checkpoints (`gpt_ckpt`)."""
+    if gpt_ckpt is None:
+        given = [flag for flag, value in (("--gpt-model", gpt_model), ("--vq-ckpt", vq_ckpt),
+                                          ("--drafter", drafter), ("--trust-checkpoint", trust or None))
+                 if value is not None]
+        if given or gpt_type != "c2i":
+            flag = given[0] if given else "--gpt-type"
+            raise UserError(f"{flag} applies to official checkpoints only: add --gpt-ckpt FILE (with --gpt-model "
+                            f"and --vq-ckpt), or drop {flag} to run the demo bundle (or --model DIR)")
     if gpt_ckpt is not None:
         if model not in (None, "demo"):
             raise UserError("give either --model or --gpt-ckpt, not both")
@@ -77,6 +85,7 @@ def load_model(*, model: str | None, gpt_model: str | None, gpt_ckpt: str | None
         vq = build_vq(vq_ckpt, trust=trust)
         size = int(round(target.config.block_size ** 0.5)) * vq.downsample
         draft = build_drafter(drafter, target.config) if drafter else None
+        check_vocab_fits_codebook(target.config.vocab_size, vq.config.codebook_size, f"{gpt_ckpt} and {vq_ckpt}")
         kind = target.config.model_type
         return LoadedModel(gpt_model or Path(gpt_ckpt).stem, target.to(device, dtype).eval(),
                            draft.to(device, dtype).eval() if draft is not None else None,
@@ -92,10 +101,20 @@ def load_model(*, model: str | None, gpt_model: str | None, gpt_ckpt: str | None
     if image_size is not None and image_size != bundle.image_size:
         raise UserError(f"--image-size {image_size}: the model bundle generates {bundle.image_size} px images "
                         "(its size is fixed); drop --image-size, which is for --gpt-ckpt checkpoints")
+    check_vocab_fits_codebook(bundle.gpt.config.vocab_size, bundle.vq.config.codebook_size,
+                              f"model bundle {bundle.path}")
     name = bundle.manifest.get("name", "demo")
     return LoadedModel(name, bundle.gpt, bundle.drafter, bundle.vq, bundle.image_size,
                        bundle.class_names, bundle.recommended, bundle,
                        recommended_source="model bundle recommendation (manifest.json)")
+
+
+def check_vocab_fits_codebook(vocab: int, codebook: int, source: str) -> None:
+    """A GPT token indexes the VQ codebook: a vocabulary larger than the codebook would decode
+    out of range."""
+    if vocab > codebook:
+        raise UserError(f"{source}: the GPT has {vocab} tokens but the VQ codebook has {codebook} entries; "
+                        "use the VQ tokenizer the GPT was trained with")
 
 
 # which methods read each method flag: a flag none of the run's methods reads is refused

@@ -39,10 +39,14 @@ def save_official(folder: Path, name: str, model_type: str = "c2i") -> Path:
 
 @pytest.fixture
 def tiny_vq(monkeypatch):
-    """`load_model` gets a toy VQ-16 (512 codes) instead of reading the 72M-parameter tokenizer."""
+    """`load_model` gets a toy VQ-16 (narrow, with the GPT's 16384 codes) instead of reading the
+    72M-parameter tokenizer."""
+    from dataclasses import replace
+
     import runtime.models.loading as loading
 
-    monkeypatch.setattr(loading, "build_vq", lambda path, trust=False: VQModel(TINY_VQ_CONFIG).eval())
+    config = replace(TINY_VQ_CONFIG, codebook_size=16384)
+    monkeypatch.setattr(loading, "build_vq", lambda path, trust=False: VQModel(config).eval())
 
 
 def load_official(path: Path, model_type: str = "c2i", image_size: int | None = None):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -74,6 +75,7 @@ def bench(
 
     from runtime.bench.runner import bench as run_bench
     from runtime.bench.runner import plan_runs
+    from runtime.atomic import writing
     from runtime.bench.schema import save_bench
     from runtime.core.methods import METHODS
     from runtime.models.layers import use_attention_kernel
@@ -85,6 +87,8 @@ def bench(
     for name, value in (("--repeats", repeats), ("--warmup", warmup)):
         if value is not None and value < (1 if name == "--repeats" else 0):
             raise UserError(f"{name} must be >= {1 if name == '--repeats' else 0}, got {value}")
+    if Path(out).is_dir():
+        raise UserError(f"--out {out}: is a folder; --out names the result file, e.g. {Path(out) / 'bench.json'}")
     plan = plan_runs(method_list, sweep)
     flags = opt.MethodFlags.pick(locals()).as_dict()
     with use_attention_kernel(attention):  # refuses an unknown kernel before any work
@@ -115,7 +119,8 @@ def bench(
                                repeats=prof.bench.repeats if repeats is None else repeats,
                                quality=quality, command_line=INVOCATION or ["runtime"] + sys.argv[1:],
                                interleave=interleave, batch_size=batch, progress=progress)
-        path = save_bench(result, out)
+        with writing(f"--out {out}"):
+            path = save_bench(result, out)
 
     table = Table(title=f"runtime bench on {result.device.name} ({result.device.backend}) -> {path}")
     for col in ("method", "params", "tau", "drafted depth", "speedup", "images/s", "p50 s", "quality"):

@@ -43,10 +43,14 @@ def read_run(run_dir: Path) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
         if not isinstance(rec, dict) or "class" not in rec:
             raise UserError(f"{run_dir / 'result.json'}: image records need a 'class' "
                             "(runtime eval measures class-conditional runs only)")
-        i = int(rec.get("index", -1))
-        if not 0 <= i < len(tokens):
+        i, label = rec.get("index"), rec["class"]
+        for key, value in (("index", i), ("class", label)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise UserError(f"{run_dir / 'result.json'}: image record {rec.get('file', rec)!r} has {key} "
+                                f"{value!r}, expected an integer >= 0; give a folder written by 'runtime run'")
+        if i >= len(tokens):
             raise UserError(f"{run_dir / 'result.json'}: image index {i} outside tokens.npy's {len(tokens)} rows")
-        labels[i] = int(rec["class"])
+        labels[i] = label
     if (labels < 0).any():
         missing = int(np.nonzero(labels < 0)[0][0])
         raise UserError(f"{run_dir / 'result.json'}: no image record for tokens.npy row {missing}")

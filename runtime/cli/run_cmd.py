@@ -20,7 +20,7 @@ import typer
 
 from runtime.cli import options as opt
 from runtime.cli.app import app
-from runtime.atomic import umask_mode
+from runtime.atomic import check_run_folder, publish_folder, writing
 from runtime.errors import UserError
 
 RESULT_SCHEMA_VERSION = 1
@@ -28,7 +28,8 @@ RESULT_SCHEMA_VERSION = 1
 
 @app.command("run")
 def run(
-    out: str = typer.Option("out", "--out", help="Output folder (created; existing files with the same names are replaced)."),
+    out: str = typer.Option("out", "--out", help="Output folder: new or empty, or an earlier run's with --force (replaced whole)."),
+    force: bool = typer.Option(False, "--force", help="Replace an earlier run in --out (the whole folder)."),
     model: opt.Model = None,
     gpt_model: opt.GptModel = None,
     gpt_ckpt: opt.GptCkpt = None,
@@ -86,8 +87,7 @@ def run(
     if num_images is not None and num_images < 1:
         raise UserError(f"--num-images must be >= 1, got {num_images}")
     out_dir = Path(out)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UserError(f"--out {out}: exists and is not a folder")
+    check_run_folder(out_dir, force, marker="result.json")
 
     previous_kernel = set_attention_kernel(attention)  # refuses an unknown kernel before any work
     ctx = init_distributed(_backend_name(device))
@@ -107,7 +107,10 @@ def run(
         my_conditions = _select(conditions, mine)
         my_masks = cond_masks[mine] if cond_masks is not None else None
         backend.reset_peak_memory()
-        staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=_parent(out_dir))) if ctx.is_main else None
+        staging = None
+        if ctx.is_main:
+            with writing(f"--out {out}"):
+                staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=_parent(out_dir)))
         try:
             trace = staging / "trace.json" if (profile and staging is not None) else None
             with _progress(len(mine), spec.method, enabled=ctx.is_main) as advance:
@@ -120,8 +123,9 @@ def run(
             parts = gather_objects(part, ctx)
             if ctx.is_main:
                 settings = {"sampling_source": sources, "attention": attention, "batch_size": batch}
-                summary = _write_outputs(staging, parts, n, labels, loaded, spec, prof, backend, seed, settings)
-                _move_into_place(staging, out_dir)
+                with writing(f"--out {out}"):
+                    summary = _write_outputs(staging, parts, n, labels, loaded, spec, prof, backend, seed, settings)
+                    publish_folder(staging, out_dir)
                 staging = None
                 _print_summary(summary, out_dir)
         finally:
@@ -303,17 +307,6 @@ def _grid(images: np.ndarray):
         r, c = divmod(i, cols)
         canvas[2 + r * (h + 2): 2 + r * (h + 2) + h, 2 + c * (w + 2): 2 + c * (w + 2) + w] = images[i]
     return Image.fromarray(canvas)
-
-
-def _move_into_place(staging: Path, out_dir: Path) -> None:
-    """Every file is complete in `staging`; now publish: rename the folder, or replace file by file."""
-    os.chmod(staging, umask_mode(0o777))  # mkdtemp made it private
-    if not out_dir.exists():
-        os.replace(staging, out_dir)
-        return
-    for f in sorted(staging.iterdir()):
-        os.replace(f, out_dir / f.name)
-    staging.rmdir()
 
 
 def _print_summary(result: dict, out_dir: Path) -> None:

@@ -44,6 +44,15 @@ from runtime.models.drafter import Drafter
 from runtime.models.gpt import Transformer
 
 
+# the models whose distributions the loop checks for NaN / inf, in `Decoder.nonfinite` order
+MODEL_PARTS = ("target model", "drafter")
+NO_POSITION = 1 << 40
+
+
+class NonFiniteError(UserError):
+    """A model produced NaN or infinite logits while decoding (named part, first token index)."""
+
+
 @dataclass
 class ImageStats:
     """Per-image counters (host values, read once after the image is done)."""
@@ -143,6 +152,10 @@ class Decoder:
         # -- the drafting policy owns the tree shape -----------------------------------------
         self.policy = make_policy(self)
         self.tree = self.policy.tree
+        if self.tree.max_children > self.vocab:
+            raise UserError(f"the draft tree gives a node {self.tree.max_children} children (ranks 0.."
+                            f"{self.tree.max_children - 1}) but this model has only {self.vocab} tokens; "
+                            "use a narrower tree or a smaller --top-k-draft")
         self.n1 = self.tree.size
         self.max_depth = self.tree.max_depth
         m = self.max_depth + 1  # longest accepted block (root + drafts)
@@ -178,6 +191,9 @@ class Decoder:
         # `count`
         self.count_hist = torch.zeros(b, m + 1, dtype=torch.long, device=dev)
         self.relax_mass = torch.zeros(b, device=dev)
+        # first image-token index whose target (0) / drafter (1) distribution held NaN or inf,
+        # NO_POSITION if none: read when an image is done (the loop's existing host read)
+        self.nonfinite = torch.full((len(MODEL_PARTS), b), NO_POSITION, dtype=torch.long, device=dev)
         self.block_ids = torch.arange(m, device=dev)
         self.image_ids = torch.arange(b, device=dev)
         per_image = self.rows // b
@@ -303,7 +319,10 @@ class Decoder:
         hidden = self.target.prefill(cond, self.start_cache, cond_mask)  # (rows per image, cls, dim)
         self.cache.load_rows(rows, self.start_cache)
         self.rng.reset_streams(img, torch.tensor([seed], dtype=torch.long, device=self.device))
-        first = self.pick(self.dist(self.target.logits(hidden[:, -1:])), streams=img)[:, 0]  # (1,)
+        logits = self.target.logits(hidden[:, -1:])
+        self.nonfinite[:, i] = NO_POSITION
+        self.nonfinite[0, i] = torch.where(torch.isfinite(logits).all(), NO_POSITION, 0)
+        first = self.pick(self.dist(logits), streams=img)[:, 0]  # (1,)
         self.out[i] = 0
         self.out[i, :1] = first
         self.tokens[i, :1] = first
@@ -351,7 +370,20 @@ class Decoder:
         positions = self.cache.length[:, None] + depths
         hidden = self.target.forward_cached(x, positions, mask, self.cache)
         self.hidden[:, :n1].copy_(hidden)
-        self.p[:, :n1].copy_(self.dist(self.target.logits(hidden), tree.depth))
+        logits = self.target.logits(hidden)
+        self._note_nonfinite(0, logits, tree.depth)
+        if self.policy.sampled_q:  # sampled drafts: q enters acceptance and the residual
+            self._note_nonfinite(1, self.q[:, :n1], tree.depth)
+        self.p[:, :n1].copy_(self.dist(logits, tree.depth))
+
+    def _note_nonfinite(self, part: int, values: torch.Tensor, depth: torch.Tensor) -> None:
+        """Record in `nonfinite[part]` the first image-token index (count + depth) whose row of
+        values (rows or B, T, V) holds NaN or inf, for live images."""
+        bad = ~torch.isfinite(values).all(-1)  # (rows or B, T)
+        if bad.size(0) != self.batch:  # cond and uncond rows of an image
+            bad = bad.view(-1, self.batch, bad.size(1)).any(0)
+        index = torch.where(bad & (self.count < self.num_tokens)[:, None], self.count[:, None] + depth, NO_POSITION)
+        self.nonfinite[part].copy_(torch.minimum(self.nonfinite[part], index.amin(1)))
 
     def _accept_step(self, depth: int | None = None) -> None:
         live = self.live()
@@ -432,11 +464,18 @@ class Decoder:
         while True:
             if bool(((self.count >= self.num_tokens) & active).any()):  # the one host sync per iteration
                 counts = self.count.tolist()  # only when an image is done
+                nonfinite = self.nonfinite.tolist()
             else:
                 counts = None
             for i, j in enumerate(holder if counts is not None else ()):
                 if j is None or counts[i] < self.num_tokens:
                     continue
+                for part, at in zip(MODEL_PARTS, nonfinite):
+                    if at[i] != NO_POSITION:
+                        raise NonFiniteError(
+                            f"the {part} produced NaN or infinite logits for image {j} at image token {at[i]} "
+                            f"({str(self.dtype).replace('torch.', '')}); decoding stopped. Finite weights overflow "
+                            "in fp16: use --dtype bf16 or fp32")
                 tokens[j], stats[j] = self.out[i, : self.num_tokens].clone(), self._image_stats(i)
                 if on_image is not None:
                     on_image(j, tokens[j], stats[j])

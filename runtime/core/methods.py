@@ -38,9 +38,11 @@ probability (product of q along it) is below the threshold, the tree is cut to t
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 
 from runtime.core.sampling import SamplingParams
+from runtime.core.tree import MAX_TREE_DEPTH, MAX_TREE_NODES
 from runtime.errors import UserError
 
 METHODS = ("ar", "sd", "eagle2", "ddd", "lantern", "lantern++", "sjd")
@@ -48,6 +50,8 @@ JACOBI_INITS = ("uniform", "repeat-h", "repeat-v")
 COUPLINGS = ("none", "maximal", "gumbel")
 ACCEPT_RULES = ("exact", "grouped")
 RELAXATIONS = ("none", "delta", "lambda")
+# EAGLE-2 expands top_k children of each of its top_k frontier nodes: top_k^2 candidates a level
+MAX_TOP_K_DRAFT = 64
 
 
 @dataclass(frozen=True)
@@ -82,17 +86,26 @@ class MethodSpec:
         if self.method not in METHODS:
             raise UserError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
         s = self.sampling
+        for flag, value in (("temperature", s.temperature), ("top-p", s.top_p), ("cfg", s.cfg),
+                            ("lantern-delta", self.lantern_delta), ("lantern-lambda", self.lantern_lambda),
+                            ("group-gap", self.group_gap), ("group-dist", self.group_dist),
+                            ("ddd-threshold", self.ddd_threshold), ("dynamic-depth", self.dynamic_depth)):
+            if value is not None and not math.isfinite(value):
+                raise UserError(f"--{flag} must be a finite number, got {value}")
         checks = [
             (s.temperature > 0, f"--temperature must be > 0, got {s.temperature}"),
             (s.top_k >= 0, f"--top-k must be >= 0, got {s.top_k}"),
             (0 < s.top_p <= 1, f"--top-p must be in (0, 1], got {s.top_p}"),
             (s.cfg >= 0, f"--cfg must be >= 0, got {s.cfg}"),
             (s.cfg_interval >= -1, f"--cfg-interval must be -1 (always) or >= 0, got {s.cfg_interval}"),
-            (1 <= self.depth <= 32, f"--depth must be in [1, 32], got {self.depth}"),
-            (self.top_k_draft >= 1, f"--top-k-draft must be >= 1, got {self.top_k_draft}"),
-            (self.total_tokens >= 2, f"--total-tokens must be >= 2, got {self.total_tokens}"),
+            (1 <= self.depth <= MAX_TREE_DEPTH, f"--depth must be in [1, {MAX_TREE_DEPTH}], got {self.depth}"),
+            (1 <= self.top_k_draft <= MAX_TOP_K_DRAFT,
+             f"--top-k-draft must be in [1, {MAX_TOP_K_DRAFT}], got {self.top_k_draft}"),
+            (2 <= self.total_tokens <= MAX_TREE_NODES + 1,
+             f"--total-tokens must be in [2, {MAX_TREE_NODES + 1}] (root included), got {self.total_tokens}"),
             (self.lantern_k >= 1, f"--lantern-k must be >= 1, got {self.lantern_k}"),
-            (self.lantern_delta >= 0, f"--lantern-delta must be >= 0, got {self.lantern_delta}"),
+            (0 <= self.lantern_delta <= 1,
+             f"--lantern-delta is a total-variation budget in [0, 1], got {self.lantern_delta}"),
             (self.lantern_lambda >= 1, f"--lantern-lambda must be >= 1, got {self.lantern_lambda}"),
             (1 <= self.window <= 64, f"--window must be in [1, 64], got {self.window}"),
             (self.init in JACOBI_INITS, f"--init must be one of {', '.join(JACOBI_INITS)}, got {self.init!r}"),
@@ -106,8 +119,8 @@ class MethodSpec:
             (self.ddd_threshold <= 0 and self.ddd_threshold == self.ddd_threshold,
              f"--ddd-threshold is a log probability, <= 0; got {self.ddd_threshold}"),
             (self.ddd_check_every >= 1, f"--ddd-check-every must be >= 1, got {self.ddd_check_every}"),
-            (1 <= self.ddd_min_depth <= self.ddd_max_depth <= 32,
-             f"--ddd-min-depth and --ddd-max-depth need 1 <= min <= max <= 32, got {self.ddd_min_depth} "
+            (1 <= self.ddd_min_depth <= self.ddd_max_depth <= MAX_TREE_DEPTH,
+             f"--ddd-min-depth and --ddd-max-depth need 1 <= min <= max <= {MAX_TREE_DEPTH}, got {self.ddd_min_depth} "
              f"and {self.ddd_max_depth}"),
             (self.dynamic_depth is None or 0 <= self.dynamic_depth < 1,
              f"--dynamic-depth is a path probability threshold in [0, 1), got {self.dynamic_depth}"),

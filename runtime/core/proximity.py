@@ -9,11 +9,16 @@ k, and reused; a changed codebook hashes differently and is rebuilt.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from runtime.errors import UserError
+
+logger = logging.getLogger(__name__)
 
 
 def cache_dir() -> Path:
@@ -48,6 +53,24 @@ def compute_neighbours(codebook: torch.Tensor, k: int, chunk: int = 2048) -> tor
     return torch.cat(rows, 0)
 
 
+def _cache_writable(directory: Path) -> bool:
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        return True
+    except OSError as err:
+        _cache_fault(directory, err)
+        return False
+
+
+def _cache_fault(directory: Path, err: OSError) -> None:
+    """A cache the user chose (LANTERN_RUNTIME_CACHE) must work; the default one is only an
+    optimisation, so its fault is a warning and the table is rebuilt next run."""
+    if os.environ.get("LANTERN_RUNTIME_CACHE"):
+        raise UserError(f"LANTERN_RUNTIME_CACHE={os.environ['LANTERN_RUNTIME_CACHE']}: cannot write the neighbour "
+                        f"cache there ({err.strerror or err}); point it at a writable folder") from None
+    logger.warning("neighbour cache not written to %s (%s); it is rebuilt next run", directory, err.strerror or err)
+
+
 def neighbour_table(codebook: torch.Tensor, k: int, directory: Path | None = None) -> tuple[torch.Tensor, bool]:
     """Cached `compute_neighbours`. Returns (table (V, k) long on CPU, built_now)."""
     directory = directory or cache_dir()
@@ -57,10 +80,15 @@ def neighbour_table(codebook: torch.Tensor, k: int, directory: Path | None = Non
             return torch.from_numpy(np.load(path).astype(np.int64)), False
         except (OSError, ValueError):
             pass  # a damaged cache file is rebuilt below
+    writable = _cache_writable(directory)  # before the work: a bad LANTERN_RUNTIME_CACHE is refused first
     table = compute_neighbours(codebook, k)
-    directory.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}.npy")
-    dtype = np.uint16 if codebook.size(0) <= 65536 else np.int32
-    np.save(tmp, table.numpy().astype(dtype))
-    os.replace(tmp, path)
+    if writable:
+        tmp = path.with_suffix(f".tmp{os.getpid()}.npy")
+        dtype = np.uint16 if codebook.size(0) <= 65536 else np.int32
+        try:
+            np.save(tmp, table.numpy().astype(dtype))
+            os.replace(tmp, path)
+        except OSError as err:
+            tmp.unlink(missing_ok=True)
+            _cache_fault(directory, err)
     return table, True

@@ -56,9 +56,15 @@ def preset_names() -> list[str]:
     return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".toml"))
 
 
+# A verified tree is one target forward over all its nodes: beyond these sizes a tree costs more
+# than the tokens it can gain, and a mistyped size would only exhaust memory.
+MAX_TREE_NODES = 1024
+MAX_TREE_DEPTH = 32
+
+
 def chain_tree(depth: int) -> StaticTree:
-    if depth < 1:
-        raise UserError(f"--depth must be >= 1, got {depth}")
+    if not 1 <= depth <= MAX_TREE_DEPTH:
+        raise UserError(f"chain depth must be in [1, {MAX_TREE_DEPTH}], got {depth}")
     return StaticTree(f"chain{depth}", tuple((0,) * d for d in range(1, depth + 1)))
 
 
@@ -74,7 +80,12 @@ def load_tree(spec: str) -> StaticTree:
         if not path.is_file():
             raise UserError(f"tree file {spec} does not exist; give a preset "
                             f"({', '.join(preset_names())}) or a TOML file with `paths = [[0], [1], [0, 0]]`")
-        return _parse_tree(path.stem, path.read_text(), source=str(path))
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise UserError(f"tree file {spec} is not UTF-8 text; a tree file is TOML like "
+                            "`paths = [[0], [1], [0, 0]]`") from None
+        return _parse_tree(path.stem, text, source=str(path))
     raise UserError(f"unknown tree {spec!r}; choose a preset ({', '.join(preset_names())}), "
                     "chainN, or a TOML file with `paths = [[0], [1], [0, 0]]`")
 
@@ -100,6 +111,12 @@ def _parse_tree(name: str, text: str, source: str) -> StaticTree:
 
 
 def validate_paths(name: str, paths: list[tuple[int, ...]], source: str = "tree") -> StaticTree:
+    if len(paths) > MAX_TREE_NODES:
+        raise UserError(f"{source}: {len(paths)} nodes; a tree has at most {MAX_TREE_NODES} (one target forward "
+                        "verifies them all)")
+    deepest = max(len(p) for p in paths)
+    if deepest > MAX_TREE_DEPTH:
+        raise UserError(f"{source}: depth {deepest}; a tree is at most {MAX_TREE_DEPTH} deep")
     seen = set()
     for p in paths:
         if p in seen:

@@ -10,6 +10,13 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 
+def check_positive(owner: str, **values: Any) -> None:
+    """ValueError naming the first field that is not a positive int (bools are not sizes)."""
+    for name, value in values.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{owner} {name} must be a positive integer, got {value!r}")
+
+
 def find_multiple(n: int, k: int) -> int:
     """Smallest multiple of k that is >= n (LlamaGen rounds the SwiGLU width up)."""
     return n if n % k == 0 else n + k - (n % k)
@@ -45,6 +52,13 @@ class GPTConfig:
     block_size: int = 256
 
     def __post_init__(self) -> None:
+        check_positive("GPT", dim=self.dim, n_layer=self.n_layer, n_head=self.n_head, kv_heads=self.kv_heads,
+                       multiple_of=self.multiple_of, num_classes=self.num_classes, caption_dim=self.caption_dim,
+                       vocab_size=self.vocab_size, cls_token_num=self.cls_token_num, block_size=self.block_size)
+        if not (self.norm_eps > 0 and self.rope_base > 0):
+            raise ValueError(f"GPT norm_eps and rope_base must be > 0, got {self.norm_eps} and {self.rope_base}")
+        if self.n_head % self.kv_heads:
+            raise ValueError(f"GPT n_head {self.n_head} is not a multiple of n_kv_head {self.kv_heads}")
         if self.model_type not in ("c2i", "t2i"):
             raise ValueError(f"model_type must be 'c2i' or 't2i', got {self.model_type!r}")
         g = int(round(self.block_size**0.5))
@@ -135,6 +149,13 @@ class VQConfig:
     norm_groups: int = 32
     dropout_p: float = 0.0
 
+    def __post_init__(self) -> None:
+        check_positive("VQ", codebook_size=self.codebook_size, codebook_embed_dim=self.codebook_embed_dim,
+                       z_channels=self.z_channels, ch=self.ch, num_res_blocks=self.num_res_blocks,
+                       norm_groups=self.norm_groups)
+        if not self.encoder_ch_mult or not self.decoder_ch_mult:
+            raise ValueError("VQ encoder_ch_mult and decoder_ch_mult must be non-empty")
+
     @property
     def downsample(self) -> int:
         return 2 ** (len(self.encoder_ch_mult) - 1)
@@ -181,6 +202,19 @@ class DrafterConfig:
     rope_base: float = 10000.0
     block_size: int = 256
     cls_token_num: int = 120
+
+    def __post_init__(self) -> None:
+        check_positive("drafter", hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
+                       num_attention_heads=self.num_attention_heads, num_key_value_heads=self.num_key_value_heads,
+                       num_hidden_layers=self.num_hidden_layers, vocab_size=self.vocab_size,
+                       block_size=self.block_size, cls_token_num=self.cls_token_num)
+        if self.hidden_size % self.num_attention_heads or self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"drafter hidden_size {self.hidden_size}, num_attention_heads "
+                             f"{self.num_attention_heads} and num_key_value_heads {self.num_key_value_heads} "
+                             "must divide one another")
+        if not (self.rms_norm_eps > 0 and self.rope_base > 0):
+            raise ValueError(f"drafter rms_norm_eps and rope_base must be > 0, got {self.rms_norm_eps} and "
+                             f"{self.rope_base}")
 
     @property
     def head_dim(self) -> int:

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from runtime.atomic import atomic_path, atomic_write_bytes, atomic_write_text
 from runtime.errors import UserError
-from runtime.models.configs import DrafterConfig, GPTConfig, VQ_CONFIGS, find_multiple, gpt_config
+from runtime.models.configs import DrafterConfig, GPTConfig, VQ_CONFIGS, check_positive, find_multiple, gpt_config
 
 if TYPE_CHECKING:  # gpt.py / drafter.py are imported lazily so this module imports on its own
     from runtime.models.drafter import Drafter
@@ -166,7 +166,26 @@ def check_state_dict(module: nn.Module, state: Mapping[str, Tensor], source: str
         more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
         tail = f"; {hint}" if hint else ""
         raise UserError(f"{source}: {problems[0]}{more}{tail}")
+    _check_values(expected, state, source)
     return state
+
+
+def _check_values(expected: Mapping[str, Tensor], state: Mapping[str, Tensor], source: str) -> None:
+    """Refuse a tensor whose kind differs from the module's (an int or bool file tensor where a
+    float parameter goes would be cast and run) and a float tensor holding NaN or inf (it would
+    decode images from NaN logits). One pass over the weights, at load."""
+    for key, got in state.items():
+        want = expected[key]
+        kind_differs = (want.is_floating_point() != got.is_floating_point()
+                        or (want.dtype == torch.bool) != (got.dtype == torch.bool))
+        if kind_differs:
+            raise UserError(f"{source}: {key!r} is stored as {str(got.dtype).replace('torch.', '')} but the model "
+                            f"holds {str(want.dtype).replace('torch.', '')}; the file is not a weights checkpoint "
+                            "of this model (re-export it with floating-point weights)")
+        if got.is_floating_point() and not bool(torch.isfinite(got).all()):
+            bad = int((~torch.isfinite(got)).sum())
+            raise UserError(f"{source}: {key!r} holds {bad} NaN or infinite values; the checkpoint is corrupt "
+                            "(re-download or re-export it)")
 
 
 def load_state_dict_strict(module: nn.Module, state: Mapping[str, Tensor], source: str,
@@ -296,15 +315,18 @@ def gpt_config_from_hf(config_json: Mapping[str, Any] | str | os.PathLike[str]) 
     model_type = cfg.get("input_type", "t2i")
     if model_type not in ("c2i", "t2i"):
         raise UserError(f"{source}: input_type {model_type!r} is not 'c2i' or 't2i'")
-    dim = int(cfg["hidden_size"])
-    intermediate = int(cfg["intermediate_size"])
-    multiple_of = cfg.get("multiple_of") or _multiple_of_for(dim, intermediate)
-    if multiple_of is None or find_multiple(int(2 * 4 * dim / 3), int(multiple_of)) != intermediate:
-        raise UserError(f"{source}: intermediate_size {intermediate} is not LlamaGen's SwiGLU width for "
-                        f"hidden_size {dim} (expected {find_multiple(int(8 * dim / 3), 256)})")
-    n_head = int(cfg["num_attention_heads"])
-    n_kv = int(cfg.get("num_key_value_heads") or n_head)
     try:
+        dim = int(cfg["hidden_size"])
+        intermediate = int(cfg["intermediate_size"])
+        check_positive("field", hidden_size=dim, intermediate_size=intermediate,
+                       **{k: int(cfg[k]) for k in ("num_hidden_layers", "num_attention_heads", "vocab_size",
+                                                   "block_size")})
+        multiple_of = cfg.get("multiple_of") or _multiple_of_for(dim, intermediate)
+        if multiple_of is None or find_multiple(int(2 * 4 * dim / 3), int(multiple_of)) != intermediate:
+            raise UserError(f"{source}: intermediate_size {intermediate} is not LlamaGen's SwiGLU width for "
+                            f"hidden_size {dim} (expected {find_multiple(int(8 * dim / 3), 256)})")
+        n_head = int(cfg["num_attention_heads"])
+        n_kv = int(cfg.get("num_key_value_heads") or n_head)
         return GPTConfig(
             dim=dim, n_layer=int(cfg["num_hidden_layers"]), n_head=n_head,
             n_kv_head=None if n_kv == n_head else n_kv, multiple_of=int(multiple_of),
@@ -317,8 +339,8 @@ def gpt_config_from_hf(config_json: Mapping[str, Any] | str | os.PathLike[str]) 
             cls_token_num=int(cfg.get("cls_token_num", 120 if model_type == "t2i" else 1)),
             block_size=int(cfg["block_size"]),
         )
-    except (TypeError, ValueError) as err:
-        raise UserError(f"{source}: invalid HF LlamaGen config ({_first_line(err)})") from None
+    except (TypeError, ValueError, ZeroDivisionError) as err:
+        raise UserError(f"{source}: invalid HF LlamaGen config ({_first_line(err)}); fix config.json") from None
 
 
 def hf_config_from_gpt(cfg: GPTConfig) -> dict[str, Any]:
@@ -394,16 +416,17 @@ def drafter_config_from_json(cfg: Mapping[str, Any], source: str = "config.json"
     for field in required:
         if field not in cfg:
             raise UserError(f"{source}: missing field {field!r} for a drafter config")
-    if "block_size" in cfg and "cls_token_num" in cfg:
-        block_size, cls_token_num = int(cfg["block_size"]), int(cfg["cls_token_num"])
-    else:
-        input_type = cfg.get("input_type")
-        if input_type not in DRAFTER_INPUT_TYPES:
-            raise UserError(f"{source}: input_type {input_type!r} is not one of "
-                            f"{', '.join(DRAFTER_INPUT_TYPES)} (or give block_size and cls_token_num)")
-        block_size, cls_token_num = DRAFTER_INPUT_TYPES[input_type]
-    n_head = int(cfg["num_attention_heads"])
     try:
+        if "block_size" in cfg and "cls_token_num" in cfg:
+            block_size, cls_token_num = int(cfg["block_size"]), int(cfg["cls_token_num"])
+        else:
+            input_type = cfg.get("input_type")
+            if input_type not in DRAFTER_INPUT_TYPES:
+                raise UserError(f"{source}: input_type {input_type!r} is not one of "
+                                f"{', '.join(DRAFTER_INPUT_TYPES)} (or give block_size and cls_token_num)")
+            block_size, cls_token_num = DRAFTER_INPUT_TYPES[input_type]
+        n_head = int(cfg["num_attention_heads"])
+        check_positive("field", **{k: int(cfg[k]) for k in required})
         return DrafterConfig(
             hidden_size=int(cfg["hidden_size"]), intermediate_size=int(cfg["intermediate_size"]),
             num_attention_heads=n_head, num_key_value_heads=int(cfg.get("num_key_value_heads") or n_head),
@@ -413,8 +436,8 @@ def drafter_config_from_json(cfg: Mapping[str, Any], source: str = "config.json"
             rope_base=float(cfg.get("rope_base", cfg.get("rope_theta", 10000.0))),
             block_size=block_size, cls_token_num=cls_token_num,
         )
-    except (TypeError, ValueError) as err:
-        raise UserError(f"{source}: invalid drafter config ({_first_line(err)})") from None
+    except (TypeError, ValueError, ZeroDivisionError) as err:
+        raise UserError(f"{source}: invalid drafter config ({_first_line(err)}); fix config.json") from None
 
 
 def drafter_config_to_json(cfg: DrafterConfig) -> dict[str, Any]:
