@@ -34,6 +34,9 @@ def ckpts(tmp_path_factory) -> Path:
     torch.save({"model": dict(state, **{"norm.weight": state["norm.weight"].to(torch.int32)})}, d / "int32.pt")
     torch.save({"model": dict(state, **{"norm.weight": state["norm.weight"] > 0})}, d / "bool.pt")
     torch.save({"model": VQModel(VQ_CONFIGS["VQ-16"]).state_dict()}, d / "vq_ds16_c2i.pt")
+    t2i = Transformer(gpt_config("GPT-tiny", model_type="t2i", image_size=64, vocab_size=16384))
+    t2i.init_weights()
+    torch.save({"model": t2i.state_dict()}, d / "t2i_tiny.pt")
     return d
 
 
@@ -156,6 +159,17 @@ def test_a_tree_rank_at_or_above_the_vocabulary_is_refused(tmp_path):
     path = tree_file(tmp_path, "paths = [" + ", ".join(f"[{r}]" for r in range(9)) + "]\n")
     with pytest.raises(UserError, match="gives a node 9 children .* only 8 tokens"):
         Decoder(target, drafter, MethodSpec(method="lantern++", tree=str(path), lantern_lambda=1.0))
+
+
+def test_a_prompt_file_that_is_not_utf8_is_refused(ckpts, tmp_path, run_cli):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_bytes(b"a red fox\n\xff\xfe\n")
+    out = tmp_path / "out"
+    args = official(ckpts, "t2i_tiny.pt")
+    res = run_cli("run", *args, "--gpt-type", "t2i", "--method", "ar", "--prompts", str(prompts), "--t5-path",
+                  str(tmp_path), "--out", str(out))
+    refused(res, "--prompts", "not UTF-8 text")
+    assert not out.exists()
 
 
 # -- the file system ------------------------------------------------------------------------------

@@ -172,7 +172,11 @@ def _conditions(loaded, classes, prompts, t5_path, num_images, backend):
     path = Path(prompts)
     if not path.is_file():
         raise UserError(f"--prompts {prompts}: file not found")
-    lines = [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"--prompts {prompts}: not UTF-8 text; give a text file with one prompt per line") from None
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
     if not lines:
         raise UserError(f"--prompts {prompts}: no prompts in the file")
     n = num_images or len(lines)
