@@ -194,6 +194,7 @@ class Decoder:
         # first image-token index whose target (0) / drafter (1) distribution held NaN or inf,
         # NO_POSITION if none: read when an image is done (the loop's existing host read)
         self.nonfinite = torch.full((len(MODEL_PARTS), b), NO_POSITION, dtype=torch.long, device=dev)
+        self.no_position = torch.tensor(NO_POSITION, device=dev)
         self.block_ids = torch.arange(m, device=dev)
         self.image_ids = torch.arange(b, device=dev)
         per_image = self.rows // b
@@ -378,12 +379,14 @@ class Decoder:
 
     def _note_nonfinite(self, part: int, values: torch.Tensor, depth: torch.Tensor) -> None:
         """Record in `nonfinite[part]` the first image-token index (count + depth) whose row of
-        values (rows or B, T, V) holds NaN or inf, for live images."""
-        bad = ~torch.isfinite(values).all(-1)  # (rows or B, T)
-        if bad.size(0) != self.batch:  # cond and uncond rows of an image
-            bad = bad.view(-1, self.batch, bad.size(1)).any(0)
-        index = torch.where(bad & (self.count < self.num_tokens)[:, None], self.count[:, None] + depth, NO_POSITION)
-        self.nonfinite[part].copy_(torch.minimum(self.nonfinite[part], index.amin(1)))
+        values (rows or B, T, V) holds NaN or inf. A done image's slot may record more; nobody
+        reads it (the image was collected, and `start_image` resets the slot)."""
+        # x - x is 0 for a finite x and NaN for NaN or inf; a sum of exact zeros is exactly 0
+        spread = (values - values).sum(-1)  # (rows or B, T)
+        if spread.size(0) != self.batch:  # cond and uncond rows of an image
+            spread = spread.view(-1, self.batch, spread.size(1)).sum(0)
+        index = torch.where(spread == 0, self.no_position, self.count[:, None] + depth).amin(1)
+        self.nonfinite[part].copy_(torch.minimum(self.nonfinite[part], index))
 
     def _accept_step(self, depth: int | None = None) -> None:
         live = self.live()
