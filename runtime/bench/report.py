@@ -724,6 +724,8 @@ _CSS = (
     "table{border-collapse:collapse;margin:1em 0;font-size:0.9em}"
     "th,td{border:1px solid #ccc;padding:3px 8px;text-align:left}th{background:#f3f3f3}"
     "img{max-width:100%}code{background:#f3f3f3;padding:0 3px}figcaption{font-size:0.85em;color:#555}"
+    # a table wider than the page scrolls inside its own box; long words and code spans wrap
+    ".wide{overflow-x:auto}p,h1,h2,h3,figcaption{overflow-wrap:anywhere}"
 )
 
 
@@ -749,7 +751,7 @@ def render_html(blocks: Sequence[Block]) -> str:
         elif isinstance(block, Table):
             head = "".join(f"<th>{_inline(h)}</th>" for h in block.headers)
             body = "".join("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in row) + "</tr>" for row in block.rows)
-            out.append(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
+            out.append(f'<div class="wide"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>')
         else:
             data = base64.b64encode(block.png).decode("ascii")
             out.append(
