@@ -1,0 +1,171 @@
+"""Real-shape cost projection: the speedup a method would reach on a model's shape on this device.
+
+Trained weights of a large model cannot always be shared or run here, but a decoding iteration
+costs the same with any weights of the same shape: every step has fixed shapes by design, so
+its time depends on the shape, the tree and the device, never on the values. So the step costs
+are measured on the real shape with random weights, and the acceptance length tau comes from a
+trained model (a bench result file, or given):
+
+    projected speedup = tau x (AR step time) / (draft + verify + accept time per iteration)
+
+Both inputs are named wherever the number is shown; it is a projection, not a measurement of
+the trained model. `ddd` and `--dynamic-depth` draft to a depth decided by the weights, so
+their iteration cost with random weights is not theirs; they are refused here.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from runtime.core import Decoder, MethodSpec
+from runtime.errors import UserError
+from runtime.models.configs import GPTConfig, gpt_config
+
+PHASES = ("draft", "verify", "accept")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A model's decoding shape: a LlamaGen config name, image size (token grid) and vocabulary."""
+
+    name: str
+    gpt: str
+    image_size: int
+    vocab_size: int
+    description: str
+
+    def config(self) -> GPTConfig:
+        return gpt_config(self.gpt, image_size=self.image_size, vocab_size=self.vocab_size)
+
+
+SHAPES: dict[str, ModelShape] = {s.name: s for s in (
+    ModelShape("llamagen-b", "GPT-B", 256, 16384, "LlamaGen GPT-B c2i, 256 px (16x16 tokens), 111M"),
+    ModelShape("llamagen-l", "GPT-L", 256, 16384, "LlamaGen GPT-L c2i, 256 px (16x16 tokens), 343M"),
+    ModelShape("llamagen-xl", "GPT-XL", 256, 16384, "LlamaGen GPT-XL c2i, 256 px (16x16 tokens), 775M"),
+    ModelShape("llamagen-xxl", "GPT-XXL", 256, 16384, "LlamaGen GPT-XXL c2i, 256 px (16x16 tokens), 1.4B"),
+    # Anole / Lumina-mGPT 7B: Chameleon's 32 layers of width 4096 (SwiGLU 11008) and 65,536
+    # tokens, 512 px = 32x32 image tokens; built from LlamaGen blocks (Chameleon's q/k norms
+    # are a few more small kernels per layer, so this is a slight underestimate of its step)
+    ModelShape("chameleon-7b", "GPT-7B", 512, 65536,
+               "Chameleon-7B-shaped (Anole, Lumina-mGPT): 32 layers, width 4096, 65,536 tokens, 32x32 image "
+               "tokens; LlamaGen blocks"),
+)}
+
+
+def model_shape(name: str) -> ModelShape:
+    if name not in SHAPES:
+        raise UserError(f"unknown --shape {name!r}; choose one of {', '.join(SHAPES)}")
+    return SHAPES[name]
+
+
+def random_models(shape: ModelShape, backend: Any, seed: int = 0) -> tuple[Any, Any]:
+    """(target, drafter) of `shape` on the backend's device and dtype, LlamaGen-initialised
+    random weights (with a non-zero head, so distributions are not uniform)."""
+    from runtime.models.configs import DrafterConfig
+    from runtime.models.drafter import Drafter
+    from runtime.models.gpt import Transformer
+
+    cfg = shape.config()
+    torch.manual_seed(seed)
+    with torch.device(backend.device):
+        target = Transformer(cfg)
+        target.init_weights()
+        torch.nn.init.normal_(target.output.weight, std=cfg.initializer_range)
+        drafter = Drafter(DrafterConfig.for_target(cfg))
+    return target.to(backend.dtype).eval(), drafter.to(backend.dtype).eval()
+
+
+def random_neighbours(shape: ModelShape, spec: MethodSpec, seed: int = 0) -> torch.Tensor | None:
+    """The proximity table of a random 8-dimensional codebook, for relaxed methods (its values
+    change which drafts are accepted, never the cost of an iteration)."""
+    if spec.relaxation_kind == "none":
+        return None
+    from runtime.core.proximity import neighbour_table
+
+    g = torch.Generator().manual_seed(seed)
+    table, _ = neighbour_table(torch.randn(shape.vocab_size, 8, generator=g), min(spec.lantern_k, shape.vocab_size - 1))
+    return table
+
+
+def check_projectable(spec: MethodSpec) -> None:
+    if spec.method == "ddd" or spec.dynamic_depth is not None:
+        raise UserError(f"{spec.method}{' with --dynamic-depth' if spec.dynamic_depth is not None else ''} drafts "
+                        "to a depth the trained weights decide, so random weights cannot stand in for its cost; "
+                        "project a fixed-depth method")
+
+
+@dataclass
+class StepTimes:
+    """Seconds per iteration of each phase (one sample per timed iteration)."""
+
+    draft: list[float] = field(default_factory=list)
+    verify: list[float] = field(default_factory=list)
+    accept: list[float] = field(default_factory=list)
+
+    def iterations(self) -> np.ndarray:
+        """(n,) seconds of each whole iteration."""
+        parts = [np.asarray(getattr(self, p)) for p in PHASES if getattr(self, p)]
+        return np.sum(parts, axis=0)
+
+    def to_dict(self) -> dict[str, list[float]]:
+        return {p: list(getattr(self, p)) for p in PHASES}
+
+
+def time_steps(decoder: Decoder, backend: Any, *, warmup: int, iterations: int) -> StepTimes:
+    """Time `iterations` decoding iterations, phase by phase, after `warmup` untimed ones.
+
+    The steps run as the runtime runs them: captured replays in graph mode, eager otherwise.
+    Each phase is bracketed by device synchronisations, so its time is the device's. An image
+    that completes is restarted (untimed) so every timed iteration is a full one.
+    """
+    cond = torch.zeros(decoder.batch, dtype=torch.long, device=decoder.device)
+    if backend.graph_mode and not decoder.captured:
+        decoder._capture_steps(cond, None)
+    decoder.prefill(cond, None, 0)
+    times = StepTimes()
+    steps: list[tuple[str, Callable[[], Any]]] = []
+    if decoder._draft_segments:
+        steps.append(("draft", decoder._run_draft))
+    with torch.no_grad():
+        for i in range(warmup + iterations):
+            if bool((decoder.count >= decoder.num_tokens - decoder.max_depth - 1).any()):
+                decoder.prefill(cond, None, i)
+            depth = decoder.max_depth
+            for phase, step in steps + [("verify", None), ("accept", None)]:
+                backend.synchronize()
+                began = time.perf_counter()
+                if phase == "draft":
+                    depth = step()
+                elif phase == "verify":
+                    decoder._verify_at[depth]()
+                else:
+                    decoder._accept_at[depth]()
+                backend.synchronize()
+                if i >= warmup:
+                    getattr(times, phase).append(time.perf_counter() - began)
+    return times
+
+
+def projected_speedup(tau: float, ar_step_s: float, iteration_s: float) -> float:
+    """tau x AR step / iteration: tokens per iteration over iterations' cost in AR steps."""
+    if tau <= 0 or ar_step_s <= 0 or iteration_s <= 0:
+        raise ValueError(f"tau, AR step and iteration time must be > 0, got {tau}, {ar_step_s}, {iteration_s}")
+    return tau * ar_step_s / iteration_s
+
+
+def projection_interval(tau: float, ar_steps: Sequence[float], iterations: Sequence[float], *,
+                        draws: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """(point, low, high): the projected speedup from the median AR step and median iteration,
+    with a 95 % bootstrap interval over the timing samples (tau taken as given)."""
+    ar, it = np.asarray(ar_steps, dtype=float), np.asarray(iterations, dtype=float)
+    point = projected_speedup(tau, float(np.median(ar)), float(np.median(it)))
+    rng = np.random.default_rng(seed)
+    ar_med = np.median(rng.choice(ar, size=(draws, ar.size)), axis=1)
+    it_med = np.median(rng.choice(it, size=(draws, it.size)), axis=1)
+    low, high = np.quantile(tau * ar_med / it_med, [0.025, 0.975])
+    return point, float(low), float(high)

@@ -1,0 +1,63 @@
+"""Real-shape projection (issue 20 item 3): the arithmetic, and step timing on a tiny shape."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from runtime.bench.projection import (SHAPES, ModelShape, check_projectable, model_shape, projected_speedup,
+                                      projection_interval, random_models, random_neighbours, time_steps)
+from runtime.core import Decoder, MethodSpec, SamplingParams
+from runtime.errors import UserError
+
+TINY = ModelShape("tiny", "GPT-tiny", 64, 64, "GPT-tiny, 4x4 tokens, 64 codes")
+
+
+def test_projection_is_tau_times_ar_step_over_iteration():
+    assert projected_speedup(3.0, 0.010, 0.015) == pytest.approx(2.0)
+    assert projected_speedup(1.0, 0.02, 0.02) == pytest.approx(1.0)
+    with pytest.raises(ValueError):
+        projected_speedup(0.0, 0.01, 0.01)
+
+
+def test_projection_interval_brackets_the_point_and_shrinks_with_samples():
+    rng = np.random.default_rng(0)
+    ar, it = 0.010 + rng.normal(0, 5e-4, 20), 0.020 + rng.normal(0, 1e-3, 20)
+    point, low, high = projection_interval(4.0, ar, it)
+    assert low < point < high and point == pytest.approx(4.0 * np.median(ar) / np.median(it))
+    ar_many, it_many = 0.010 + rng.normal(0, 5e-4, 400), 0.020 + rng.normal(0, 1e-3, 400)
+    _, low_many, high_many = projection_interval(4.0, ar_many, it_many)
+    assert high_many - low_many < high - low
+    assert low_many < 2.0 < high_many  # the truth: 4 x 0.010 / 0.020
+
+
+def test_every_named_shape_builds_its_config():
+    assert set(SHAPES) == {"llamagen-b", "llamagen-l", "llamagen-xl", "llamagen-xxl", "chameleon-7b"}
+    xl = model_shape("llamagen-xl").config()
+    assert (xl.n_layer, xl.dim, xl.block_size, xl.vocab_size) == (36, 1280, 256, 16384)
+    cham = model_shape("chameleon-7b").config()
+    assert (cham.n_layer, cham.dim, cham.ffn_hidden, cham.vocab_size, cham.block_size) == (32, 4096, 11008,
+                                                                                            65536, 1024)
+    with pytest.raises(UserError, match="unknown --shape 'xl'"):
+        model_shape("xl")
+
+
+@pytest.mark.parametrize("spec", [MethodSpec(method="ddd"), MethodSpec(method="lantern++", dynamic_depth=0.2)])
+def test_methods_whose_depth_the_weights_decide_are_not_projected(spec):
+    with pytest.raises(UserError, match="random weights cannot stand in"):
+        check_projectable(spec)
+
+
+@pytest.mark.parametrize("method, extra", [("ar", {}), ("lantern++", {"tree": "chain3", "lantern_k": 4}),
+                                           ("eagle2", {"depth": 2, "top_k_draft": 3, "total_tokens": 8})])
+def test_step_times_of_a_tiny_shape(method, extra):
+    from backends import get_backend
+
+    backend = get_backend("cpu", graph_mode=False)
+    target, drafter = random_models(TINY, backend)
+    spec = MethodSpec(method=method, sampling=SamplingParams(greedy=False), **extra)
+    decoder = Decoder(target, drafter, spec, neighbours=random_neighbours(TINY, spec), backend=backend)
+    times = time_steps(decoder, backend, warmup=2, iterations=12)
+    assert len(times.verify) == len(times.accept) == 12
+    assert len(times.draft) == (0 if method == "ar" else 12)
+    assert (times.iterations() > 0).all()
