@@ -1,0 +1,70 @@
+"""Bench intervals (issue 20): 95 % intervals cover the truth on synthetic timings with known
+noise, and comparisons call a difference only when it lies outside the combined noise."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from runtime.bench.stats import compare, speedup_interval, tau_interval
+
+
+def workload(rng: np.random.Generator, speed: float, repeats: int = 5, images: int = 12, machine: float = 0.08,
+             jitter: float = 0.05, spread: float = 0.3) -> tuple[np.ndarray, np.ndarray]:
+    """(AR, method) latencies (repeats, images): images of random difficulty (lognormal
+    `spread`), each repeat slowed by a machine factor (`machine`), each timing jittered
+    (`jitter`); the method takes 1/speed of AR's time in expectation, so the true speedup is `speed`."""
+    difficulty = rng.lognormal(0, spread, images)
+
+    def latencies(scale: float) -> np.ndarray:
+        return (scale * difficulty[None] * rng.lognormal(0, machine, (repeats, 1))
+                * rng.lognormal(0, jitter, (repeats, images)))
+
+    return latencies(1.0), latencies(1.0 / speed)
+
+
+@pytest.mark.parametrize("repeats, images", [(5, 12), (10, 12), (5, 4)])
+def test_speedup_interval_covers_the_truth_about_95_percent_of_the_time(repeats, images):
+    rng = np.random.default_rng(7)
+    hits = [speedup_interval(*workload(rng, 2.0, repeats, images), draws=800, seed=k).contains(2.0)
+            for k in range(600)]
+    assert 0.92 <= np.mean(hits) <= 0.985, np.mean(hits)
+
+
+def test_interval_narrows_with_more_repeats_and_images():
+    rng = np.random.default_rng(3)
+    few = speedup_interval(*workload(rng, 1.5, 3, 4))
+    many = speedup_interval(*workload(rng, 1.5, 20, 48))
+    assert many.high - many.low < (few.high - few.low) / 2
+    assert few.low < few.point < few.high
+
+
+def test_tau_interval_over_images():
+    rng = np.random.default_rng(0)
+    forwards = rng.integers(60, 90, size=400).astype(float)
+    tokens = np.full(400, 256.0)
+    truth = 256.0 / 75.0  # forwards uniform on 60..89: mean 74.5; tau = sum tokens / sum forwards
+    tau = tau_interval(tokens, forwards)
+    assert tau.point == pytest.approx(tokens.sum() / forwards.sum())
+    assert tau.low < tau.point < tau.high and abs(tau.point - truth) < 0.05
+
+
+def test_runs_that_differ_by_less_than_their_noise_are_within_noise():
+    rng = np.random.default_rng(11)
+    calls = [compare(*workload(rng, 1.8), *workload(rng, 1.8), draws=800, seed=k).within_noise for k in range(300)]
+    assert np.mean(calls) >= 0.92  # the same setting twice: "within noise" about 95 % of the time
+
+
+def test_a_real_difference_is_attributed():
+    rng = np.random.default_rng(5)
+    result = compare(*workload(rng, 2.0, repeats=10, images=24), *workload(rng, 1.5, repeats=10, images=24))
+    assert not result.within_noise
+    assert result.ratio.low > 1.0 and result.ratio.point == pytest.approx(2.0 / 1.5, rel=0.1)
+    assert "within noise" not in result.text()
+
+
+def test_malformed_samples_are_refused():
+    with pytest.raises(ValueError, match=r"\(repeats, images\)"):
+        speedup_interval([1.0, 2.0], [[1.0]])
+    with pytest.raises(ValueError, match="same images"):
+        speedup_interval([[1.0, 2.0]], [[1.0]])
