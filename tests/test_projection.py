@@ -61,3 +61,34 @@ def test_step_times_of_a_tiny_shape(method, extra):
     assert len(times.verify) == len(times.accept) == 12
     assert len(times.draft) == (0 if method == "ar" else 12)
     assert (times.iterations() > 0).all()
+
+
+def test_a_whole_projection_names_its_inputs_and_equals_tau_times_the_step_ratio():
+    from backends import get_backend
+    from runtime.bench.projection import Target, project
+
+    backend = get_backend("cpu", graph_mode=False)
+    spec = MethodSpec(method="lantern++", tree="chain3", lantern_k=4, sampling=SamplingParams(greedy=True))
+    out = project(TINY, backend, [Target("chain3", spec, 2.5, "tau given (--tau 2.5)")], warmup=1, iterations=6)
+    run = out["runs"][0]
+    assert run["tau"] == 2.5 and run["tau_source"] == "tau given (--tau 2.5)"
+    assert out["shape"]["weights"].startswith("random")
+    ratio = np.median(np.sum([run["seconds"][p] for p in ("draft", "verify", "accept")], axis=0))
+    ar = np.median(np.sum([out["ar_step"]["seconds"][p] for p in ("verify", "accept")], axis=0))
+    assert run["projected_speedup"]["point"] == pytest.approx(2.5 * ar / ratio)
+    assert run["projected_speedup"]["low"] <= run["projected_speedup"]["point"] <= run["projected_speedup"]["high"]
+
+
+def test_a_bench_run_maps_back_to_its_method_spec():
+    from types import SimpleNamespace
+
+    from runtime.bench.projection import spec_from_run
+    from runtime.bench.schema import MethodParams
+
+    sampling = SimpleNamespace(greedy=False, temperature=1.0, top_k=0, top_p=1.0, cfg=3.0)
+    run = SimpleNamespace(method="lantern++", params=MethodParams(tree="chain6", lantern_k=32, lantern_lambda=8.0))
+    spec = spec_from_run(run, sampling)
+    assert (spec.tree, spec.lantern_k, spec.lantern_lambda, spec.sampling.cfg) == ("chain6", 32, 8.0, 3.0)
+    run = SimpleNamespace(method="eagle2", params=MethodParams(tree="dynamic", depth=4, top_k_draft=10,
+                                                               total_tokens=60))
+    assert spec_from_run(run, sampling).describe()["depth"] == 4

@@ -169,3 +169,75 @@ def projection_interval(tau: float, ar_steps: Sequence[float], iterations: Seque
     it_med = np.median(rng.choice(it, size=(draws, it.size)), axis=1)
     low, high = np.quantile(tau * ar_med / it_med, [0.025, 0.975])
     return point, float(low), float(high)
+
+
+# -- whole projections --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Target:
+    """One method setting to project: its spec, a label, and the tau it reached on a trained
+    model with where that tau came from."""
+
+    label: str
+    spec: MethodSpec
+    tau: float
+    tau_source: str
+
+
+def spec_from_run(run: Any, sampling: Any) -> MethodSpec:
+    """The MethodSpec of a bench result file's run (its `params`) under the workload's sampling."""
+    from runtime.core.sampling import SamplingParams
+
+    p = run.params
+    given = {k: v for k, v in dict(tree=p.tree if p.tree not in (None, "dynamic") else None, depth=p.depth,
+                                   top_k_draft=p.top_k_draft, total_tokens=p.total_tokens, lantern_k=p.lantern_k,
+                                   lantern_lambda=p.lantern_lambda, lantern_delta=p.lantern_delta,
+                                   window=p.window, init=p.init, coupling=p.coupling, accept=p.accept,
+                                   ddd_threshold=p.ddd_threshold, ddd_check_every=p.ddd_check_every,
+                                   ddd_min_depth=p.ddd_min_depth, dynamic_depth=p.dynamic_depth).items()
+             if v is not None}
+    if p.proactive:
+        given["proactive"] = tuple(int(x) for x in p.proactive.split("x"))
+    if run.method == "sjd":
+        given["relax"] = "lambda" if p.lantern_lambda is not None else "delta" if p.lantern_delta is not None else "none"
+    return MethodSpec(method=run.method, sampling=SamplingParams(
+        greedy=sampling.greedy, temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+        cfg=sampling.cfg), **given)
+
+
+def project(shape: ModelShape, backend: Any, targets: Sequence[Target], *, warmup: int = 3, iterations: int = 20,
+            batch_size: int = 1, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Measure the AR step and each target's iteration on `shape` (random weights) and project
+    each target's speedup. Returns the JSON-ready body of a projection file: the shape, the
+    per-phase samples, and per target tau (with its source), the medians and the projected
+    speedup with its interval."""
+    say = progress or (lambda _: None)
+    for t in targets:
+        check_projectable(t.spec)
+    target_model, drafter = random_models(shape, backend)
+    sampling = targets[0].spec.sampling if targets else None
+    ar_spec = MethodSpec(method="ar", sampling=sampling) if sampling is not None else MethodSpec(method="ar")
+
+    def measure(spec: MethodSpec, label: str) -> StepTimes:
+        say(f"{shape.name}: {label}")
+        decoder = Decoder(target_model, drafter, spec, neighbours=random_neighbours(shape, spec), backend=backend,
+                          batch_size=batch_size)
+        return time_steps(decoder, backend, warmup=warmup, iterations=iterations)
+
+    ar = measure(ar_spec, "ar")
+    ar_steps = ar.iterations()
+    runs = []
+    for t in targets:
+        times = measure(t.spec, t.label)
+        point, low, high = projection_interval(t.tau, ar_steps, times.iterations())
+        runs.append({"label": t.label, "method": t.spec.method, "params": t.spec.describe(), "tau": t.tau,
+                     "tau_source": t.tau_source, "seconds": times.to_dict(),
+                     "iteration_s": float(np.median(times.iterations())),
+                     "iteration_over_ar_step": float(np.median(times.iterations()) / np.median(ar_steps)),
+                     "projected_speedup": {"point": point, "low": low, "high": high}})
+    cfg = shape.config()
+    return {"shape": {"name": shape.name, "description": shape.description, "layers": cfg.n_layer,
+                      "width": cfg.dim, "vocab_size": cfg.vocab_size, "image_tokens": cfg.block_size,
+                      "weights": "random (LlamaGen init)"},
+            "batch_size": batch_size, "warmup": warmup, "iterations": iterations,
+            "ar_step": {"seconds": ar.to_dict(), "median_s": float(np.median(ar_steps))}, "runs": runs}
