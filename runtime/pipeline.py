@@ -270,6 +270,10 @@ class RunOutput:
     seeds: list[int]
     total_s: float
     phases: dict[str, dict[str, float]]
+    # image j's share of total_s (workload order): the time from the previous image's completion
+    # to its own, plus an equal share of the batched VQ decode; they sum to total_s
+    image_seconds: list[float] = field(default_factory=list)
+    image_counts: list[tuple[int, int]] = field(default_factory=list)  # (tokens accepted, target forwards)
 
 
 def run_generation(loaded: LoadedModel, spec: MethodSpec, conditions: Sequence[int] | torch.Tensor, *,
@@ -281,17 +285,42 @@ def run_generation(loaded: LoadedModel, spec: MethodSpec, conditions: Sequence[i
         decoder = make_decoder(loaded, spec, backend)
     timer = backend.timer()
     decoder.timer = timer
+    done_at: dict[int, float] = {}
+
+    def image_done(j: int, tokens: torch.Tensor) -> None:
+        done_at[j] = time.perf_counter()  # the loop has just read the device: its work so far is done
+        if on_image is not None:
+            on_image(j, tokens)
+
     backend.synchronize()
     start = time.perf_counter()
     with out_of_memory_as_user_error(decoder, backend):
         result = generate(loaded.target, loaded.drafter, spec, conditions, cond_masks=cond_masks, seed=seed,
-                          indices=indices, decoder=decoder, on_image=on_image)
+                          indices=indices, decoder=decoder, on_image=image_done)
     with timer.phase("decode"):
         images = decode_tokens(loaded.vq, result.tokens)
     backend.synchronize()
-    total = time.perf_counter() - start
+    end = time.perf_counter()
     decoder.timer = None
-    return RunOutput(result.tokens, images, result.stats, result.seeds, total, timer.summary())
+    return RunOutput(result.tokens, images, result.stats, result.seeds, end - start, timer.summary(),
+                     image_seconds=image_shares(done_at, start, end),
+                     image_counts=result.image_counts)
+
+
+def image_shares(done_at: dict[int, float], start: float, end: float) -> list[float]:
+    """Each image's share of a run's wall time, in workload order (keys of `done_at`, 0..n-1):
+    the gap since the image completed before it (or since `start`), plus 1/n of the time from
+    the last completion to `end` (the batched VQ decode). The shares sum to end - start."""
+    if not done_at:
+        return []
+    order = sorted(done_at, key=done_at.__getitem__)
+    tail = (end - max(done_at.values())) / len(order)
+    shares: dict[int, float] = {}
+    previous = start
+    for j in order:
+        shares[j] = done_at[j] - previous + tail
+        previous = done_at[j]
+    return [shares[j] for j in sorted(shares)]
 
 
 def make_decoder(loaded: LoadedModel, spec: MethodSpec, backend: Any, batch_size: int = 1) -> Decoder:

@@ -13,7 +13,7 @@ ranks (`batch_size=B` decodes B images at once; the tokens are the same for ever
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
@@ -31,6 +31,8 @@ class GenerationResult:
     tokens: torch.Tensor  # (num_images, block_size) long, CPU
     stats: dict[str, Any]
     seeds: list[int]
+    # per image, workload order: (tokens accepted, target forwards); tau = their sums' ratio
+    image_counts: list[tuple[int, int]] = field(default_factory=list)
 
 
 def neighbours_for(vq: Any, spec: MethodSpec, vocab_size: int) -> torch.Tensor | None:
@@ -85,4 +87,5 @@ def generate(target: Transformer, drafter: Drafter | None, spec: MethodSpec,
     stats = RunStats()
     for s in image_stats:  # workload order, whatever order the images finished in
         stats.add(s)
-    return GenerationResult(out, stats.summary(), seeds)
+    return GenerationResult(out, stats.summary(), seeds,
+                            [(s.accepted_tokens, s.target_forwards) for s in image_stats])
