@@ -35,8 +35,12 @@ def write_bench(
     name: str,
     runs: list[tuple[str, dict[str, Any], float, int, Quality | None]],
     num_images: int = 4,
+    samples: bool = True,
+    spread: float = 0.05,
 ) -> Path:
-    """A bench file; `runs` = (method, params, p50 seconds, target forwards, quality)."""
+    """A bench file; `runs` = (method, params, p50 seconds, target forwards, quality). With
+    `samples`, every run carries per-image latencies (repeat totals split over images of
+    unequal cost) and per-image counts; `spread` is the repeats' relative spread."""
     workload = Workload(
         model="GPT-demo", params=2_000_000, tokens_per_image=TOKENS, image_size=64,
         conditions=Conditions.for_classes(list(range(num_images))), num_images=num_images,
@@ -49,13 +53,25 @@ def write_bench(
         warmup=1, repeats=3, timer="perf_counter",
     )
     tokens = num_images * TOKENS
-    built = [
-        make_run(method, latencies=[p50 * 0.95, p50, p50 * 1.1], num_images=num_images, target_forwards=forwards,
-                 tokens=tokens, mean_accepted_length=tokens / forwards * 0.97, params=MethodParams(**params),
-                 phases={"draft": Phase(p50 * 0.3, forwards), "verify": Phase(p50 * 0.6, forwards)},
-                 quality=quality)
-        for method, params, p50, forwards, quality in runs
-    ]
+    weights = [1.0 + 0.1 * i for i in range(num_images)]
+
+    def split(total: float, r: int) -> list[float]:
+        shares = [w * (1 + 0.02 * ((r + i) % 3 - 1)) for i, w in enumerate(weights)]
+        return [total * x / sum(shares) for x in shares]
+
+    def counts(forwards: int) -> list[list[int]]:
+        each = [forwards // num_images + (1 if i < forwards % num_images else 0) for i in range(num_images)]
+        return [[TOKENS, f] for f in each]
+
+    built = []
+    for method, params, p50, forwards, quality in runs:
+        latencies = [p50 * (1 - spread), p50, p50 * (1 + 2 * spread)]
+        built.append(make_run(
+            method, latencies=latencies, num_images=num_images, target_forwards=forwards,
+            tokens=tokens, mean_accepted_length=tokens / forwards * 0.97, params=MethodParams(**params),
+            phases={"draft": Phase(p50 * 0.3, forwards), "verify": Phase(p50 * 0.6, forwards)}, quality=quality,
+            per_image_latencies=[split(t, r) for r, t in enumerate(latencies)] if samples else None,
+            image_counts=counts(forwards) if samples else None))
     device = DeviceInfo(backend=backend, name=name, count=1, versions={"torch": "2.13.0"})
     return save_bench(make_bench(device, workload, env, built), path)
 
@@ -145,9 +161,43 @@ def test_same_workload_is_compared_side_by_side_with_the_cause_named(rendered: P
     across = section(markdown, "### Across devices")
     devices = {row["device"] for row in md_tables(across)[0] if row["method"].startswith("lantern++")}
     assert devices == {"cpu: Xeon x1", "cuda: RTX 3090 x1"}
-    # Same tau on both devices, so the speedup gap must be attributed to the step ratio.
+    # Same tau on both devices and a gap far outside the noise: attributed to the step ratio.
     assert re.search(r"`lantern\+\+ \[tree=t7 k=100 lambda=2\]`: 1\.78x on cuda: RTX 3090 x1 to 2\.41x on cpu: "
-                     r"Xeon x1; tau differs by 1\.00x .* mainly from the step ratio", across)
+                     r"Xeon x1; tau differs by 1\.00x .* outside the noise, mainly through the step ratio", across)
+
+
+def test_speedups_and_tau_carry_their_intervals(rendered: Path) -> None:
+    markdown = (rendered / "report.md").read_text()
+    rows = [row for table in md_tables(markdown) for row in table if "speedup, mean [95% CI]" in row]
+    lantern = next(row for row in rows if row["method"] == "lantern++")
+    point, low, high = map(float, re.match(r"([\d.]+)x \[([\d.]+), ([\d.]+)\]",
+                                           lantern["speedup, mean [95% CI]"]).groups())
+    assert low < point < high and point == pytest.approx(2.41, abs=0.05)
+    assert re.match(r"[\d.]+ \[[\d.]+, [\d.]+\]", lantern["tau [95% CI]"])
+
+
+def test_without_per_image_samples_no_cause_is_named(tmp_path: Path) -> None:
+    lpp = {"tree": "t7", "lantern_k": 100, "lantern_lambda": 2.0}
+    a = write_bench(tmp_path / "a.json", "cpu", "Xeon", [("ar", {}, 3.3, 64, None), ("lantern++", lpp, 1.37, 20, None)],
+                    samples=False)
+    b = write_bench(tmp_path / "b.json", "cuda", "A100", [("ar", {}, 0.4, 64, None), ("lantern++", lpp, 0.3, 20, None)],
+                    samples=False)
+    write_report([a, b], tmp_path / "out")
+    across = section((tmp_path / "out" / "report.md").read_text(), "### Across devices")
+    assert "Not tested against noise" in across and "mainly" not in across
+
+
+def test_two_benches_of_one_setting_on_one_device_are_within_noise_and_compared_as_runs(tmp_path: Path) -> None:
+    lpp = {"tree": "t7", "lantern_k": 100, "lantern_lambda": 2.0}
+    a = write_bench(tmp_path / "a.json", "cpu", "Xeon", [("ar", {}, 3.3, 64, None), ("lantern++", lpp, 1.75, 20, None)],
+                    spread=0.15)
+    b = write_bench(tmp_path / "b.json", "cpu", "Xeon", [("ar", {}, 3.3, 64, None), ("lantern++", lpp, 1.86, 20, None)],
+                    spread=0.15)
+    write_report([a, b], tmp_path / "out")
+    markdown = (tmp_path / "out" / "report.md").read_text()
+    assert "### Across devices" not in markdown
+    one = section(markdown, "### Across modes and repeated benches (one device)")
+    assert "within noise" in one and "mainly" not in one
 
 
 def test_different_workloads_go_to_separate_sections_with_the_difference_named(

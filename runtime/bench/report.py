@@ -31,7 +31,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence, Union
+from typing import TYPE_CHECKING, Any, Sequence, Union
 
 from runtime.bench.schema import (
     BenchResult,
@@ -42,6 +42,11 @@ from runtime.bench.schema import (
     to_dict,
 )
 from runtime.errors import UserError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from runtime.bench.stats import Interval
 
 REPORT_MD = "report.md"
 REPORT_HTML = "report.html"
@@ -229,6 +234,39 @@ def loop_efficiency(run: RunResult) -> float | None:
     forwards = verify.count + (prefill.count if prefill is not None else 0)
     iteration = run.latency_s.p50 / forwards
     return (verify.seconds / verify.count) / iteration
+
+
+def image_samples(run: RunResult) -> "np.ndarray | None":
+    """Latencies (repeats, images) of a run, or None in files written before they were recorded."""
+    import numpy as np
+
+    per = getattr(run.latency_s, "per_image", None)
+    return np.asarray(per, dtype=float) if per else None
+
+
+def speedup_ci(run: RunResult, ar: RunResult | None) -> "Interval | None":
+    """Mean-total speedup over `ar` with its 95 % bootstrap interval (repeats and images
+    resampled), or None without per-image samples for both."""
+    from runtime.bench.stats import speedup_interval
+
+    a, m = (image_samples(ar) if ar is not None else None), image_samples(run)
+    if a is None or m is None or a.shape[1] != m.shape[1]:
+        return None
+    return speedup_interval(a, m)
+
+
+def tau_ci(run: RunResult) -> "Interval | None":
+    """tau with its 95 % interval over images, or None without per-image counts."""
+    from runtime.bench.stats import tau_interval
+
+    counts = getattr(run.stats, "image_counts", None)
+    if not counts:
+        return None
+    return tau_interval([c[0] for c in counts], [c[1] for c in counts])
+
+
+def fmt_interval(interval: "Interval | None", unit: str = "x") -> str:
+    return "-" if interval is None else interval.text("{:.2f}", unit)
 
 
 def _ops_cell(run: RunResult, phase: str) -> str:
@@ -480,11 +518,29 @@ def group_by_workload(benches: Sequence[BenchFile]) -> list[list[BenchFile]]:
     return groups
 
 
+def file_mode(result: BenchResult) -> str:
+    """`graph` or `eager`: how most of a file's runs executed their steps."""
+    graphs = [r.params.graph for r in result.runs]
+    return "graph" if sum(graphs) * 2 >= len(graphs) else "eager"
+
+
 def _label_devices(benches: Sequence[BenchFile]) -> None:
-    """Device labels, with the file name added where two files in `benches` share a device."""
+    """Device labels; where two files in `benches` share a device, its mode (graph / eager) is
+    added when the modes differ, else the file name."""
     labels = [device_label(b.result) for b in benches]
-    for bench, label in zip(benches, labels):
-        bench.label = label if labels.count(label) == 1 else f"{label} ({Path(bench.path).name})"
+    modes = [file_mode(b.result) for b in benches]
+    for bench, label, mode in zip(benches, labels, modes):
+        same = [m for lab, m in zip(labels, modes) if lab == label]
+        if len(same) == 1:
+            bench.label = label
+        elif same.count(mode) == 1:
+            bench.label = f"{label} ({mode})"
+        else:
+            bench.label = f"{label} ({mode}, {Path(bench.path).name})"
+
+
+def same_device(group: Sequence[BenchFile]) -> bool:
+    return len({device_label(b.result) for b in group}) == 1
 
 
 def _device_section(bench: BenchFile, slug: str) -> list[Block]:
@@ -503,9 +559,14 @@ def _device_section(bench: BenchFile, slug: str) -> list[Block]:
             _bytes(run.memory.peak_bytes),
             _quality(run),
         ])
-    blocks.append(Table(
-        ["method", "params", "tau", "speedup", "images/s", "p50 s", "p90 s", "peak memory", "quality"], rows
-    ))
+    headers = ["method", "params", "tau", "speedup", "images/s", "p50 s", "p90 s", "peak memory", "quality"]
+    if any(image_samples(r) is not None for r in result.runs):
+        headers[4:4] = ["speedup, mean [95% CI]", "tau [95% CI]"]
+        for row, run in zip(rows, result.runs):
+            base = ar_baseline(result.runs, run.params.batch_size)
+            row[4:4] = [fmt_interval(speedup_ci(run, base)) if run is not base else "1 (baseline)",
+                        fmt_interval(tau_ci(run), "")]
+    blocks.append(Table(headers, rows))
     ar = ar_baseline(result.runs)
     if ar is None:
         blocks.append(Paragraph(
@@ -593,14 +654,25 @@ def _device_section(bench: BenchFile, slug: str) -> list[Block]:
 
 
 def _cross_device_section(group: Sequence[BenchFile], slug: str) -> list[Block]:
-    blocks: list[Block] = [
-        Heading(3, "Across devices"),
-        Paragraph(
-            "Same workload on every device below. tau (forward reduction) is a property of the "
-            "method and workload; the step ratio is what one draft+verify iteration costs relative "
-            "to one AR step on that device."
-        ),
-    ]
+    if same_device(group):
+        blocks: list[Block] = [
+            Heading(3, "Across modes and repeated benches (one device)"),
+            Paragraph(
+                "The same workload on one device, in different modes or benched more than once: these "
+                "compare modes (graph / eager) and runs, not hardware. A difference is attributed only "
+                "where it lies outside the two runs' combined noise."
+            ),
+        ]
+    else:
+        blocks = [
+            Heading(3, "Across devices"),
+            Paragraph(
+                "Same workload on every device below. tau (forward reduction) is a property of the "
+                "method and workload; the step ratio is what one draft+verify iteration costs relative "
+                "to one AR step on that device. A difference is attributed only where it lies outside "
+                "the two runs' combined noise."
+            ),
+        ]
     order: dict[str, str] = {}
     for bench in group:
         for run in bench.result.runs:
@@ -608,7 +680,7 @@ def _cross_device_section(group: Sequence[BenchFile], slug: str) -> list[Block]:
     rows = []
     explained: list[str] = []
     for label, method in order.items():
-        points: list[tuple[BenchFile, Decomposition]] = []
+        points: list[tuple[BenchFile, Decomposition, RunResult, RunResult]] = []
         for bench in group:
             for run in bench.result.runs:
                 if run_label(run) != label:
@@ -627,7 +699,7 @@ def _cross_device_section(group: Sequence[BenchFile], slug: str) -> list[Block]:
                     _sig(d.iteration_s * 1e3) if d else "-",
                 ])
                 if d is not None:
-                    points.append((bench, d))
+                    points.append((bench, d, run, ar))
         if len(points) >= 2 and method != "ar":
             explained.append(_explain(label, points))
     blocks.append(Table(
@@ -642,19 +714,28 @@ def _cross_device_section(group: Sequence[BenchFile], slug: str) -> list[Block]:
     return blocks
 
 
-def _explain(label: str, points: Sequence[tuple[BenchFile, Decomposition]]) -> str:
+def _explain(label: str, points: Sequence[tuple[BenchFile, Decomposition, RunResult, RunResult]]) -> str:
+    """Name the cause of the speed difference between the slowest and fastest file, but only
+    when it lies outside the two runs' combined noise; otherwise say it is within noise."""
+    from runtime.bench.stats import compare
+
     low = min(points, key=lambda p: p[1].speedup)
     high = max(points, key=lambda p: p[1].speedup)
     tau_factor = high[1].tau / low[1].tau
     step_factor = high[1].step_ratio / low[1].step_ratio
+    span = (f"`{label}`: {fmt_speedup(low[1].speedup)} on {low[0].label} to {fmt_speedup(high[1].speedup)} on "
+            f"{high[0].label}; tau differs by {tau_factor:.2f}x and the step ratio by {step_factor:.2f}x")
+    samples = [image_samples(p[2]) for p in (high, low)] + [image_samples(p[3]) for p in (high, low)]
+    if any(x is None for x in samples) or samples[0].shape[1] != samples[2].shape[1] \
+            or samples[1].shape[1] != samples[3].shape[1]:
+        return f"{span}. Not tested against noise (these files carry no per-image samples), so no cause is named."
+    result = compare(samples[2], samples[0], samples[3], samples[1])
+    if result.within_noise:
+        return f"{span}: {result.text()}, so the difference is not attributed."
     cause = "the step ratio (per-iteration cost on the device)" if abs(math.log(step_factor)) >= abs(
         math.log(tau_factor)
     ) else "tau (how many tokens each verification accepts)"
-    return (
-        f"`{label}`: {fmt_speedup(low[1].speedup)} on {low[0].label} to {fmt_speedup(high[1].speedup)} on "
-        f"{high[0].label}; tau differs by {tau_factor:.2f}x and the step ratio by {step_factor:.2f}x, "
-        f"so the difference comes mainly from {cause}."
-    )
+    return f"{span}; the speedups differ by {result.text()}, outside the noise, mainly through {cause}."
 
 
 def build_report(benches: Sequence[BenchFile]) -> list[Block]:

@@ -120,6 +120,7 @@ def bench(loaded: LoadedModel, backend: Any, profile: Any, plan: Sequence[Planne
     total_steps = len(specs) * (warmup + repeats)
     done = 0
     latencies: list[list[float]] = [[] for _ in specs]
+    per_image: list[list[list[float]]] = [[] for _ in specs]  # [run][repeat][image]
     peaks: list[list[int]] = [[] for _ in specs]
     last: list[Any] = [None] * len(specs)
     phase_runs: list[list[dict[str, dict[str, float]]]] = [[] for _ in specs]
@@ -132,6 +133,7 @@ def bench(loaded: LoadedModel, backend: Any, profile: Any, plan: Sequence[Planne
         out = run_generation(loaded, specs[i], conditions, seed=seed, backend=backend, decoder=decoder)
         if timed:
             latencies[i].append(out.total_s)
+            per_image[i].append(out.image_seconds)
             peak = backend.memory_stats().get("peak_bytes")
             if peak is not None:
                 peaks[i].append(int(peak))
@@ -164,7 +166,8 @@ def bench(loaded: LoadedModel, backend: Any, profile: Any, plan: Sequence[Planne
             ops[i] = _device_ops(decoder, conditions, backend)
             del decoder
     runs = [_run_result(spec, last[i], latencies[i], max(peaks[i], default=None), n, backend, loaded,
-                        conditions, quality, ops[i], batches[i], state[i], mean_phases(phase_runs[i]))
+                        conditions, quality, ops[i], batches[i], state[i], mean_phases(phase_runs[i]),
+                        per_image[i])
             for i, spec in enumerate(specs)]
     info = backend.info()
     versions = {k: str(info[k]) for k in ("torch", "cuda", "driver", "synapseai") if info.get(k)}
@@ -220,7 +223,8 @@ def mean_phases(per_repeat: Sequence[dict[str, dict[str, float]]]) -> dict[str, 
 def _run_result(spec: MethodSpec, out: Any, latencies: list[float], peak_bytes: int | None, n: int, backend: Any,
                 loaded: LoadedModel, conditions: Sequence[int], quality: bool,
                 device_ops: dict[str, schema.DeviceOps] | None = None, batch_size: int = 1,
-                state_bytes: int | None = None, phases: dict[str, schema.Phase] | None = None) -> schema.RunResult:
+                state_bytes: int | None = None, phases: dict[str, schema.Phase] | None = None,
+                per_image: list[list[float]] | None = None) -> schema.RunResult:
     d = spec.describe()
     params = schema.MethodParams(
         tree=d.get("tree", "dynamic" if spec.drafting == "dynamic" else None),
@@ -239,6 +243,7 @@ def _run_result(spec: MethodSpec, out: Any, latencies: list[float], peak_bytes: 
         per_depth_acceptance=st["per_depth_acceptance"], mean_relaxation_mass=st["mean_relaxation_mass"],
         mean_drafted_depth=st.get("mean_drafted_depth"),
         phases=phases, peak_bytes=peak_bytes, state_bytes=state_bytes, device_ops=device_ops,
+        per_image_latencies=per_image or None, image_counts=out.image_counts or None,
         quality=_quality(loaded, out.images, conditions) if quality else
         schema.Quality.not_measured("--no-quality"))
 

@@ -242,6 +242,9 @@ class RunStats:
     per_depth_acceptance: list[float] = field(default_factory=list)
     mean_relaxation_mass: float | None = None
     mean_drafted_depth: float | None = None
+    # per image, workload order: [tokens accepted, target forwards] (tau's interval over
+    # images); None in files written before it was recorded
+    image_counts: list[list[int]] | None = None
 
     @property
     def step_compression(self) -> float:
@@ -251,12 +254,16 @@ class RunStats:
 
 @dataclass
 class Latency:
-    """Seconds to generate the whole workload once: `all[r]` is repeat r; p10/p50/p90 of `all`."""
+    """Seconds to generate the whole workload once: `all[r]` is repeat r; p10/p50/p90 of `all`.
+    `per_image[r][i]`: image i's share of repeat r (the gap since the image completed before it,
+    plus an equal share of the batched VQ decode), so row r sums to `all[r]`; None in files
+    written before it was recorded."""
 
     p10: float
     p50: float
     p90: float
     all: list[float]
+    per_image: list[list[float]] | None = None
 
 
 @dataclass
@@ -362,10 +369,13 @@ def percentiles(values: Sequence[float]) -> tuple[float, float, float]:
     return at(0.10), at(0.50), at(0.90)
 
 
-def make_latency(seconds_per_repeat: Sequence[float]) -> Latency:
-    """Latency summary from the per-repeat wall times (seconds)."""
+def make_latency(seconds_per_repeat: Sequence[float],
+                 per_image: Sequence[Sequence[float]] | None = None) -> Latency:
+    """Latency summary from the per-repeat wall times (seconds), and each image's share of
+    each repeat (rows summing to the repeat's time) where recorded."""
     p10, p50, p90 = percentiles(seconds_per_repeat)
-    return Latency(p10=p10, p50=p50, p90=p90, all=[float(s) for s in seconds_per_repeat])
+    return Latency(p10=p10, p50=p50, p90=p90, all=[float(s) for s in seconds_per_repeat],
+                   per_image=None if per_image is None else [[float(x) for x in row] for row in per_image])
 
 
 def make_run(
@@ -385,12 +395,14 @@ def make_run(
     state_bytes: int | None = None,
     quality: Quality | None = None,
     device_ops: dict[str, DeviceOps] | None = None,
+    per_image_latencies: Sequence[Sequence[float]] | None = None,
+    image_counts: Sequence[Sequence[int]] | None = None,
 ) -> RunResult:
     """A run from raw measurements; `speedup_vs_ar` is left `None` (`make_bench` fills it).
 
     `latencies`: wall seconds per repeat for all `num_images` images; counts are per repeat.
     """
-    latency = make_latency(latencies)
+    latency = make_latency(latencies, per_image_latencies)
     return RunResult(
         method=method,
         params=params if params is not None else MethodParams(),
@@ -401,6 +413,7 @@ def make_run(
             per_depth_acceptance=[float(a) for a in per_depth_acceptance],
             mean_relaxation_mass=None if mean_relaxation_mass is None else float(mean_relaxation_mass),
             mean_drafted_depth=None if mean_drafted_depth is None else float(mean_drafted_depth),
+            image_counts=None if image_counts is None else [[int(a), int(f)] for a, f in image_counts],
         ),
         latency_s=latency,
         images_per_s=num_images / latency.p50,
@@ -544,12 +557,14 @@ def _run_to_dict(run: RunResult) -> dict[str, Any]:
             "per_depth_acceptance": list(run.stats.per_depth_acceptance),
             "mean_relaxation_mass": run.stats.mean_relaxation_mass,
             "mean_drafted_depth": run.stats.mean_drafted_depth,
+            **({} if run.stats.image_counts is None else {"image_counts": run.stats.image_counts}),
         },
         "latency_s": {
             "p10": run.latency_s.p10,
             "p50": run.latency_s.p50,
             "p90": run.latency_s.p90,
             "all": list(run.latency_s.all),
+            **({} if run.latency_s.per_image is None else {"per_image": run.latency_s.per_image}),
         },
         "images_per_s": run.images_per_s,
         "speedup_vs_ar": run.speedup_vs_ar,
@@ -694,6 +709,26 @@ def _field(obj: dict[str, Any], key: str, path: str, parse: Callable[..., Any], 
 def _optional_field(obj: dict[str, Any], key: str, path: str, parse: Callable[..., Any], **kwargs: Any) -> Any:
     value, where = _get(obj, key, path)
     return _optional(parse, value, where, **kwargs)
+
+
+def _matrix(value: Any, path: str) -> list[list[float]]:
+    """A non-empty list of equal-length, non-empty lists of seconds > 0."""
+    rows = [_list(row, _join(path, r), non_empty=True) for r, row in enumerate(_list(value, path, non_empty=True))]
+    if len({len(row) for row in rows}) != 1:
+        raise _SchemaError(f"{path}: every row must have one entry per image")
+    return [[_number(x, _join(_join(path, r), i), positive=True) for i, x in enumerate(row)] for r, row in enumerate(rows)]
+
+
+def _pairs(value: Any, path: str) -> list[list[int]]:
+    """[tokens accepted, target forwards] per image: integers, forwards >= 1."""
+    out = []
+    for i, pair in enumerate(_list(value, path, non_empty=True)):
+        pair = _list(pair, _join(path, i))
+        if len(pair) != 2:
+            raise _SchemaError(f"{_join(path, i)} must be [tokens accepted, target forwards]")
+        out.append([_integer(pair[0], _join(_join(path, i), 0), minimum=0),
+                    _integer(pair[1], _join(_join(path, i), 1), minimum=1)])
+    return out
 
 
 def _parse_bench(data: Any) -> BenchResult:
@@ -846,7 +881,11 @@ def _parse_run(obj: dict[str, Any], path: str) -> RunResult:
         mean_relaxation_mass=_optional_field(st, "mean_relaxation_mass", st_path, _number, non_negative=True),
         mean_drafted_depth=_optional(_number, st.get("mean_drafted_depth"), _join(st_path, "mean_drafted_depth"),
                                      non_negative=True),
+        image_counts=_optional(_pairs, st.get("image_counts"), _join(st_path, "image_counts")),
     )
+    if stats.image_counts is not None and sum(f for _, f in stats.image_counts) != stats.target_forwards:
+        raise _SchemaError(f"{_join(st_path, 'image_counts')}: the images' target forwards must sum to "
+                           f"target_forwards ({stats.target_forwards})")
     lat_path = _join(path, "latency_s")
     lat = _field(obj, "latency_s", path, _object)
     all_path = _join(lat_path, "all")
@@ -858,7 +897,13 @@ def _parse_run(obj: dict[str, Any], path: str) -> RunResult:
             _number(s, _join(all_path, i), positive=True)
             for i, s in enumerate(_field(lat, "all", lat_path, _list, non_empty=True))
         ],
+        per_image=_optional(_matrix, lat.get("per_image"), _join(lat_path, "per_image")),
     )
+    if latency.per_image is not None:
+        rows = latency.per_image
+        if len(rows) != len(latency.all) or any(abs(sum(row) - t) > 1e-6 * t for row, t in zip(rows, latency.all)):
+            raise _SchemaError(f"{_join(lat_path, 'per_image')}: one row per repeat, summing to that repeat's "
+                               "time in `all`")
     slack = 1e-9 * max(latency.all)
     if not (
         min(latency.all) - slack <= latency.p10 <= latency.p50 + slack
@@ -935,6 +980,10 @@ def _check_consistency(result: BenchResult) -> None:
                 f"{path}.stats.tokens must equal workload.num_images x workload.tokens_per_image "
                 f"({w.num_images} x {w.tokens_per_image} = {expected_tokens}), got {run.stats.tokens}"
             )
+        per_image, counts = run.latency_s.per_image, run.stats.image_counts
+        for name, rows in (("latency_s.per_image", per_image and per_image[0]), ("stats.image_counts", counts)):
+            if rows is not None and len(rows) != w.num_images:
+                raise _SchemaError(f"{path}.{name} must have one entry per image ({w.num_images}), got {len(rows)}")
         expected_ips = w.num_images / run.latency_s.p50
         if not math.isclose(run.images_per_s, expected_ips, rel_tol=DERIVED_RTOL):
             raise _SchemaError(
