@@ -48,6 +48,7 @@ class LoadedModel:
     recommended: dict[str, Any] = field(default_factory=dict)
     bundle: Any = None  # the DemoBundle when the model is the demo (classifier for quality)
     recommended_source: str = "model recommendation"  # how result files name `recommended`
+    files: list[Path] = field(default_factory=list)  # every weights file read (result files hash them)
 
     @property
     def config(self):
@@ -90,7 +91,8 @@ def load_model(*, model: str | None, gpt_model: str | None, gpt_ckpt: str | None
         return LoadedModel(gpt_model or Path(gpt_ckpt).stem, target.to(device, dtype).eval(),
                            draft.to(device, dtype).eval() if draft is not None else None,
                            vq.to(device).eval(), size, recommended=dict(LLAMAGEN_SAMPLING[kind]),
-                           recommended_source=LLAMAGEN_SAMPLING_SOURCE[kind])
+                           recommended_source=LLAMAGEN_SAMPLING_SOURCE[kind],
+                           files=weight_files(gpt_ckpt, vq_ckpt, drafter))
     from runtime.demo.bundle import load_demo_bundle
 
     path = None if model in (None, "demo") else model
@@ -106,7 +108,19 @@ def load_model(*, model: str | None, gpt_model: str | None, gpt_ckpt: str | None
     name = bundle.manifest.get("name", "demo")
     return LoadedModel(name, bundle.gpt, bundle.drafter, bundle.vq, bundle.image_size,
                        bundle.class_names, bundle.recommended, bundle,
-                       recommended_source="model bundle recommendation (manifest.json)")
+                       recommended_source="model bundle recommendation (manifest.json)",
+                       files=weight_files(bundle.path))
+
+
+def weight_files(*paths: str | Path | None) -> list[Path]:
+    """The files behind checkpoint paths: a file itself, a folder's files (sorted), None skipped."""
+    out: list[Path] = []
+    for path in paths:
+        if path is None:
+            continue
+        path = Path(path)
+        out.extend(sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path])
+    return out
 
 
 def check_vocab_fits_codebook(vocab: int, codebook: int, source: str) -> None:

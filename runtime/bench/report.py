@@ -180,10 +180,15 @@ def _env_summary(bench: BenchFile) -> str:
     e = bench.result.env
     versions = ", ".join(f"{k} {v}" for k, v in bench.result.device.versions.items())
     commit = e.git_commit[:12] if e.git_commit else "unknown"
+    setup = [f"{e.threads} intra-op thread(s)" if e.threads else None, e.dtype, file_mode(bench.result)]
+    packages = ", ".join(f"{k} {v}" for k, v in e.packages.items() if k != "torch")
+    weights = ", ".join(f"`{Path(f).name}` {h[:12]}" for f, h in e.checkpoints.items())
     return (
-        f"File `{bench.path}`. {versions or 'torch ' + e.torch}; python {e.python}; profile "
+        f"File `{bench.path}`. {versions or 'torch ' + e.torch}; python {e.python}; "
+        f"{'; '.join(x for x in setup if x)}; {packages + '; ' if packages else ''}profile "
         f"`{e.profile.name}`; timer {e.timer}; {e.warmup} warm-up + {e.repeats} measured repeats per "
         f"method, {e.schedule}; started {e.started_at}; bench took {e.bench_seconds:.0f} s; commit {commit}."
+        + (f" Weights (sha256): {weights}." if weights else " Weights: not hashed in this file.")
     )
 
 

@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
+from backends.base import dtype_name
 from runtime.bench import schema
 from runtime.core import MethodSpec
 from runtime.core.opcount import phase_ops
@@ -179,11 +180,14 @@ def bench(loaded: LoadedModel, backend: Any, profile: Any, plan: Sequence[Planne
         seeds=[int(s) for s in last[0].seeds],
         sampling=schema.Sampling(greedy=common.greedy, temperature=common.temperature, top_k=common.top_k,
                                  top_p=common.top_p, cfg=common.cfg))
-    env = schema.current_env(profile=schema.Profile(name=profile.name, values=profile.to_dict()),
+    values = profile.to_dict()  # as resolved: the graph mode and dtype the steps really ran with
+    values.setdefault("device", {}).update(graph=bool(backend.graph_mode), dtype=dtype_name(backend.dtype))
+    env = schema.current_env(profile=schema.Profile(name=profile.name, values=values),
                              started_at=started, bench_seconds=time.perf_counter() - t0, warmup=warmup,
                              repeats=repeats, timer=TIMERS.get(backend.name, "perf_counter"),
                              schedule="interleaved" if interleave else "sequential",
-                             command_line=command_line)
+                             command_line=command_line, dtype=dtype_name(backend.dtype),
+                             checkpoints=loaded.files)
     return schema.make_bench(device, workload, env, runs)
 
 

@@ -154,6 +154,13 @@ class Env:
     repeats: int
     timer: str
     schedule: str = "sequential"
+    # what the figures depend on (absent in files written before they were recorded): torch's
+    # intra-op threads, the dtype the steps ran in, versions of the packages that compute them
+    # (torch, numpy, lantern-runtime, a backend package), and sha256 of every checkpoint file
+    threads: int | None = None
+    dtype: str | None = None
+    packages: dict[str, str] = field(default_factory=dict)
+    checkpoints: dict[str, str] = field(default_factory=dict)
 
 
 SCHEDULES = ("interleaved", "sequential")
@@ -482,8 +489,11 @@ def current_env(
     timer: str,
     schedule: str = "interleaved",
     command_line: Sequence[str] | None = None,
+    dtype: str | None = None,
+    checkpoints: Sequence[str | os.PathLike[str]] = (),
 ) -> Env:
-    """Env for this process: torch/python/platform/git commit read here, the rest passed in."""
+    """Env for this process: torch/python/platform/git commit, threads and package versions read
+    here, checkpoint files hashed here, the rest passed in."""
     import torch
 
     return Env(
@@ -499,7 +509,33 @@ def current_env(
         repeats=int(repeats),
         timer=timer,
         schedule=schedule,
+        threads=torch.get_num_threads(),
+        dtype=dtype,
+        packages=package_versions(),
+        checkpoints={str(f): file_sha256(f) for f in checkpoints},
     )
+
+
+def package_versions() -> dict[str, str]:
+    """Installed versions of the packages a bench's numbers depend on (those present)."""
+    from importlib import metadata
+
+    names = ("torch", "numpy", "lantern-runtime", "triton", "habana-torch-plugin", "intel-extension-for-pytorch")
+    out = {}
+    for name in names:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 # --------------------------------------------------------------------------------------------
@@ -834,7 +870,15 @@ def _parse_env(obj: dict[str, Any], path: str) -> Env:
         repeats=_field(obj, "repeats", path, _integer, minimum=1),
         timer=_field(obj, "timer", path, _string),
         schedule=_one_of(obj.get("schedule", "sequential"), _join(path, "schedule"), choices=SCHEDULES),
+        threads=_optional(_integer, obj.get("threads"), _join(path, "threads"), minimum=1),
+        dtype=_optional(_one_of, obj.get("dtype"), _join(path, "dtype"), choices=("fp32", "bf16", "fp16")),
+        packages=_strings(obj.get("packages", {}), _join(path, "packages")),
+        checkpoints=_strings(obj.get("checkpoints", {}), _join(path, "checkpoints")),
     )
+
+
+def _strings(value: Any, path: str) -> dict[str, str]:
+    return {k: _string(v, _join(path, k)) for k, v in _object(value, path).items()}
 
 
 def _parse_run(obj: dict[str, Any], path: str) -> RunResult:
