@@ -92,3 +92,77 @@ def test_a_bench_run_maps_back_to_its_method_spec():
     run = SimpleNamespace(method="eagle2", params=MethodParams(tree="dynamic", depth=4, top_k_draft=10,
                                                                total_tokens=60))
     assert spec_from_run(run, sampling).describe()["depth"] == 4
+
+
+# -- runtime bench --shape and the projection file ---------------------------------------------------
+
+@pytest.mark.parametrize("args, words", [
+    (["--tau", "2.5", "--num-images", "3"], "--num-images does nothing with --shape"),
+    ([], "--shape needs the tau of a trained model"),
+    (["--tau", "2.5", "--methods", "sd,lantern++"], "name that one method in --methods"),
+    (["--tau", "0.5", "--methods", "sd"], "--tau is tokens per target forward, >= 1"),
+    (["--tau-from", "x.json", "--methods", "sd"], "--tau-from projects the runs of the file"),
+])
+def test_bench_shape_refuses_what_a_projection_cannot_use(tmp_path, run_cli, args, words):
+    out = tmp_path / "p.json"
+    res = run_cli("bench", "--shape", "llamagen-b", "--device", "cpu", *args, "--out", str(out))
+    assert res.exit_code == 2 and words in res.stderr, res.stderr
+    assert not out.exists()
+
+
+def test_tau_flags_without_shape_are_refused(tmp_path, run_cli):
+    res = run_cli("bench", "--tau", "2.0", "--out", str(tmp_path / "b.json"))
+    assert res.exit_code == 2 and "--tau is for --shape projections" in res.stderr
+
+
+@pytest.mark.slow
+def test_bench_shape_writes_a_projection_the_report_labels(tmp_path, run_cli):
+    out = tmp_path / "p.json"
+    res = run_cli("bench", "--shape", "llamagen-b", "--device", "cpu", "--no-graph", "--methods", "lantern++",
+                  "--tree", "chain3", "--tau", "2.5", "--iterations", "2", "--warmup", "1", "--out", str(out))
+    assert res.exit_code == 0, res.stderr
+    import json
+
+    from runtime.bench.projection import validate_projection
+
+    data = json.loads(out.read_text())
+    parsed = validate_projection(data, str(out))
+    assert parsed.shape.layers == 12 and parsed.runs[0].tau_source == "given: --tau 2.5"
+    assert parsed.runs[0].params["cfg"] == 4.0  # LlamaGen's c2i reference setting
+    report = tmp_path / "report"
+    assert run_cli("report", str(out), "--out", str(report)).exit_code == 0
+    markdown = (report / "report.md").read_text()
+    assert "## Projected speedups on real model shapes" in markdown and "Projections, not measurements" in markdown
+    assert "given: --tau 2.5" in markdown
+
+
+def test_a_bad_projection_file_is_named_by_field_path():
+    from runtime.bench.projection import validate_projection
+
+    good = {"schema_version": 1, "kind": "projection", "device": {}, "env": {},
+            "shape": {"name": "x", "description": "x", "layers": 1, "width": 8, "vocab_size": 8, "image_tokens": 4,
+                      "weights": "random"},
+            "batch_size": 1, "warmup": 1, "iterations": 2,
+            "ar_step": {"seconds": {"verify": [0.1], "accept": [0.1]}, "median_s": 0.2},
+            "runs": [{"label": "a", "method": "sd", "params": {}, "tau": 2.0, "tau_source": "given",
+                      "seconds": {"draft": [0.1], "verify": [0.1], "accept": [0.1]}, "iteration_s": 0.3,
+                      "iteration_over_ar_step": 1.5, "projected_speedup": {"point": 1.3, "low": 1.2, "high": 1.4}}]}
+    validate_projection(good, "p.json")
+    bad = json_copy(good)
+    bad["runs"][0]["tau"] = -1
+    with pytest.raises(UserError, match=r"p.json: runs\[0\].tau: Input should be greater than 0"):
+        validate_projection(bad, "p.json")
+    bad = json_copy(good)
+    bad["runs"][0]["projected_speedup"]["low"] = 1.35
+    with pytest.raises(UserError, match=r"runs\[0\].projected_speedup: Value error, must satisfy low <= point"):
+        validate_projection(bad, "p.json")
+    bad = json_copy(good)
+    bad["extra"] = 1
+    with pytest.raises(UserError, match=r"p.json: extra: Extra inputs are not permitted"):
+        validate_projection(bad, "p.json")
+
+
+def json_copy(data):
+    import json
+
+    return json.loads(json.dumps(data))

@@ -38,6 +38,9 @@ class ModelShape:
     image_size: int
     vocab_size: int
     description: str
+    # the model family's reference sampling settings (a `--tau` projection runs under them unless
+    # flags or the profile say otherwise): LlamaGen sample_c2i.py; Lumina-mGPT / Anole scripts
+    sampling: tuple[tuple[str, Any], ...] = (("cfg", 4.0), ("top_k", 2000), ("temperature", 1.0), ("top_p", 1.0))
 
     def config(self) -> GPTConfig:
         return gpt_config(self.gpt, image_size=self.image_size, vocab_size=self.vocab_size)
@@ -53,7 +56,7 @@ SHAPES: dict[str, ModelShape] = {s.name: s for s in (
     # are a few more small kernels per layer, so this is a slight underestimate of its step)
     ModelShape("chameleon-7b", "GPT-7B", 512, 65536,
                "Chameleon-7B-shaped (Anole, Lumina-mGPT): 32 layers, width 4096, 65,536 tokens, 32x32 image "
-               "tokens; LlamaGen blocks"),
+               "tokens; LlamaGen blocks", (("cfg", 3.0), ("top_k", 2000), ("temperature", 1.0), ("top_p", 1.0))),
 )}
 
 
@@ -241,3 +244,93 @@ def project(shape: ModelShape, backend: Any, targets: Sequence[Target], *, warmu
                       "weights": "random (LlamaGen init)"},
             "batch_size": batch_size, "warmup": warmup, "iterations": iterations,
             "ar_step": {"seconds": ar.to_dict(), "median_s": float(np.median(ar_steps))}, "runs": runs}
+
+
+# -- the projection file ------------------------------------------------------------------------
+
+def _file_models():
+    """The projection file's pydantic models (built on first use: `runtime --help` imports no pydantic)."""
+    from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+    class Strict(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+
+    class Span(Strict):
+        point: float = Field(gt=0)
+        low: float = Field(gt=0)
+        high: float = Field(gt=0)
+
+        @model_validator(mode="after")
+        def ordered(self) -> "Span":
+            if not self.low <= self.point <= self.high:
+                raise ValueError("must satisfy low <= point <= high")
+            return self
+
+    class Seconds(Strict):
+        draft: list[float] = Field(default_factory=list)
+        verify: list[float] = Field(min_length=1)
+        accept: list[float] = Field(min_length=1)
+
+    class Run(Strict):
+        label: str
+        method: str
+        params: dict[str, Any]
+        tau: float = Field(gt=0)
+        tau_source: str
+        seconds: Seconds
+        iteration_s: float = Field(gt=0)
+        iteration_over_ar_step: float = Field(gt=0)
+        projected_speedup: Span
+
+    class Shape(Strict):
+        name: str
+        description: str
+        layers: int = Field(ge=1)
+        width: int = Field(ge=1)
+        vocab_size: int = Field(ge=2)
+        image_tokens: int = Field(ge=1)
+        weights: str
+
+    class ArStep(Strict):
+        seconds: Seconds
+        median_s: float = Field(gt=0)
+
+    class ProjectionFile(Strict):
+        schema_version: int = Field(ge=1, le=PROJECTION_SCHEMA_VERSION)
+        kind: str = Field(pattern="^projection$")
+        device: dict[str, Any]
+        env: dict[str, Any]
+        shape: Shape
+        batch_size: int = Field(ge=1)
+        warmup: int = Field(ge=0)
+        iterations: int = Field(ge=1)
+        ar_step: ArStep
+        runs: list[Run]
+
+    return ProjectionFile
+
+
+PROJECTION_SCHEMA_VERSION = 1
+
+
+def projection_file(body: dict[str, Any], device: dict[str, Any], env: dict[str, Any]) -> dict[str, Any]:
+    """The whole file: `project()`'s body with the device and environment, validated."""
+    data = {"schema_version": PROJECTION_SCHEMA_VERSION, "kind": "projection", "device": device, "env": env, **body}
+    validate_projection(data, "<projection>")
+    return data
+
+
+def is_projection(data: Any) -> bool:
+    return isinstance(data, dict) and data.get("kind") == "projection"
+
+
+def validate_projection(data: Any, source: str) -> Any:
+    """The parsed projection file, or one UserError naming `source` and the first bad field's path."""
+    from pydantic import ValidationError
+
+    try:
+        return _file_models().model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"]).lstrip(".")
+        raise UserError(f"{source}: {where or 'file'}: {first['msg']}") from None

@@ -860,14 +860,63 @@ def load_benches(paths: Sequence[str | os.PathLike[str]]) -> list[BenchFile]:
     return [BenchFile(path=str(p), result=load_bench(p)) for p in paths]
 
 
+def split_files(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[BenchFile], list[tuple[str, Any]]]:
+    """(bench files, projection files as (path, parsed model)), every file validated first."""
+    from runtime.bench.projection import is_projection, validate_projection
+
+    if not paths:
+        raise UserError("no bench files given; pass one or more files written by `runtime bench --out`")
+    benches, projections = [], []
+    for p in paths:
+        try:
+            data = json.loads(Path(p).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            data = None  # load_bench names the problem
+        if is_projection(data):
+            projections.append((str(p), validate_projection(data, str(p))))
+        else:
+            benches.append(BenchFile(path=str(p), result=load_bench(p)))
+    return benches, projections
+
+
+def projection_section(projections: Sequence[tuple[str, Any]]) -> list[Block]:
+    """The projected speedups: a table per file, each number labelled as a projection with its
+    two inputs (the tau of a trained model, the step costs of random weights of the shape)."""
+    blocks: list[Block] = [
+        Heading(2, "Projected speedups on real model shapes"),
+        Paragraph(
+            "Projections, not measurements of a trained model: projected speedup = tau x (AR step time / "
+            "iteration time), where tau comes from a trained model (the named source) and the AR step and "
+            "iteration times were measured on this device with random weights of the named shape. A decoding "
+            "iteration has fixed shapes, so its cost does not depend on the weights' values. The interval "
+            "covers the timing noise (medians of the timed iterations, bootstrapped); tau is taken as given."
+        ),
+    ]
+    for path, p in projections:
+        blocks.append(Heading(3, f"{p.device.get('backend', '?')}: {p.device.get('name', '?')}, {p.shape.name}"))
+        blocks.append(Paragraph(
+            f"File `{path}`. Shape: {p.shape.description} ({p.shape.weights}); batch size {p.batch_size}; "
+            f"{p.warmup} warm-up + {p.iterations} timed iterations per method; AR step "
+            f"{_sig(p.ar_step.median_s * 1e3)} ms (median)."
+        ))
+        rows = [[r.label, f"{r.tau:.2f}", r.tau_source, _sig(r.iteration_s * 1e3), f"{r.iteration_over_ar_step:.2f}",
+                 f"{r.projected_speedup.point:.2f}x [{r.projected_speedup.low:.2f}, {r.projected_speedup.high:.2f}]"]
+                for r in p.runs]
+        blocks.append(Table(["method", "tau", "tau from", "iteration ms", "iteration / AR step",
+                             "projected speedup [95% CI]"], rows))
+    return blocks
+
+
 def write_report(paths: Sequence[str | os.PathLike[str]], out_dir: str | os.PathLike[str]) -> list[Path]:
     """Validate `paths`, render everything in a temporary directory, then move `report.md`,
     `report.html` and `plots/` into `out_dir`. Nothing is written when any input is bad."""
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out}: exists and is not a directory; choose a directory path")
-    benches = load_benches(paths)
-    blocks = build_report(benches)
+    benches, projections = split_files(paths)
+    blocks = build_report(benches) if benches else [Heading(1, "lantern-runtime bench report")]
+    if projections:
+        blocks += projection_section(projections)
     markdown = render_markdown(blocks)
     page = render_html(blocks)
     try:

@@ -569,12 +569,14 @@ def to_dict(result: BenchResult) -> dict[str, Any]:
             "seeds": list(w.seeds),
             "sampling": vars(w.sampling).copy(),
         },
-        "env": {
-            **{k: v for k, v in vars(result.env).items() if k != "profile"},
-            "profile": {"name": result.env.profile.name, "values": result.env.profile.values},
-        },
+        "env": to_env_dict(result.env),
         "runs": [_run_to_dict(run) for run in result.runs],
     }
+
+
+def to_env_dict(env: Env) -> dict[str, Any]:
+    return {**{k: v for k, v in vars(env).items() if k != "profile"},
+            "profile": {"name": env.profile.name, "values": env.profile.values}}
 
 
 def _run_to_dict(run: RunResult) -> dict[str, Any]:

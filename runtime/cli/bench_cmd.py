@@ -16,7 +16,7 @@ from runtime.errors import UserError
 @app.command("bench")
 def bench(
     out: str = typer.Option(..., "--out", help="Result file (JSON, schema in docs/bench_schema.md)."),
-    methods: str = typer.Option("ar,sd,eagle2,lantern,lantern++", "--methods", help="Comma-separated methods; include ar for speedups. An entry may carry its own options: sjd:coupling=maximal:proactive=3x2 (a shared --lantern-lambda relaxes sjd too; give it per entry instead)."),
+    methods: Optional[str] = typer.Option(None, "--methods", show_default="ar,sd,eagle2,lantern,lantern++", help="Comma-separated methods; include ar for speedups. An entry may carry its own options: sjd:coupling=maximal:proactive=3x2 (a shared --lantern-lambda relaxes sjd too; give it per entry instead)."),
     repeats: Optional[int] = typer.Option(None, "--repeats", help="Timed repeats of the whole workload (default: the profile's)."),
     warmup: Optional[int] = typer.Option(None, "--warmup", help="Untimed warm-up runs per method (default: the profile's)."),
     sweep: list[str] = typer.Option([], "--sweep", help="lambda=1,2,4 | delta=0.05,0.1 | tree=a,b | k=5,10 | batch=1,4,8 (every method, ar included; repeatable)."),
@@ -67,8 +67,21 @@ def bench(
     num_images: opt.NumImages = None,
     seed: opt.Seed = 0,
     batch_size: opt.BatchSize = None,
+    shape: Optional[str] = typer.Option(None, "--shape", help="Project instead of measure: time AR and each method's iteration on a model shape with random weights (llamagen-b, llamagen-l, llamagen-xl, llamagen-xxl, chameleon-7b) and report tau x AR step / iteration; needs --tau-from or --tau."),
+    tau_from: Optional[str] = typer.Option(None, "--tau-from", help="--shape: a bench result file; every run in it is projected with the tau it measured."),
+    tau: Optional[float] = typer.Option(None, "--tau", help="--shape: the tau of the one method in --methods (measured on a trained model)."),
+    iterations: int = typer.Option(20, "--iterations", help="--shape: timed iterations per method."),
 ) -> None:
     """Benchmark methods on one workload; speedups are ratios to AR from the same run."""
+    if shape is not None:
+        from runtime.cli.shape_bench import bench_shape
+
+        bench_shape(locals())
+        return
+    for flag, value in (("--tau-from", tau_from), ("--tau", tau)):
+        if value is not None:
+            raise UserError(f"{flag} is for --shape projections; add --shape NAME or drop {flag}")
+    methods = methods or "ar,sd,eagle2,lantern,lantern++"
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table

@@ -1,0 +1,96 @@
+"""`runtime bench --shape NAME`: the speedup a method would reach on a real model's shape here.
+
+AR's step and each method's iteration are timed on the named shape with random weights (see
+`runtime.bench.projection`); tau comes from a trained model, either every run of a bench result
+file (`--tau-from`) or one method with a given `--tau`. The file written is a projection file,
+which `runtime report` shows labelled as a projection with both inputs named.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from runtime.cli import options as opt
+from runtime.errors import UserError
+
+# bench flags that only shape the measured workload or the model: a projection uses neither
+_WORKLOAD_FLAGS = ("model", "gpt_model", "gpt_ckpt", "vq_ckpt", "drafter", "image_size", "classes", "num_images",
+                   "repeats")
+
+
+def bench_shape(args: dict[str, Any]) -> None:
+    """Run a projection from `runtime bench`'s parameters (its `locals()`)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from runtime.atomic import atomic_write_text, writing
+    from runtime.bench import schema
+    from runtime.bench.projection import Target, model_shape, project, projection_file, spec_from_run
+    from runtime.cli.app import INVOCATION
+    from runtime.pipeline import resolve_spec
+
+    given = [f"--{k.replace('_', '-')}" for k in _WORKLOAD_FLAGS if args.get(k) is not None]
+    given += ["--sweep"] if args["sweep"] else []
+    given += ["--trust-checkpoint"] if args["trust_checkpoint"] else []
+    if given:
+        raise UserError(f"{given[0]} does nothing with --shape (random weights of the named shape stand in for the "
+                        "model, and tau comes from --tau-from or --tau); drop it")
+    out = Path(args["out"])
+    if out.is_dir():
+        raise UserError(f"--out {out}: is a folder; --out names the projection file, e.g. {out / 'projection.json'}")
+    shape = model_shape(args["shape"])
+    if args["iterations"] < 2:
+        raise UserError(f"--iterations must be >= 2, got {args['iterations']}")
+    backend, prof = opt.open_backend(args["device"], args["profile_name"], args["graph"], args["dtype"])
+    flags = opt.MethodFlags.pick(args).as_dict()
+    if (args["tau_from"] is None) == (args["tau"] is None):
+        raise UserError("--shape needs the tau of a trained model: --tau-from RESULT.json (every run in it) or "
+                        "--tau X with one method in --methods")
+    if args["tau_from"] is not None:
+        if args["methods"] is not None or any(v is not None for v in flags.values()):
+            raise UserError("--tau-from projects the runs of the file with their own settings; drop --methods and "
+                            "the method flags")
+        result = schema.load_bench(args["tau_from"])
+        targets = [Target(f"{r.method} [{r.params.label()}]", spec_from_run(r, result.workload.sampling),
+                          r.stats.mean_accepted_length,
+                          f"{args['tau_from']}: {r.method} [{r.params.label()}] on {result.workload.model}")
+                   for r in result.runs if r.method != "ar" and r.method != "ddd" and r.params.dynamic_depth is None]
+        if not targets:
+            raise UserError(f"{args['tau_from']}: no run to project (ar, ddd and --dynamic-depth runs are skipped)")
+    else:
+        names = [m.strip() for m in (args["methods"] or "").split(",") if m.strip()]
+        if len(names) != 1 or names[0] == "ar":
+            raise UserError("--tau gives one method's tau: name that one method in --methods (not ar)")
+        if not args["tau"] >= 1.0:
+            raise UserError(f"--tau is tokens per target forward, >= 1; got {args['tau']}")
+        spec = resolve_spec(names[0], flags, prof, dict(shape.sampling), run_methods=names)
+        targets = [Target(names[0], spec, float(args["tau"]), f"given: --tau {args['tau']:g}")]
+    warmup = prof.bench.warmup if args["warmup"] is None else args["warmup"]
+    batch = opt.batch_size(args["batch_size"], prof)
+    console = Console(stderr=True)
+    body = project(shape, backend, targets, warmup=max(warmup, 1), iterations=args["iterations"], batch_size=batch,
+                   progress=lambda text: console.print(f"[dim]{text}[/dim]"))
+    info = backend.info()
+    device = {"backend": backend.name, "name": str(info.get("name", backend.name)), "count": 1,
+              "versions": {k: str(info[k]) for k in ("torch", "cuda", "driver", "synapseai") if info.get(k)}}
+    from datetime import datetime, timezone
+
+    env = schema.current_env(profile=schema.Profile(name=prof.name, values=prof.to_dict()),
+                             started_at=datetime.now(timezone.utc), bench_seconds=0.0, warmup=max(warmup, 1),
+                             repeats=args["iterations"], timer="synchronize+perf_counter", schedule="sequential",
+                             command_line=INVOCATION or ["runtime"] + sys.argv[1:], dtype=info.get("dtype"))
+    data = projection_file(body, device, schema.to_env_dict(env))
+    with writing(f"--out {out}"):
+        atomic_write_text(out, json.dumps(data, indent=2))
+
+    table = Table(title=f"projection on {device['name']}: {shape.description} -> {out}")
+    for col in ("method", "tau (source)", "iteration / AR step", "projected speedup [95% CI]"):
+        table.add_column(col)
+    for run in data["runs"]:
+        s = run["projected_speedup"]
+        table.add_row(run["label"], f"{run['tau']:.2f} ({run['tau_source']})", f"{run['iteration_over_ar_step']:.2f}",
+                      f"{s['point']:.2f}x [{s['low']:.2f}, {s['high']:.2f}]")
+    Console().print(table)
