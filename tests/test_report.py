@@ -220,7 +220,9 @@ def test_html_is_self_contained(rendered: Path) -> None:
     assert not re.search(r"<link\b|<script\b|url\(|https?://", page)
     assert "2.41x" in page
     plots = sorted(p.name for p in (rendered / "plots").iterdir())
-    assert len(sources) == len(plots) and "w1-speedup.png" in plots
+    pngs = [p for p in plots if p.endswith(".png")]
+    assert len(sources) == len(pngs) and "w1-speedup.png" in pngs
+    assert sorted(p[:-4] for p in plots if p.endswith(".svg")) == sorted(p[:-4] for p in pngs)  # each also as SVG
 
 
 def test_sweep_gets_a_speed_quality_curve_only_when_quality_was_measured(tmp_path: Path) -> None:

@@ -79,11 +79,19 @@ class Table:
 
 @dataclass
 class Figure:
-    """A rendered plot: `name` is its file stem under `plots/`, `png` the image bytes."""
+    """A rendered plot: `name` is its file stem under `plots/`, `png` and `svg` the image bytes."""
 
     name: str
     png: bytes
     caption: str
+    svg: bytes = b""
+
+
+Rendered = tuple[bytes, bytes]  # (png, svg) of one plot
+
+
+def _figure(name: str, rendered: Rendered, caption: str) -> Figure:
+    return Figure(name, rendered[0], caption, rendered[1])
 
 
 Block = Union[Heading, Paragraph, Table, Figure]
@@ -309,7 +317,7 @@ def batch_scaling_table(runs: Sequence[RunResult]) -> Table | None:
                   "images/s scaling", "decode state"], rows)
 
 
-def plot_batch_scaling(runs: Sequence[RunResult]) -> bytes | None:
+def plot_batch_scaling(runs: Sequence[RunResult]) -> Rendered | None:
     """images/s against batch size, one line per method (and its non-batch settings)."""
     if len({r.params.batch_size for r in runs}) < 2:
         return None
@@ -344,7 +352,7 @@ def depth_table(runs: Sequence[RunResult]) -> Table | None:
     return Table(["method", "params", "mean drafted depth", "tau", "acceptance at depth 1, 2, ..."], rows)
 
 
-def plot_depth_acceptance(runs: Sequence[RunResult]) -> bytes | None:
+def plot_depth_acceptance(runs: Sequence[RunResult]) -> Rendered | None:
     """Acceptance rate against draft depth, one line per drafted run (a marker where its mean
     drafted depth lies)."""
     drafted = [r for r in runs if r.stats.per_depth_acceptance]
@@ -388,10 +396,12 @@ def device_budget_table(runs: Sequence[RunResult]) -> Table | None:
 # --------------------------------------------------------------------------------------------
 
 
-def _png(fig: Any) -> bytes:
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight", metadata={"Software": None})
-    return buffer.getvalue()
+def _png(fig: Any) -> Rendered:
+    """The figure as PNG (embedded in the HTML, linked from the markdown) and SVG (for papers)."""
+    png, svg = io.BytesIO(), io.BytesIO()
+    fig.savefig(png, format="png", dpi=110, bbox_inches="tight", metadata={"Software": None})
+    fig.savefig(svg, format="svg", bbox_inches="tight", metadata={"Date": None})
+    return png.getvalue(), svg.getvalue()
 
 
 def _new_figure(width: float, height: float) -> Any:
@@ -400,32 +410,93 @@ def _new_figure(width: float, height: float) -> Any:
     return MplFigure(figsize=(width, height), layout="constrained")
 
 
-def plot_speedups(benches: Sequence[BenchFile]) -> bytes | None:
-    """Grouped bars: x = run label, one bar per device; None when no file has an ar baseline."""
+def plot_speedups(benches: Sequence[BenchFile]) -> Rendered | None:
+    """Horizontal bars of speedup over ar, one panel per device (same run order in each), with
+    the 95 % interval as an error bar where the file has per-image samples. None when no file
+    has an ar baseline."""
     labels: list[str] = []
     for bench in benches:
         for run in bench.result.runs:
-            if run.speedup_vs_ar is not None and run_label(run) not in labels:
+            if run.speedup_vs_ar is not None and run.method != "ar" and run_label(run) not in labels:
                 labels.append(run_label(run))
     if not labels:
         return None
-    fig = _new_figure(max(5.0, 0.9 * len(labels) * max(1, len(benches)) ** 0.5 + 2), 3.6)
-    ax = fig.subplots()
-    width = 0.8 / len(benches)
-    for j, bench in enumerate(benches):
-        by_label = {run_label(r): r.speedup_vs_ar for r in bench.result.runs if r.speedup_vs_ar is not None}
-        xs = [i + (j - (len(benches) - 1) / 2) * width for i in range(len(labels))]
-        heights = [by_label.get(label, 0.0) or 0.0 for label in labels]
-        bars = ax.bar(xs, heights, width, label=bench.label)
-        ax.bar_label(bars, labels=[f"{h:.2f}x" if h else "" for h in heights], fontsize=7)
-    ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
-    ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right", fontsize=8)
-    ax.set_ylabel("speedup over ar (p50 latency)")
-    ax.legend(fontsize=8)
+    fig = _new_figure(7.0, 0.9 + 0.28 * len(labels) * len(benches))
+    axes = fig.subplots(len(benches), 1, squeeze=False, sharex=True)[:, 0]
+    for ax, bench in zip(axes, benches):
+        runs = {run_label(r): r for r in bench.result.runs if r.speedup_vs_ar is not None}
+        values, errors = [], [[], []]
+        for label in labels:
+            run = runs.get(label)
+            ci = speedup_ci(run, ar_baseline(bench.result.runs, run.params.batch_size)) if run else None
+            point = (ci.point if ci else run.speedup_vs_ar) if run else 0.0
+            values.append(point)
+            errors[0].append(point - ci.low if ci else 0.0)
+            errors[1].append(ci.high - point if ci else 0.0)
+        ys = list(range(len(labels)))
+        ax.barh(ys, values, 0.6, xerr=errors if any(errors[0]) else None, capsize=2, color="#4c72b0")
+        for y, v, up in zip(ys, values, errors[1]):
+            if v:
+                ax.text(v + up, y, f" {v:.2f}x", va="center", fontsize=7)
+        ax.axvline(1.0, color="grey", linewidth=0.8, linestyle="--")
+        ax.set_yticks(ys, labels, fontsize=7)
+        ax.invert_yaxis()
+        ax.set_title(bench.label, fontsize=9, loc="left")
+    axes[-1].set_xlabel("speedup over ar (bars: mean with 95 % interval where recorded, else p50)")
+    axes[-1].set_xlim(0, max(1.2, 1.18 * max(axes[-1].get_xlim()[1], 1.0)))
     return _png(fig)
 
 
-def plot_phases(bench: BenchFile) -> bytes | None:
+def plot_speedup_vs_tau(bench: BenchFile) -> Rendered | None:
+    """Speedup against tau, one point per run: the gap to the dashed line speedup = tau is what
+    the iteration costs beyond an AR step. None without an ar baseline or a drafted run."""
+    runs = [r for r in bench.result.runs if r.speedup_vs_ar is not None and r.method != "ar"]
+    if not runs:
+        return None
+    fig = _new_figure(6.0, 3.8)
+    ax = fig.subplots()
+    methods = list(dict.fromkeys(r.method for r in runs))
+    for method in methods:
+        mine = [r for r in runs if r.method == method]
+        ax.scatter([r.stats.mean_accepted_length for r in mine], [r.speedup_vs_ar for r in mine], s=18, label=method)
+    top = max(max(r.stats.mean_accepted_length for r in runs), max(r.speedup_vs_ar for r in runs)) * 1.05
+    ax.plot([1, top], [1, top], color="grey", linestyle="--", linewidth=0.8, label="speedup = tau (free iterations)")
+    ax.axhline(1.0, color="grey", linewidth=0.6)
+    ax.set_xlabel("tau (tokens per target forward)")
+    ax.set_ylabel("speedup over ar (p50)")
+    ax.legend(fontsize=7)
+    return _png(fig)
+
+
+def plot_latency(bench: BenchFile) -> Rendered | None:
+    """Per run, the distribution of per-image seconds over every repeat (box) with the points;
+    from the per-repeat totals / images where the file has no per-image samples."""
+    runs = bench.result.runs
+    if not runs:
+        return None
+    import numpy as np
+
+    data = []
+    for run in runs:
+        per = image_samples(run)
+        data.append(per.ravel() if per is not None
+                    else np.asarray(run.latency_s.all) / bench.result.workload.num_images)
+    fig = _new_figure(7.0, 0.9 + 0.28 * len(runs))
+    ax = fig.subplots()
+    try:
+        ax.boxplot(data, orientation="horizontal", widths=0.5, showfliers=False)
+    except TypeError:  # matplotlib < 3.10 names it vert
+        ax.boxplot(data, vert=False, widths=0.5, showfliers=False)
+    rng = np.random.default_rng(0)
+    for i, values in enumerate(data, start=1):
+        ax.scatter(values, i + rng.uniform(-0.15, 0.15, len(values)), s=4, alpha=0.5, color="#4c72b0")
+    ax.set_yticks(range(1, len(runs) + 1), [run_label(r) for r in runs], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds per image (every image of every timed repeat)")
+    return _png(fig)
+
+
+def plot_phases(bench: BenchFile) -> Rendered | None:
     """Stacked bars of seconds per repeat by phase, one bar per run; the part of p50 latency no
     phase covers is stacked as `other`. None when no run recorded phases."""
     runs = [r for r in bench.result.runs if r.phases]
@@ -471,9 +542,54 @@ def _varying_params(runs: Sequence[RunResult]) -> list[str]:
     return [" ".join(f"{k}={split.get(k, '-')}" for k in keys) for split in splits]
 
 
-def plot_speed_quality(bench: BenchFile) -> bytes | None:
+def _number_or_none(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def sweep_lines(runs: Sequence[RunResult]) -> tuple[str, list[tuple[str, list[tuple[float, RunResult]]]]] | None:
+    """A sweep as lines: (x parameter, [(line label, [(x, run), ...] sorted by x)]). The x axis is
+    the numeric parameter with the most values; every other varying parameter (a tree, say)
+    makes its own line, so two swept settings never zigzag on one line. None when no numeric
+    parameter varies."""
+    splits = [dict(part.split("=", 1) for part in r.params.label().split() if "=" in part) for r in runs]
+    varying = [k for k in dict.fromkeys(k for sp in splits for k in sp) if len({sp.get(k) for sp in splits}) > 1]
+    numeric = [k for k in varying if all(_number_or_none(sp.get(k, "x")) is not None for sp in splits)]
+    if not numeric:
+        return None
+    axis = max(numeric, key=lambda k: len({sp[k] for sp in splits}))
+    lines: dict[str, list[tuple[float, RunResult]]] = {}
+    for run, sp in zip(runs, splits):
+        rest = " ".join(f"{k}={sp.get(k, '-')}" for k in varying if k != axis)
+        lines.setdefault(f"{run.method} {rest}".strip(), []).append((float(sp[axis]), run))
+    return axis, [(label, sorted(points, key=lambda p: p[0])) for label, points in lines.items()]
+
+
+def plot_sweep(bench: BenchFile) -> Rendered | None:
+    """Speedup against the swept numeric parameter (lambda, delta, k, batch), one line per
+    method and other setting. None without such a sweep."""
+    runs = [r for r in bench.result.runs if r.method in sweep_methods(bench.result) and r.speedup_vs_ar is not None]
+    found = sweep_lines(runs) if runs else None
+    if found is None:
+        return None
+    axis, lines = found
+    fig = _new_figure(6.5, 3.8)
+    ax = fig.subplots()
+    for label, points in lines:
+        ax.plot([x for x, _ in points], [r.speedup_vs_ar for _, r in points], marker="o", markersize=4, label=label)
+    ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+    ax.set_xlabel(axis)
+    ax.set_ylabel("speedup over ar (p50)")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return _png(fig)
+
+
+def plot_speed_quality(bench: BenchFile) -> Rendered | None:
     """One panel per quality metric: speedup (x) against the metric (y), one line per swept
-    method, ar as a reference point. None without a sweep that has speedups and quality."""
+    method and other setting (its points ordered by the swept parameter), ar as a reference
+    point. None without a sweep that has speedups and quality."""
     swept = sweep_methods(bench.result)
     runs = [r for r in bench.result.runs if r.method in swept or r.method == "ar"]
     runs = [r for r in runs if r.quality.measured and r.speedup_vs_ar is not None]
@@ -482,26 +598,23 @@ def plot_speed_quality(bench: BenchFile) -> bytes | None:
     metrics: list[str] = []
     for run in runs:
         metrics.extend(m for m in run.quality.metrics if m not in metrics)
-    fig = _new_figure(4.2 * len(metrics), 3.6)
+    fig = _new_figure(4.2 * len(metrics) + 1.5, 3.6)
     axes = fig.subplots(1, len(metrics), squeeze=False)[0]
+    swept_runs = [r for r in runs if r.method in swept]
+    found = sweep_lines(swept_runs)
+    lines = found[1] if found else [(m, [(0.0, r) for r in swept_runs if r.method == m]) for m in swept]
     for ax, metric in zip(axes, metrics):
-        for method in ["ar", *swept]:
-            mine = [r for r in runs if r.method == method and metric in r.quality.metrics]
-            names = _varying_params(mine)
-            points = sorted(
-                (r.speedup_vs_ar, r.quality.metrics[metric], name) for r, name in zip(mine, names)
-            )
-            if not points:
-                continue
-            xs, ys, _ = zip(*points)
-            ax.plot(xs, ys, marker="o", linestyle="-" if len(points) > 1 else "", label=method)
-            for x, y, name in points:
-                if name:
-                    ax.annotate(name, (x, y), fontsize=6, textcoords="offset points", xytext=(3, 3))
+        for r in runs:
+            if r.method == "ar" and metric in r.quality.metrics:
+                ax.scatter([r.speedup_vs_ar], [r.quality.metrics[metric]], marker="s", color="black", label="ar")
+        for label, points in lines:
+            mine = [(r.speedup_vs_ar, r.quality.metrics[metric]) for _, r in points if metric in r.quality.metrics]
+            if mine:
+                ax.plot(*zip(*mine), marker="o", markersize=4, label=label)
         better = "lower is better" if metric in LOWER_IS_BETTER else "higher is better"
         ax.set_xlabel("speedup over ar")
         ax.set_ylabel(f"{metric} ({better})")
-        ax.legend(fontsize=8)
+    axes[-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _png(fig)
 
 
@@ -612,7 +725,7 @@ def _device_section(bench: BenchFile, slug: str) -> list[Block]:
         blocks.append(scaling)
         curve = plot_batch_scaling(result.runs)
         if curve is not None:
-            blocks.append(Figure(f"{slug}-batch", curve, f"Throughput against batch size, {bench.label}"))
+            blocks.append(_figure(f"{slug}-batch", curve, f"Throughput against batch size, {bench.label}"))
     relaxed = [r for r in result.runs if r.stats.mean_relaxation_mass]
     if relaxed:
         blocks.append(Paragraph(
@@ -633,7 +746,7 @@ def _device_section(bench: BenchFile, slug: str) -> list[Block]:
         blocks.append(depths)
         curve = plot_depth_acceptance(result.runs)
         if curve is not None:
-            blocks.append(Figure(f"{slug}-depth", curve, f"Acceptance by draft depth, {bench.label}"))
+            blocks.append(_figure(f"{slug}-depth", curve, f"Acceptance by draft depth, {bench.label}"))
     budget = device_budget_table(result.runs)
     if budget is not None:
         blocks.append(Paragraph(
@@ -643,14 +756,23 @@ def _device_section(bench: BenchFile, slug: str) -> list[Block]:
             "verify time / iteration time: 1.00 would mean drafting, acceptance and the host loop are free."
         ))
         blocks.append(budget)
+    latency = plot_latency(bench)
+    if latency is not None:
+        blocks.append(_figure(f"{slug}-latency", latency, f"Seconds per image, every timed repeat, {bench.label}"))
+    versus = plot_speedup_vs_tau(bench)
+    if versus is not None:
+        blocks.append(_figure(f"{slug}-tau", versus, f"Speedup against tau, {bench.label}"))
+    sweep = plot_sweep(bench)
+    if sweep is not None:
+        blocks.append(_figure(f"{slug}-sweep", sweep, f"Speedup along the swept parameter, {bench.label}"))
     phases = plot_phases(bench)
     if phases is not None:
-        blocks.append(Figure(f"{slug}-phases", phases, f"Phase breakdown per method, {bench.label}"))
+        blocks.append(_figure(f"{slug}-phases", phases, f"Phase breakdown per method, {bench.label}"))
     swept = sweep_methods(result)
     if swept:
         curve = plot_speed_quality(bench)
         if curve is not None:
-            blocks.append(Figure(f"{slug}-speed-quality", curve, f"Speed vs quality, {bench.label}"))
+            blocks.append(_figure(f"{slug}-speed-quality", curve, f"Speed vs quality, {bench.label}"))
         else:
             blocks.append(Paragraph(
                 f"Sweep of {', '.join(swept)} present but no measured quality for it: speed-quality curve omitted."
@@ -715,7 +837,7 @@ def _cross_device_section(group: Sequence[BenchFile], slug: str) -> list[Block]:
     blocks.extend(Paragraph(text) for text in explained)
     bars = plot_speedups(group)
     if bars is not None:
-        blocks.append(Figure(f"{slug}-speedup", bars, "Speedup over ar per method and device"))
+        blocks.append(_figure(f"{slug}-speedup", bars, "Speedup over ar per method and device"))
     return blocks
 
 
@@ -774,7 +896,7 @@ def build_report(benches: Sequence[BenchFile]) -> list[Block]:
         else:
             bars = plot_speedups(group)
             if bars is not None:
-                blocks.append(Figure(f"w{g + 1}-speedup", bars, f"Speedup over ar per method, {group[0].label}"))
+                blocks.append(_figure(f"w{g + 1}-speedup", bars, f"Speedup over ar per method, {group[0].label}"))
     return blocks
 
 
@@ -929,6 +1051,8 @@ def write_report(paths: Sequence[str | os.PathLike[str]], out_dir: str | os.Path
         for block in blocks:
             if isinstance(block, Figure):
                 (staging / PLOTS_DIR / f"{block.name}.png").write_bytes(block.png)
+                if block.svg:
+                    (staging / PLOTS_DIR / f"{block.name}.svg").write_bytes(block.svg)
         (staging / REPORT_MD).write_text(markdown, encoding="utf-8")
         (staging / REPORT_HTML).write_text(page, encoding="utf-8")
         old_plots = out / PLOTS_DIR
