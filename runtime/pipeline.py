@@ -276,6 +276,18 @@ def decode_tokens(vq: Any, tokens: torch.Tensor, batch: int = 16) -> np.ndarray:
     return torch.cat(images).numpy()
 
 
+def image_grid(images: np.ndarray) -> np.ndarray:
+    """(n, H, W, 3) uint8 images -> one near-square uint8 grid, white 2-px gutters."""
+    n, h, w, _ = images.shape
+    cols = int(np.ceil(np.sqrt(n)))
+    rows = int(np.ceil(n / cols))
+    canvas = np.full((rows * (h + 2) + 2, cols * (w + 2) + 2, 3), 255, dtype=np.uint8)
+    for i in range(n):
+        r, c = divmod(i, cols)
+        canvas[2 + r * (h + 2): 2 + r * (h + 2) + h, 2 + c * (w + 2): 2 + c * (w + 2) + w] = images[i]
+    return canvas
+
+
 @dataclass
 class RunOutput:
     tokens: torch.Tensor

@@ -345,3 +345,19 @@ def test_drafted_depth_and_dynamic_depth_params_round_trip_and_are_reported(tmp_
     assert [(r["method"], r["mean drafted depth"], r["acceptance at depth 1, 2, ..."]) for r in depths] == [
         ("ddd", "6.25", "0.70 0.60 0.50"), ("lantern++", "1.50", "0.80 0.40")]
     assert "-depth.png" in md
+
+
+def test_kept_grids_show_each_method_beside_ar(tmp_path: Path) -> None:
+    import numpy as np
+
+    from runtime.bench.grids import grids_dir, read_grid, write_grids
+
+    lpp = {"tree": "t7", "lantern_k": 100, "lantern_lambda": 2.0}
+    path = write_bench(tmp_path / "b.json", "cpu", "Xeon", [("ar", {}, 3.3, 64, None), ("lantern++", lpp, 1.4, 20, None)])
+    images = np.random.default_rng(0).integers(0, 255, size=(4, 16, 16, 3), dtype=np.uint8)
+    write_grids([(0, images), (1, images[::-1])], grids_dir(path))
+    assert read_grid(path, 0).shape == (2 * 18 + 2, 2 * 18 + 2, 3) and read_grid(path, 5) is None
+    write_report([path], tmp_path / "out")
+    markdown = (tmp_path / "out" / "report.md").read_text()
+    assert "Images of ar (left) and lantern++ [tree=t7 k=100 lambda=2] (right), same seeds" in markdown
+    assert (tmp_path / "out" / "plots" / "w1-d1-images-01.png").is_file()

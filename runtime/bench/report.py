@@ -496,6 +496,37 @@ def plot_latency(bench: BenchFile) -> Rendered | None:
     return _png(fig)
 
 
+def plot_image_pair(left: "np.ndarray", right: "np.ndarray", titles: tuple[str, str]) -> Rendered:
+    """Two image grids side by side (same seeds), titled."""
+    fig = _new_figure(7.0, 3.6)
+    for ax, image, title in zip(fig.subplots(1, 2), (left, right), titles):
+        ax.imshow(image)
+        ax.set_title(title, fontsize=8)
+        ax.axis("off")
+    return _png(fig)
+
+
+def image_comparisons(bench: BenchFile, slug: str) -> list[Block]:
+    """AR's images beside each method's (same seeds), from the grids the bench kept; none where
+    it kept none (files written before, or moved without their `.grids` folder)."""
+    from runtime.bench.grids import read_grid
+
+    runs = bench.result.runs
+    ar_index = next((i for i, r in enumerate(runs) if r.method == "ar"), None)
+    ar_grid = read_grid(bench.path, ar_index) if ar_index is not None else None
+    if ar_grid is None:
+        return []
+    blocks: list[Block] = []
+    for i, run in enumerate(runs):
+        grid = read_grid(bench.path, i) if i != ar_index else None
+        if grid is not None:
+            blocks.append(_figure(f"{slug}-images-{i:02d}", plot_image_pair(ar_grid, grid, ("ar", run_label(run))),
+                                  f"Images of ar (left) and {run_label(run)} (right), same seeds, {bench.label}"))
+    if blocks:
+        blocks.insert(0, Paragraph("Images: each method beside ar, from the same seeds (the last timed repeat)."))
+    return blocks
+
+
 def plot_phases(bench: BenchFile) -> Rendered | None:
     """Stacked bars of seconds per repeat by phase, one bar per run; the part of p50 latency no
     phase covers is stacked as `other`. None when no run recorded phases."""
@@ -765,6 +796,7 @@ def _device_section(bench: BenchFile, slug: str) -> list[Block]:
     sweep = plot_sweep(bench)
     if sweep is not None:
         blocks.append(_figure(f"{slug}-sweep", sweep, f"Speedup along the swept parameter, {bench.label}"))
+    blocks.extend(image_comparisons(bench, slug))
     phases = plot_phases(bench)
     if phases is not None:
         blocks.append(_figure(f"{slug}-phases", phases, f"Phase breakdown per method, {bench.label}"))

@@ -99,7 +99,8 @@ def plan_runs(methods: Sequence[str], sweeps: Sequence[str]) -> list[PlannedRun]
 def bench(loaded: LoadedModel, backend: Any, profile: Any, plan: Sequence[PlannedRun], flags: dict[str, Any],
           conditions: Sequence[int], *, seed: int, warmup: int, repeats: int, quality: bool,
           command_line: Sequence[str], interleave: bool = True, batch_size: int = 1,
-          progress: Callable[[str, int, int], None] | None = None) -> schema.BenchResult:
+          progress: Callable[[str, int, int], None] | None = None,
+          on_images: Callable[[int, np.ndarray], None] | None = None) -> schema.BenchResult:
     """Run every planned method on the same workload and return a validated BenchResult.
 
     interleave=True (the default) warms every method up first, then times repeat r of every
@@ -109,6 +110,7 @@ def bench(loaded: LoadedModel, backend: Any, profile: Any, plan: Sequence[Planne
     method's decoder (and graphs) alive at once; interleave=False times each method's repeats
     back to back and frees its decoder before the next, for devices short of memory.
     batch_size: images per decode for runs whose plan does not set one (a `batch` sweep).
+    on_images(i, images): run i's decoded images (n, H, W, 3) uint8 of its last timed repeat.
     """
     started = datetime.now(timezone.utc)
     t0 = time.perf_counter()
@@ -170,6 +172,9 @@ def bench(loaded: LoadedModel, backend: Any, profile: Any, plan: Sequence[Planne
                         conditions, quality, ops[i], batches[i], state[i], mean_phases(phase_runs[i]),
                         per_image[i])
             for i, spec in enumerate(specs)]
+    if on_images is not None:
+        for i, out in enumerate(last):
+            on_images(i, out.images)
     info = backend.info()
     versions = {k: str(info[k]) for k in ("torch", "cuda", "driver", "synapseai") if info.get(k)}
     device = schema.DeviceInfo(backend=backend.name, name=str(info.get("name", backend.name)),

@@ -89,6 +89,7 @@ def bench(
     from runtime.bench.runner import bench as run_bench
     from runtime.bench.runner import plan_runs
     from runtime.atomic import writing
+    from runtime.bench.grids import grids_dir, write_grids
     from runtime.bench.schema import save_bench
     from runtime.core.methods import METHODS
     from runtime.models.layers import use_attention_kernel
@@ -104,6 +105,7 @@ def bench(
         raise UserError(f"--out {out}: is a folder; --out names the result file, e.g. {Path(out) / 'bench.json'}")
     plan = plan_runs(method_list, sweep)
     flags = opt.MethodFlags.pick(locals()).as_dict()
+    grids: list = []
     with use_attention_kernel(attention):  # refuses an unknown kernel before any work
         backend, prof = opt.open_backend(device, profile_name, graph, dtype)
         loaded = load_model(model=model, gpt_model=gpt_model, gpt_ckpt=gpt_ckpt, vq_ckpt=vq_ckpt,
@@ -131,9 +133,11 @@ def bench(
                                warmup=prof.bench.warmup if warmup is None else warmup,
                                repeats=prof.bench.repeats if repeats is None else repeats,
                                quality=quality, command_line=INVOCATION or ["runtime"] + sys.argv[1:],
-                               interleave=interleave, batch_size=batch, progress=progress)
+                               interleave=interleave, batch_size=batch, progress=progress,
+                               on_images=lambda i, images: grids.append((i, images)))
         with writing(f"--out {out}"):
             path = save_bench(result, out)
+            write_grids(grids, grids_dir(path))
 
     table = Table(title=f"runtime bench on {result.device.name} ({result.device.backend}) -> {path}")
     for col in ("method", "params", "tau", "drafted depth", "speedup", "images/s", "p50 s", "quality"):

@@ -226,6 +226,7 @@ def _write_outputs(staging: Path, parts: list[dict], n: int, labels: list, loade
     from PIL import Image
 
     from runtime.distributed import merge_indexed
+    from runtime.pipeline import image_grid
 
     tokens = np.stack(merge_indexed([list(zip(p["indices"], p["tokens"])) for p in parts], n))
     images = np.stack(merge_indexed([list(zip(p["indices"], p["images"])) for p in parts], n))
@@ -239,7 +240,7 @@ def _write_outputs(staging: Path, parts: list[dict], n: int, labels: list, loade
         record: dict[str, Any] = {"index": i, "file": name, "seed": seeds[i]}
         record["class" if isinstance(label, int) else "prompt"] = label
         records.append(record)
-    _grid(images).save(staging / "grid.png")
+    Image.fromarray(image_grid(images)).save(staging / "grid.png")
     np.save(staging / "tokens.npy", tokens.astype(np.int64))
 
     stats = _merge_stats([p["stats"] for p in parts])
@@ -298,19 +299,6 @@ def _merge_phases(all_phases: list[dict]) -> dict:
             m["seconds"] = max(m["seconds"], v["seconds"]) if len(all_phases) > 1 else v["seconds"]
             m["count"] += v["count"]
     return merged
-
-
-def _grid(images: np.ndarray):
-    from PIL import Image
-
-    n, h, w, _ = images.shape
-    cols = int(np.ceil(np.sqrt(n)))
-    rows = int(np.ceil(n / cols))
-    canvas = np.full((rows * (h + 2) + 2, cols * (w + 2) + 2, 3), 255, dtype=np.uint8)
-    for i in range(n):
-        r, c = divmod(i, cols)
-        canvas[2 + r * (h + 2): 2 + r * (h + 2) + h, 2 + c * (w + 2): 2 + c * (w + 2) + w] = images[i]
-    return Image.fromarray(canvas)
 
 
 def _print_summary(result: dict, out_dir: Path) -> None:
