@@ -52,6 +52,7 @@ PositiveInt = Annotated[int, Strict(), Field(ge=1)]
 Number = Annotated[float, Strict()]
 NonNegative = Annotated[float, Strict(), Field(ge=0)]
 Positive = Annotated[float, Strict(), Field(gt=0)]
+Unit = Annotated[float, Strict(), Field(ge=0, le=1)]
 Text = Annotated[str, Strict(), Field(min_length=1)]
 Bool = Annotated[bool, Strict()]
 
@@ -242,7 +243,7 @@ class RunStats(_Model):
     mean_accepted_length: NonNegative
     target_forwards: PositiveInt
     tokens: PositiveInt
-    per_depth_acceptance: list[Annotated[float, Strict(), Field(ge=0, le=1)]]
+    per_depth_acceptance: list[Unit]
     mean_relaxation_mass: NonNegative | None
     mean_drafted_depth: NonNegative | None = None
 
@@ -514,7 +515,7 @@ def from_dict(data: Any, source: str = "<bench>") -> BenchResult:
 
 # Messages by pydantic error type, formatted with the error's context and `input`.
 _MESSAGES = {
-    "missing": "is missing", "extra_forbidden": "is not a field of schema version 1; remove it",
+    "missing": "is missing", "extra_forbidden": "is not a known field; remove it",
     "float_type": "must be a number", "finite_number": "must be a number", "int_type": "must be an integer",
     "bool_type": "must be true or false", "string_type": "must be a non-empty string",
     "string_too_short": "must be a non-empty string", "list_type": "must be a list", "too_short": "must not be empty",
@@ -533,8 +534,8 @@ def describe(err: ValidationError) -> str:
     path = ""
     for key in (*first["loc"], *([ctx["field"]] if ctx.get("field") else [])):
         path = path if key == "[key]" else _join(path, key)
-    if kind == "schema":
-        problem = ctx["problem"]
+    if kind in ("schema", "value_error"):
+        problem = ctx.get("problem") or str(ctx.get("error", first["msg"]))
     elif kind == "string_pattern_mismatch":
         problem = f"must be {_PATTERNS[ctx['pattern']]}"
     else:
