@@ -1,4 +1,4 @@
-"""Hardware profiles: per-target settings in TOML (``profiles/*.toml``), validated into dataclasses.
+"""Hardware profiles: per-target settings in TOML (``profiles/*.toml``), validated by pydantic models.
 
 A profile holds what depends on the hardware: the dtype and graph mode, the static draft tree
 (its size trades verify cost against accepted length), the drafting budget of the dynamic tree,
@@ -7,34 +7,27 @@ and the benchmark's warm-up/repeat counts. Method parameters that depend on the 
 recommended values apply; a profile may still pin them. Precedence, highest first: command-line
 flag, profile, model bundle, code default.
 
-Schema (every key of a section is listed in :data:`SCHEMA`; anything else is refused)::
-
-    description = "one line"            # optional
-    [device]  dtype = "bf16"|"fp16"|"fp32"; graph = true|false; optional: hpu_mode = "lazy"|"eager",
-              batch_size = 1 (images decoded together; `--batch-size` overrides it)
-    [tree]    name = "naive_extend_57"   # a preset name or a path (relative to the profile file)
-    [method]  name = "ar"|"sd"|"eagle2"|"lantern"|"lantern++"; optional: lantern_k, lantern_lambda,
-              lantern_delta, temperature, top_k, top_p, cfg, cfg_interval, greedy, depth, top_k_draft,
-              total_tokens
-    [bench]   warmup = 3; repeats = 10
+A profile file holds an optional top-level ``description`` and the tables ``[device]``, ``[tree]``,
+``[method]`` and ``[bench]``, each a pydantic model in :data:`SCHEMA` whose fields are its keys;
+anything else is refused, and a wrong value is told its key's ``description`` (``'method.top_p'
+must be a number in (0, 1], got 0``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.resources
 import math
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-import torch
+from pydantic import BaseModel, ConfigDict, Field, Strict, StringConstraints, ValidationError
 
 from runtime.errors import UserError
 from runtime.toml_compat import tomllib
 
+if TYPE_CHECKING:
+    import torch
 
 PROFILE_PACKAGE = "profiles"
 DTYPE_NAMES: tuple[str, ...] = ("bf16", "fp16", "fp32")
@@ -43,18 +36,44 @@ METHOD_NAMES: tuple[str, ...] = ("ar", "sd", "eagle2", "ddd", "lantern", "lanter
 _NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
 
 
-@dataclass(frozen=True)
-class DeviceSettings:
+# A key's type: strict (true is not 1, 1.5 not an integer, inf not a number), with its description.
+def _integer(low: int) -> Any:
+    return Annotated[int, Strict(), Field(ge=low, description=f"an integer >= {low}")]
+
+
+def _real(low: float, high: float = math.inf, *, low_open: bool = False) -> Any:
+    bound = {"gt" if low_open else "ge": low} if math.isfinite(low) else {}
+    expected = (f"a number {'>' if low_open else '>='} {low:g}" if high == math.inf
+                else f"a number in {'(' if low_open else '['}{low:g}, {high:g}]")
+    return Annotated[float, Strict(), Field(**bound, le=None if high == math.inf else high, description=expected)]
+
+
+def _choice(options: tuple[str, ...]) -> Any:
+    return Annotated[Literal[options], Field(description="one of " + ", ".join(f"'{o}'" for o in options))]
+
+
+_BOOLEAN = Annotated[bool, Strict(), Field(description="true or false")]
+
+
+class _Section(BaseModel):
+    """A TOML table: unknown keys refused, values frozen; an absent optional key is None (unpinned)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class DeviceSettings(_Section):
     """``[device]``: floating-point dtype, graph mode, (Gaudi only) the bridge's execution mode,
     and how many images decode together (``batch_size``)."""
 
-    dtype: str
-    graph: bool
-    hpu_mode: str | None = None
-    batch_size: int = 1
+    dtype: _choice(DTYPE_NAMES)
+    graph: _BOOLEAN
+    hpu_mode: _choice(HPU_MODES) = None
+    batch_size: _integer(1) = 1
 
     @property
     def torch_dtype(self) -> torch.dtype:
+        import torch
+
         return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[self.dtype]
 
     @property
@@ -63,195 +82,91 @@ class DeviceSettings:
         return None if self.hpu_mode is None else self.hpu_mode == "lazy"
 
 
-@dataclass(frozen=True)
-class TreeSettings:
+class TreeSettings(_Section):
     """``[tree]``: the static draft tree, a preset name (``naive_extend_57``, ``chain``...) or a file path."""
 
-    name: str
+    name: Annotated[str, Strict(), StringConstraints(strip_whitespace=True, min_length=1),
+                    Field(description="a non-empty string")]
 
 
-@dataclass(frozen=True)
-class MethodSettings:
+class MethodSettings(_Section):
     """``[method]``: the decoding method and any parameters the profile pins (None = not pinned)."""
 
-    name: str
-    lantern_k: int | None = None
-    lantern_lambda: float | None = None
-    lantern_delta: float | None = None
-    temperature: float | None = None
-    top_k: int | None = None
-    top_p: float | None = None
-    cfg: float | None = None
-    cfg_interval: int | None = None
-    greedy: bool | None = None
-    depth: int | None = None
-    top_k_draft: int | None = None
-    total_tokens: int | None = None
-    ddd_threshold: float | None = None
-    ddd_check_every: int | None = None
-    ddd_min_depth: int | None = None
-    ddd_max_depth: int | None = None
-    dynamic_depth: float | None = None
+    name: _choice(METHOD_NAMES)
+    lantern_k: _integer(1) = None
+    lantern_lambda: _real(1.0) = None
+    lantern_delta: _real(0.0, 1.0) = None
+    temperature: _real(0.0, low_open=True) = None
+    top_k: _integer(0) = None
+    top_p: _real(0.0, 1.0, low_open=True) = None
+    cfg: _real(0.0) = None
+    cfg_interval: _integer(-1) = None
+    greedy: _BOOLEAN = None
+    depth: _integer(1) = None
+    top_k_draft: _integer(1) = None
+    total_tokens: _integer(2) = None
+    ddd_threshold: _real(-math.inf, 0.0, low_open=True) = None
+    ddd_check_every: _integer(1) = None
+    ddd_min_depth: _integer(1) = None
+    ddd_max_depth: _integer(1) = None
+    dynamic_depth: _real(0.0, 1.0) = None
 
     def pinned(self) -> dict[str, Any]:
         """The parameters this profile sets, without ``name``: ``{"top_k_draft": 10, ...}``."""
-        return {
-            field.name: getattr(self, field.name)
-            for field in dataclasses.fields(self)
-            if field.name != "name" and getattr(self, field.name) is not None
-        }
+        return self.model_dump(exclude={"name"}, exclude_none=True)
 
 
-@dataclass(frozen=True)
-class BenchSettings:
+class BenchSettings(_Section):
     """``[bench]``: untimed warm-up runs (graph capture, compilation) and timed repeats."""
 
-    warmup: int
-    repeats: int
+    warmup: _integer(0)
+    repeats: _integer(1)
 
 
-@dataclass(frozen=True)
-class Profile:
-    """One validated hardware profile. ``source`` is where it was read from (for messages)."""
+SCHEMA: dict[str, type[_Section]] = {
+    "device": DeviceSettings, "tree": TreeSettings, "method": MethodSettings, "bench": BenchSettings,
+}
 
-    name: str
-    source: str
-    description: str
+
+class _ProfileFile(_Section):
+    """A whole profile file: its top-level keys."""
+
+    description: Annotated[str, Strict(), Field(description="a string")] = ""
     device: DeviceSettings
     tree: TreeSettings
     method: MethodSettings
     bench: BenchSettings
 
+
+class Profile(_ProfileFile):
+    """One validated hardware profile, named ``name``; ``source`` is where it was read from (for messages)."""
+
+    name: str
+    source: str
+
     def to_dict(self) -> dict[str, Any]:
         """Plain data for ``result.json``: ``{"name", "source", "description", "device", ...}``."""
-        return dataclasses.asdict(self)
-
-
-# -- validation ------------------------------------------------------------------------------
-
-
-class _Invalid(Exception):
-    """A value failed its check; the message says what was expected."""
-
-
-Check = Callable[[Any], Any]
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _integer(low: int) -> Check:
-    def check(value: Any) -> int:
-        if not isinstance(value, int) or isinstance(value, bool) or value < low:
-            raise _Invalid(f"an integer >= {low}")
-        return value
-
-    return check
-
-
-def _real(low: float, high: float = math.inf, *, low_open: bool = False) -> Check:
-    bounds = f"> {low:g}" if low_open else f">= {low:g}"
-    expected = f"a number {bounds}" if high == math.inf else f"a number in {'(' if low_open else '['}{low:g}, {high:g}]"
-
-    def check(value: Any) -> float:
-        if not _is_number(value) or not math.isfinite(value):
-            raise _Invalid(expected)
-        number = float(value)
-        if (number <= low if low_open else number < low) or number > high:
-            raise _Invalid(expected)
-        return number
-
-    return check
-
-
-def _boolean(value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise _Invalid("true or false")
-    return value
-
-
-def _choice(options: tuple[str, ...]) -> Check:
-    def check(value: Any) -> str:
-        if not isinstance(value, str) or value not in options:
-            raise _Invalid("one of " + ", ".join(f"'{option}'" for option in options))
-        return value
-
-    return check
-
-
-def _nonempty_string(value: Any) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise _Invalid("a non-empty string")
-    return value.strip()
-
-
-@dataclass(frozen=True)
-class _Key:
-    check: Check
-    required: bool = False
-
-
-SCHEMA: dict[str, dict[str, _Key]] = {
-    "device": {
-        "dtype": _Key(_choice(DTYPE_NAMES), required=True),
-        "graph": _Key(_boolean, required=True),
-        "hpu_mode": _Key(_choice(HPU_MODES)),
-        "batch_size": _Key(_integer(1)),
-    },
-    "tree": {
-        "name": _Key(_nonempty_string, required=True),
-    },
-    "method": {
-        "name": _Key(_choice(METHOD_NAMES), required=True),
-        "lantern_k": _Key(_integer(1)),
-        "lantern_lambda": _Key(_real(1.0)),
-        "lantern_delta": _Key(_real(0.0, 1.0)),
-        "temperature": _Key(_real(0.0, low_open=True)),
-        "top_k": _Key(_integer(0)),
-        "top_p": _Key(_real(0.0, 1.0, low_open=True)),
-        "cfg": _Key(_real(0.0)),
-        "cfg_interval": _Key(_integer(-1)),
-        "greedy": _Key(_boolean),
-        "depth": _Key(_integer(1)),
-        "top_k_draft": _Key(_integer(1)),
-        "total_tokens": _Key(_integer(2)),
-        "ddd_threshold": _Key(_real(float("-inf"), 0.0, low_open=True)),
-        "ddd_check_every": _Key(_integer(1)),
-        "ddd_min_depth": _Key(_integer(1)),
-        "ddd_max_depth": _Key(_integer(1)),
-        "dynamic_depth": _Key(_real(0.0, 1.0)),
-    },
-    "bench": {
-        "warmup": _Key(_integer(0), required=True),
-        "repeats": _Key(_integer(1), required=True),
-    },
-}
-TOP_LEVEL_KEYS: tuple[str, ...] = ("description", *SCHEMA)
+        return {"name": self.name, "source": self.source, **self.model_dump(exclude={"name", "source"})}
 
 
 def _looks_like_path(value: str) -> bool:
     return "/" in value or "\\" in value or Path(value).suffix in {".json", ".toml", ".txt", ".py"}
 
 
-def _validate_section(source: str, section: str, table: Any) -> dict[str, Any]:
-    if not isinstance(table, dict):
-        raise UserError(f"{source}: '{section}' must be a table ([{section}])")
-    keys = SCHEMA[section]
-    for key in table:
-        if key not in keys:
-            raise UserError(f"{source}: unknown key '{section}.{key}' (known: {', '.join(keys)})")
-    values: dict[str, Any] = {}
-    for key, spec in keys.items():
-        if key not in table:
-            if spec.required:
-                raise UserError(f"{source}: missing key '{section}.{key}'")
-            continue
-        try:
-            values[key] = spec.check(table[key])
-        except _Invalid as expected:
-            raise UserError(f"{source}: '{section}.{key}' must be {expected}, got {table[key]!r}") from None
-    return values
+def _describe(err: ValidationError) -> str:
+    """The first error as the message after ``<file>: ``, naming the key as ``section.key``."""
+    # Unknown keys first (top level, then sections): a misspelt key also leaves its intended key missing.
+    first = min(err.errors(include_url=False), key=lambda e: (len(e["loc"]), e["type"] != "extra_forbidden"))
+    loc, kind = first["loc"], first["type"]
+    key = ".".join(map(str, loc))
+    model = _ProfileFile if len(loc) == 1 else SCHEMA[str(loc[0])]
+    if kind == "extra_forbidden":
+        return f"unknown key '{key}' (known: {', '.join(model.model_fields)})"
+    if kind == "missing":
+        return f"missing section [{key}]" if len(loc) == 1 else f"missing key '{key}'"
+    if kind == "model_type":
+        return f"'{key}' must be a table ([{key}])"
+    return f"'{key}' must be {model.model_fields[str(loc[-1])].description}, got {first['input']!r}"
 
 
 def parse_profile(text: str, *, source: str, name: str, base_dir: Path | None = None) -> Profile:
@@ -260,33 +175,15 @@ def parse_profile(text: str, *, source: str, name: str, base_dir: Path | None = 
     A tree given as a relative path is resolved against ``base_dir`` (the profile's folder).
     """
     try:
-        data = tomllib.loads(text)
+        data = _ProfileFile.model_validate(tomllib.loads(text))
     except tomllib.TOMLDecodeError as err:
         raise UserError(f"{source}: not valid TOML ({err})") from None
-    for key in data:
-        if key not in TOP_LEVEL_KEYS:
-            raise UserError(f"{source}: unknown key '{key}' (known: {', '.join(TOP_LEVEL_KEYS)})")
-    description = data.get("description", "")
-    if not isinstance(description, str):
-        raise UserError(f"{source}: 'description' must be a string, got {description!r}")
-    for section in SCHEMA:
-        if section not in data:
-            raise UserError(f"{source}: missing section [{section}]")
-    sections = {section: _validate_section(source, section, data[section]) for section in SCHEMA}
-
-    tree_name = sections["tree"]["name"]
-    if base_dir is not None and _looks_like_path(tree_name) and not Path(tree_name).is_absolute():
-        sections["tree"]["name"] = str(base_dir / tree_name)
-
-    return Profile(
-        name=name,
-        source=source,
-        description=description,
-        device=DeviceSettings(**sections["device"]),
-        tree=TreeSettings(**sections["tree"]),
-        method=MethodSettings(**sections["method"]),
-        bench=BenchSettings(**sections["bench"]),
-    )
+    except ValidationError as err:
+        raise UserError(f"{source}: {_describe(err)}") from None
+    tree = data.tree
+    if base_dir is not None and _looks_like_path(tree.name) and not Path(tree.name).is_absolute():
+        tree = TreeSettings(name=str(base_dir / tree.name))
+    return Profile(**{**dict(data), "tree": tree}, name=name, source=source)
 
 
 # -- lookup ----------------------------------------------------------------------------------

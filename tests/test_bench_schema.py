@@ -31,6 +31,7 @@ from runtime.bench.schema import (
     prompts_digest,
     save_bench,
     speedup_vs_ar,
+    json_schema,
     to_dict,
 )
 from runtime.errors import UserError
@@ -48,14 +49,14 @@ def bench(with_ar: bool = True) -> BenchResult:
     )
     env = Env(
         torch="2.13.0+cpu", python="3.11.9", platform="Linux-x86_64", git_commit="abc123",
-        profile=Profile("cpu", {"dtype": "fp32", "graph": False}), command_line=["runtime", "bench"],
+        profile=Profile(name="cpu", values={"dtype": "fp32", "graph": False}), command_line=["runtime", "bench"],
         started_at="2026-01-02T03:04:05+00:00", bench_seconds=12.5, warmup=1, repeats=3, timer="perf_counter",
         schedule="interleaved",
     )
     tokens = NUM_IMAGES * TOKENS
     runs = [
         make_run("ar", latencies=[2.0, 2.2, 2.1], num_images=NUM_IMAGES, target_forwards=tokens, tokens=tokens,
-                 mean_accepted_length=1.0, phases={"verify": Phase(1.9, tokens)}, peak_bytes=10_000_000,
+                 mean_accepted_length=1.0, phases={"verify": Phase(seconds=1.9, count=tokens)}, peak_bytes=10_000_000,
                  quality=Quality.of(class_accuracy=0.75, fd=20.0)),
         make_run("eagle2", latencies=[1.0, 1.1, 1.05], num_images=NUM_IMAGES, target_forwards=24, tokens=tokens,
                  mean_accepted_length=2.6, params=MethodParams(depth=4, top_k_draft=8, total_tokens=30),
@@ -141,7 +142,7 @@ def test_prompt_conditions_round_trip(tmp_path: Path) -> None:
 
 def test_current_env_reads_this_process() -> None:
     started = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
-    env = current_env(profile=Profile("cpu", {}), started_at=started, bench_seconds=1.0, warmup=0, repeats=1,
+    env = current_env(profile=Profile(name="cpu", values={}), started_at=started, bench_seconds=1.0, warmup=0, repeats=1,
                       timer="perf_counter", command_line=["runtime", "bench", "--device", "cpu"])
     assert env.started_at == "2026-01-02T03:04:05+00:00"
     assert env.python.count(".") == 2 and env.torch
@@ -191,12 +192,12 @@ MALFORMED = [
     (_set("runs", []), "runs must not be empty"),
     (_set("runs.1", "eagle2"), "runs[1] must be an object"),
     (_set("workload.seeds", [1, 2]), "workload.seeds must hold one seed per image (4), got 2"),
-    (_set("workload.conditions.kind", "video"), "workload.conditions.kind must be 'classes' or 'prompts'"),
+    (_set("workload.conditions.kind", "video"), "workload.conditions.kind must be one of classes, prompts (got 'video')"),
     (_set("workload.sampling.greedy", "yes"), "workload.sampling.greedy must be true or false"),
     (_set("env.started_at", "yesterday"), "env.started_at must be an ISO-8601 time"),
     (_set("env.schedule", "random"), "env.schedule must be one of interleaved, sequential"),
     (_set("runs.1.stats.tokens", 63), "runs[1].stats.tokens must equal workload.num_images x workload.tokens_per_image"),
-    (_set("runs.1.stats.per_depth_acceptance", [0.5, 1.5]), "runs[1].stats.per_depth_acceptance[1] must be a fraction"),
+    (_set("runs.1.stats.per_depth_acceptance", [0.5, 1.5]), "runs[1].stats.per_depth_acceptance[1] must be <= 1 (got 1.5)"),
     (_set("runs.1.latency_s.p10", 1.09), "runs[1].latency_s must satisfy min(all) <= p10 <= p50 <= p90 <= max(all)"),
     (_set("runs.1.images_per_s", 10.0), "runs[1].images_per_s must equal workload.num_images / latency_s.p50"),
     (_set("runs.2.speedup_vs_ar", 3.5), "runs[2].speedup_vs_ar must equal latency_s.p50 of the ar run at its batch size / its latency_s.p50"),
@@ -212,6 +213,15 @@ MALFORMED = [
     (_delete("schema_version"), "schema_version is missing"),
     (_set("schema_version", 2), "schema_version 2 is not supported (this lantern-runtime reads version 1)"),
     (_set("schema_version", "1"), 'schema_version "1" is not supported'),
+    (_set("runs.2.latency_s.all", [0.7, -0.75, 0.8]), "runs[2].latency_s.all[1] must be > 0 (got -0.75)"),
+    (_set("runs.1.params.bogus", 1), "runs[1].params.bogus is not a known field; remove it"),
+    (_set("env.profile.colour", "red"), "env.profile.colour is not a known field; remove it"),
+    (_delete("runs.1.params.tree"), "runs[1].params.tree is missing"),
+    (_set("runs.0.device_ops", {"decode": {"ops_per_iteration": 1.0, "kernels_per_step": None}}),
+     "runs[0].device_ops.decode must be one of draft, verify, accept (got 'decode')"),
+    (_set("workload.conditions.prompts_sha256", "abc"), "workload.conditions.prompts_sha256 must be 64 lowercase hex"),
+    (_set("runs.0.quality.reason", "why"), "runs[0].quality.reason must be absent when measured is true"),
+    (_set("workload.sampling.top_k", 1.0), "workload.sampling.top_k must be an integer"),
 ]
 
 
@@ -287,3 +297,30 @@ def test_phases_are_the_mean_over_the_timed_repeats_not_the_last() -> None:
     phases = mean_phases(repeats)
     assert phases["verify"].seconds == pytest.approx(14.0) and phases["verify"].count == 100
     assert phases["draft"].seconds == pytest.approx(2.0) and phases["draft"].count == 67
+
+
+COMMITTED = sorted(p for p in (Path(__file__).resolve().parents[1] / "results").rglob("*.json")
+                   if "schema_version" in json.loads(p.read_text()))
+
+
+@pytest.mark.parametrize("path", COMMITTED, ids=[p.name for p in COMMITTED])
+def test_every_committed_result_file_round_trips(path: Path) -> None:
+    """Loading keeps a file's layout: older files' absent fields stay absent, written the same bytes."""
+    assert to_dict(load_bench(path)) == json.loads(path.read_text())
+    assert json.dumps(to_dict(load_bench(path)), indent=2) + "\n" == path.read_text()
+
+
+def test_a_wrong_field_deep_in_a_committed_file_is_named_by_its_path(tmp_path: Path) -> None:
+    data = json.loads(COMMITTED[0].read_text())
+    data["runs"][2]["latency_s"]["p50"] = -1.0
+    path = tmp_path / "x.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(UserError) as err:
+        load_bench(path)
+    assert str(err.value) == f"{path}: runs[2].latency_s.p50 must be > 0 (got -1.0)"
+
+
+def test_the_committed_json_schema_is_the_one_the_code_emits() -> None:
+    """Regenerate with `python -m runtime.bench --json-schema > docs/result.schema.json`."""
+    committed = Path(__file__).resolve().parents[1] / "docs" / "result.schema.json"
+    assert json.loads(committed.read_text()) == json_schema()

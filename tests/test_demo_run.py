@@ -40,3 +40,28 @@ def test_graph_and_no_graph_give_the_same_tokens_and_stats(run_cli, tmp_path):
     for key in ("mean_accepted_length", "target_forwards", "tokens", "per_depth_acceptance"):
         assert r1["stats"][key] == r2["stats"][key]
     assert r2["timing"]["graph"] is True and "capture" in r2["timing"]["phases"]
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("temperature", "1.0", "recommended.temperature must be a number"),
+        ("top_k", 2.5, "recommended.top_k must be an integer"),
+        ("lantern_lambda", 0.5, "recommended.lantern_lambda must be >= 1 (got 0.5)"),
+        ("lantern_kk", 32, "recommended.lantern_kk is not a known field"),
+    ],
+)
+def test_a_manifest_with_a_wrong_field_is_refused_in_one_line(run_cli, tmp_path, key, value, message):
+    """A bundle whose manifest mistypes a recommended setting stops at load, naming file and field
+    (it used to end in a TypeError traceback deep in sampling)."""
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    for part in default_bundle_path().iterdir():
+        if part.name != "manifest.json":
+            (bundle / part.name).symlink_to(part)
+    manifest = json.loads((default_bundle_path() / "manifest.json").read_text())
+    manifest["recommended"][key] = value
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    res = run_cli("run", "--device", "cpu", "--model", str(bundle), "--out", str(tmp_path / "out"), "--classes", "0")
+    assert res.exit_code == 2
+    assert res.stderr.startswith(f"error: {bundle / 'manifest.json'}: {message}") and res.stderr.count("\n") == 1

@@ -111,6 +111,14 @@ def test_a_profile_may_pin_the_cfg_interval(tmp_path: Path) -> None:
         ("[tree]", "[trees]", "unknown key 'trees' (known: description, device, tree, method, bench)"),
         ('description = "test profile"', "description = 3", "'description' must be a string"),
         ("graph = true", "graph = ", "not valid TOML"),
+        ("lantern_k = 1000", 'lantern_k = "1000"', "'method.lantern_k' must be an integer >= 1, got '1000'"),
+        ("repeats = 5", "repeats = 5.0", "'bench.repeats' must be an integer >= 1, got 5.0"),
+        ("lantern_lambda = 2", "lantern_lambda = true", "'method.lantern_lambda' must be a number >= 1, got True"),
+        ("lantern_lambda = 2", 'lantern_lambda = "2"', "'method.lantern_lambda' must be a number >= 1, got '2'"),
+        ("lantern_lambda = 2", "lantern_lambda = inf", "'method.lantern_lambda' must be a number >= 1, got inf"),
+        ("top_k_draft = 10", "greedy = 1", "'method.greedy' must be true or false, got 1"),
+        ('name = "naive_extend_57"', 'name = "  "', "'tree.name' must be a non-empty string, got '  '"),
+        ("[bench]", "[bench.extra]", "unknown key 'bench.extra' (known: warmup, repeats)"),
     ],
 )
 def test_a_malformed_profile_is_refused_naming_file_and_key(tmp_path: Path, old: str, new: str, expected: str) -> None:

@@ -150,15 +150,15 @@ def test_a_bad_projection_file_is_named_by_field_path():
     validate_projection(good, "p.json")
     bad = json_copy(good)
     bad["runs"][0]["tau"] = -1
-    with pytest.raises(UserError, match=r"p.json: runs\[0\].tau: Input should be greater than 0"):
+    with pytest.raises(UserError, match=r"p.json: runs\[0\].tau must be > 0 \(got -1\)"):
         validate_projection(bad, "p.json")
     bad = json_copy(good)
     bad["runs"][0]["projected_speedup"]["low"] = 1.35
-    with pytest.raises(UserError, match=r"runs\[0\].projected_speedup: Value error, must satisfy low <= point"):
+    with pytest.raises(UserError, match=r"runs\[0\].projected_speedup .*must satisfy low <= point"):
         validate_projection(bad, "p.json")
     bad = json_copy(good)
     bad["extra"] = 1
-    with pytest.raises(UserError, match=r"p.json: extra: Extra inputs are not permitted"):
+    with pytest.raises(UserError, match=r"p.json: extra is not a known field; remove it"):
         validate_projection(bad, "p.json")
 
 

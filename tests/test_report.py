@@ -48,7 +48,7 @@ def write_bench(
         sampling=Sampling(greedy=False, temperature=1.0, top_k=0, top_p=1.0, cfg=1.0),
     )
     env = Env(
-        torch="2.13.0", python="3.11.9", platform="Linux", git_commit=None, profile=Profile(backend, {}),
+        torch="2.13.0", python="3.11.9", platform="Linux", git_commit=None, profile=Profile(name=backend, values={}),
         command_line=["runtime", "bench"], started_at="2026-01-01T00:00:00+00:00", bench_seconds=3.0,
         warmup=1, repeats=3, timer="perf_counter",
     )
@@ -69,7 +69,8 @@ def write_bench(
         built.append(make_run(
             method, latencies=latencies, num_images=num_images, target_forwards=forwards,
             tokens=tokens, mean_accepted_length=tokens / forwards * 0.97, params=MethodParams(**params),
-            phases={"draft": Phase(p50 * 0.3, forwards), "verify": Phase(p50 * 0.6, forwards)}, quality=quality,
+            phases={"draft": Phase(seconds=p50 * 0.3, count=forwards),
+                    "verify": Phase(seconds=p50 * 0.6, count=forwards)}, quality=quality,
             per_image_latencies=[split(t, r) for r, t in enumerate(latencies)] if samples else None,
             image_counts=counts(forwards) if samples else None))
     device = DeviceInfo(backend=backend, name=name, count=1, versions={"torch": "2.13.0"})
@@ -292,8 +293,9 @@ def test_device_budget_round_trips_and_is_reported_with_the_loop_efficiency(tmp_
 
     path = write_bench(tmp_path / "b.json", "cpu", "Xeon", [("ar", {}, 4.0, 64, None), ("lantern++", {}, 2.0, 20, None)])
     bench = load_bench(path)
-    bench.runs[1].device_ops = {"draft": DeviceOps(300.0, 12), "verify": DeviceOps(760.0, 40),
-                                "accept": DeviceOps(120.5, None)}
+    bench.runs[1].device_ops = {"draft": DeviceOps(ops_per_iteration=300.0, kernels_per_step=12),
+                                "verify": DeviceOps(ops_per_iteration=760.0, kernels_per_step=40),
+                                "accept": DeviceOps(ops_per_iteration=120.5, kernels_per_step=None)}
     save_bench(bench, path)
     again = load_bench(path)
     assert again.runs[1].device_ops["accept"].ops_per_iteration == 120.5

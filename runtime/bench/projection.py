@@ -328,9 +328,9 @@ def validate_projection(data: Any, source: str) -> Any:
     """The parsed projection file, or one UserError naming `source` and the first bad field's path."""
     from pydantic import ValidationError
 
+    from runtime.bench.schema import describe
+
     try:
         return _file_models().model_validate(data)
     except ValidationError as err:
-        first = err.errors()[0]
-        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"]).lstrip(".")
-        raise UserError(f"{source}: {where or 'file'}: {first['msg']}") from None
+        raise UserError(f"{source}: {describe(err)}") from None

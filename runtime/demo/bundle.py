@@ -17,11 +17,13 @@ import shutil
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Annotated, Any, Mapping
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from torch import nn
 
+from runtime.bench.schema import Bool, Count, NonNegative, PositiveInt, Text, Unit, describe
 from runtime.demo.classifier import ClassifierConfig, DemoClassifier
 from runtime.errors import UserError
 from runtime.models.configs import DrafterConfig, GPTConfig, VQConfig
@@ -129,7 +131,39 @@ def save_demo_bundle(out_dir: str | os.PathLike[str], *, gpt: Transformer, vq: V
     return out
 
 
-REQUIRED_MANIFEST_KEYS = ("image_size", "downsample", "num_classes", "class_names", "recommended")
+class Recommended(BaseModel):
+    """``recommended``: the settings a run uses unless a flag or the profile sets them (absent: code
+    defaults); bounds as in a profile's ``[method]``."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    method: Text | None = None
+    tree: Text | None = None
+    temperature: Annotated[float, Field(gt=0, strict=True)] | None = None
+    top_k: Count | None = None
+    top_p: Annotated[Unit, Field(gt=0)] | None = None
+    cfg: NonNegative | None = None
+    cfg_interval: Annotated[int, Field(ge=-1, strict=True)] | None = None
+    greedy: Bool | None = None
+    lantern_k: PositiveInt | None = None
+    lantern_lambda: Annotated[float, Field(ge=1, strict=True)] | None = None
+    lantern_delta: Unit | None = None
+
+
+class Manifest(BaseModel):
+    """What `load_demo_bundle` reads from ``manifest.json`` besides the parts (other keys are records)."""
+
+    model_config = ConfigDict(extra="allow")
+    image_size: PositiveInt
+    downsample: PositiveInt
+    num_classes: PositiveInt
+    class_names: list[Text]
+    recommended: Recommended
+
+    @model_validator(mode="after")
+    def _one_name_per_class(self) -> Manifest:
+        if len(self.class_names) != self.num_classes:
+            raise ValueError(f"class_names must hold one name per class ({self.num_classes}), got {len(self.class_names)}")
+        return self
 
 
 def load_demo_bundle(path: str | os.PathLike[str] | None = None, device: str | torch.device = "cpu",
@@ -144,9 +178,10 @@ def load_demo_bundle(path: str | os.PathLike[str] | None = None, device: str | t
         raise UserError(f"the packaged demo bundle is missing ({folder}); rebuild it with "
                         f"'runtime train demo --out DIR' and pass --model DIR")
     raw = read_bundle(folder)
-    missing = [k for k in REQUIRED_MANIFEST_KEYS if k not in raw.manifest]
-    if missing:
-        raise UserError(f"{folder / 'manifest.json'}: not a demo bundle (missing {', '.join(missing)})")
+    try:
+        Manifest.model_validate(raw.manifest)
+    except ValidationError as err:
+        raise UserError(f"{folder / 'manifest.json'}: {describe(err)}") from None
 
     gpt_cfg = GPTConfig.from_dict(raw.part("gpt").config)
     vq_cfg = VQConfig.from_dict(raw.part("vq").config)
