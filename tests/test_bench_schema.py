@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 import pytest
 
+from runtime.bench.environment import current_env
 from runtime.bench.schema import (
     SCHEMA_VERSION,
     BenchResult,
@@ -23,7 +24,6 @@ from runtime.bench.schema import (
     Quality,
     Sampling,
     Workload,
-    current_env,
     load_bench,
     make_bench,
     make_run,

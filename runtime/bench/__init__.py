@@ -17,7 +17,6 @@ from runtime.bench.schema import (
     RunStats,
     Sampling,
     Workload,
-    current_env,
     load_bench,
     make_bench,
     make_latency,
@@ -26,8 +25,10 @@ from runtime.bench.schema import (
     save_bench,
     speedup_vs_ar,
 )
+from runtime.bench.environment import current_env
 
 __all__ = [
+    "current_env",
     "SCHEMA_VERSION",
     "BenchResult",
     "Conditions",
@@ -43,7 +44,6 @@ __all__ = [
     "RunStats",
     "Sampling",
     "Workload",
-    "current_env",
     "load_bench",
     "make_bench",
     "make_latency",

@@ -20,6 +20,7 @@ import torch
 
 from backends.base import dtype_name
 from runtime.bench import schema
+from runtime.bench.environment import current_env
 from runtime.core import MethodSpec
 from runtime.core.opcount import phase_ops
 from runtime.errors import UserError
@@ -187,7 +188,7 @@ def bench(loaded: LoadedModel, backend: Any, profile: Any, plan: Sequence[Planne
                                  top_p=common.top_p, cfg=common.cfg))
     values = profile.to_dict()  # as resolved: the graph mode and dtype the steps really ran with
     values.setdefault("device", {}).update(graph=bool(backend.graph_mode), dtype=dtype_name(backend.dtype))
-    env = schema.current_env(profile=schema.Profile(name=profile.name, values=values),
+    env = current_env(profile=schema.Profile(name=profile.name, values=values),
                              started_at=started, bench_seconds=time.perf_counter() - t0, warmup=warmup,
                              repeats=repeats, timer=TIMERS.get(backend.name, "perf_counter"),
                              schedule="interleaved" if interleave else "sequential",

@@ -21,10 +21,7 @@ import hashlib
 import json
 import math
 import os
-import platform
-import subprocess
-import sys
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Iterable, Literal, Sequence
 
@@ -486,58 +483,6 @@ def make_bench(device: DeviceInfo, workload: Workload, env: Env, runs: Sequence[
         raise UserError(f"<bench>: {describe(err)}") from None
     validate(result)
     return result
-
-
-def git_commit(cwd: str | os.PathLike[str] | None = None) -> str | None:
-    """HEAD's commit hash (suffixed `-dirty` when the tree has changes), or None outside git."""
-    here = Path(cwd) if cwd is not None else Path(__file__).resolve().parent
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=here, capture_output=True, text=True, timeout=10,
-                              check=True).stdout.strip()
-
-    try:
-        commit, dirty = git("rev-parse", "HEAD"), git("status", "--porcelain", "--untracked-files=no")
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return f"{commit}-dirty" if dirty else commit or None
-
-
-def current_env(*, profile: Profile, started_at: datetime, bench_seconds: float, warmup: int, repeats: int,
-                timer: str, schedule: str = "interleaved", command_line: Sequence[str] | None = None,
-                dtype: str | None = None, checkpoints: Sequence[str | os.PathLike[str]] = ()) -> Env:
-    """Env for this process: torch/python/platform/git commit, threads and package versions read
-    here, `checkpoints` hashed here, the rest passed in."""
-    import torch
-
-    return Env(torch=str(torch.__version__), python=platform.python_version(), platform=platform.platform(),
-               git_commit=git_commit(), profile=profile,
-               command_line=list(command_line if command_line is not None else sys.argv),
-               started_at=started_at.astimezone(timezone.utc).isoformat(timespec="seconds"),
-               bench_seconds=float(bench_seconds), warmup=int(warmup), repeats=int(repeats), timer=timer,
-               schedule=schedule, threads=torch.get_num_threads(), dtype=dtype, packages=package_versions(),
-               checkpoints={str(f): file_sha256(f) for f in checkpoints})
-
-
-def package_versions() -> dict[str, str]:
-    """Installed versions of the packages a bench's numbers depend on (those present)."""
-    from importlib import metadata
-
-    found = {}
-    for name in ("torch", "numpy", "lantern-runtime", "triton", "habana-torch-plugin", "intel-extension-for-pytorch"):
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return found
-
-
-def file_sha256(path: str | os.PathLike[str]) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 # -- files and errors ------------------------------------------------------------------------

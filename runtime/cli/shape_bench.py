@@ -28,6 +28,7 @@ def bench_shape(args: dict[str, Any]) -> None:
 
     from runtime.atomic import atomic_write_text, writing
     from runtime.bench import schema
+    from runtime.bench.environment import current_env
     from runtime.bench.projection import Target, model_shape, project, projection_file, spec_from_run
     from runtime.cli.app import INVOCATION
     from runtime.pipeline import resolve_spec
@@ -78,7 +79,7 @@ def bench_shape(args: dict[str, Any]) -> None:
               "versions": {k: str(info[k]) for k in ("torch", "cuda", "driver", "synapseai") if info.get(k)}}
     from datetime import datetime, timezone
 
-    env = schema.current_env(profile=schema.Profile(name=prof.name, values=prof.to_dict()),
+    env = current_env(profile=schema.Profile(name=prof.name, values=prof.to_dict()),
                              started_at=datetime.now(timezone.utc), bench_seconds=0.0, warmup=max(warmup, 1),
                              repeats=args["iterations"], timer="synchronize+perf_counter", schedule="sequential",
                              command_line=INVOCATION or ["runtime"] + sys.argv[1:], dtype=info.get("dtype"))
