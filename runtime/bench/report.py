@@ -496,14 +496,19 @@ def plot_latency(bench: BenchFile) -> Rendered | None:
     return _png(fig)
 
 
-def plot_image_pair(left: "np.ndarray", right: "np.ndarray", titles: tuple[str, str]) -> Rendered:
-    """Two image grids side by side (same seeds), titled."""
-    fig = _new_figure(7.0, 3.6)
-    for ax, image, title in zip(fig.subplots(1, 2), (left, right), titles):
-        ax.imshow(image)
-        ax.set_title(title, fontsize=8)
-        ax.axis("off")
-    return _png(fig)
+def plot_image_pair(left: "np.ndarray", right: "np.ndarray") -> Rendered:
+    """Two image grids side by side at their own resolution (PNG only: they are rasters), with a
+    white gutter; the caption names which is which."""
+    import numpy as np
+    from PIL import Image
+
+    h = max(left.shape[0], right.shape[0])
+    canvas = np.full((h, left.shape[1] + 12 + right.shape[1], 3), 255, dtype=np.uint8)
+    canvas[:left.shape[0], :left.shape[1]] = left
+    canvas[:right.shape[0], left.shape[1] + 12:] = right
+    buffer = io.BytesIO()
+    Image.fromarray(canvas).save(buffer, format="PNG", optimize=True)
+    return buffer.getvalue(), b""
 
 
 def image_comparisons(bench: BenchFile, slug: str) -> list[Block]:
@@ -520,7 +525,7 @@ def image_comparisons(bench: BenchFile, slug: str) -> list[Block]:
     for i, run in enumerate(runs):
         grid = read_grid(bench.path, i) if i != ar_index else None
         if grid is not None:
-            blocks.append(_figure(f"{slug}-images-{i:02d}", plot_image_pair(ar_grid, grid, ("ar", run_label(run))),
+            blocks.append(_figure(f"{slug}-images-{i:02d}", plot_image_pair(ar_grid, grid),
                                   f"Images of ar (left) and {run_label(run)} (right), same seeds, {bench.label}"))
     if blocks:
         blocks.insert(0, Paragraph("Images: each method beside ar, from the same seeds (the last timed repeat)."))
@@ -1033,6 +1038,12 @@ def split_files(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[BenchFile
     return benches, projections
 
 
+def _projection_mode(env: dict[str, Any]) -> str:
+    device = env.get("profile", {}).get("values", {}).get("device", {})
+    mode = {True: "graph mode", False: "eager steps"}.get(device.get("graph"), "mode not recorded")
+    return f"{env.get('dtype') or device.get('dtype') or 'dtype not recorded'}, {mode}"
+
+
 def projection_section(projections: Sequence[tuple[str, Any]]) -> list[Block]:
     """The projected speedups: a table per file, each number labelled as a projection with its
     two inputs (the tau of a trained model, the step costs of random weights of the shape)."""
@@ -1050,6 +1061,7 @@ def projection_section(projections: Sequence[tuple[str, Any]]) -> list[Block]:
         blocks.append(Heading(3, f"{p.device.get('backend', '?')}: {p.device.get('name', '?')}, {p.shape.name}"))
         blocks.append(Paragraph(
             f"File `{path}`. Shape: {p.shape.description} ({p.shape.weights}); batch size {p.batch_size}; "
+            f"{_projection_mode(p.env)}; "
             f"{p.warmup} warm-up + {p.iterations} timed iterations per method; AR step "
             f"{_sig(p.ar_step.median_s * 1e3)} ms (median)."
         ))

@@ -79,7 +79,9 @@ def bench_shape(args: dict[str, Any]) -> None:
               "versions": {k: str(info[k]) for k in ("torch", "cuda", "driver", "synapseai") if info.get(k)}}
     from datetime import datetime, timezone
 
-    env = current_env(profile=schema.Profile(name=prof.name, values=prof.to_dict()),
+    values = prof.to_dict()  # as resolved: the graph mode and dtype the steps really ran with
+    values.setdefault("device", {}).update(graph=bool(backend.graph_mode), dtype=info.get("dtype"))
+    env = current_env(profile=schema.Profile(name=prof.name, values=values),
                              started_at=datetime.now(timezone.utc), bench_seconds=0.0, warmup=max(warmup, 1),
                              repeats=args["iterations"], timer="synchronize+perf_counter", schedule="sequential",
                              command_line=INVOCATION or ["runtime"] + sys.argv[1:], dtype=info.get("dtype"))
