@@ -300,7 +300,16 @@ def test_phases_are_the_mean_over_the_timed_repeats_not_the_last() -> None:
 
 
 COMMITTED = sorted(p for p in (Path(__file__).resolve().parents[1] / "results").rglob("*.json")
-                   if "schema_version" in json.loads(p.read_text()))
+                   if "schema_version" in (data := json.loads(p.read_text())) and data.get("kind") != "projection")
+PROJECTIONS = sorted(p for p in (Path(__file__).resolve().parents[1] / "results").rglob("*.json")
+                     if json.loads(p.read_text()).get("kind") == "projection")
+
+
+@pytest.mark.parametrize("path", PROJECTIONS, ids=[p.name for p in PROJECTIONS])
+def test_every_committed_projection_file_validates(path: Path) -> None:
+    from runtime.bench.projection import validate_projection
+
+    assert validate_projection(json.loads(path.read_text()), str(path)).runs
 
 
 @pytest.mark.parametrize("path", COMMITTED, ids=[p.name for p in COMMITTED])

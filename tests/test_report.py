@@ -363,3 +363,14 @@ def test_kept_grids_show_each_method_beside_ar(tmp_path: Path) -> None:
     markdown = (tmp_path / "out" / "report.md").read_text()
     assert "Images of ar (left) and lantern++ [tree=t7 k=100 lambda=2] (right), same seeds" in markdown
     assert (tmp_path / "out" / "plots" / "w1-d1-images-01.png").is_file()
+
+
+def test_every_table_is_also_written_as_csv(rendered: Path) -> None:
+    import csv
+
+    tables = sorted((rendered / "tables").glob("*.csv"))
+    assert tables and tables[0].name.startswith("01-")
+    markdown = (rendered / "report.md").read_text()
+    assert len(tables) == len(md_tables(markdown))
+    rows = [row for path in tables for row in csv.DictReader(path.open())]
+    assert any(row.get("speedup") == "2.41x" and row.get("method") == "lantern++" for row in rows)

@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 REPORT_MD = "report.md"
 REPORT_HTML = "report.html"
 PLOTS_DIR = "plots"
+TABLES_DIR = "tables"  # every table as CSV
 # Lower is better for these quality metrics; higher for the rest (accuracy, CLIP score).
 LOWER_IS_BETTER = frozenset({"fd", "fid"})
 
@@ -1097,14 +1098,45 @@ def write_report(paths: Sequence[str | os.PathLike[str]], out_dir: str | os.Path
                 (staging / PLOTS_DIR / f"{block.name}.png").write_bytes(block.png)
                 if block.svg:
                     (staging / PLOTS_DIR / f"{block.name}.svg").write_bytes(block.svg)
+        (staging / TABLES_DIR).mkdir()
+        for name, table in table_files(blocks):
+            (staging / TABLES_DIR / name).write_text(table_csv(table), encoding="utf-8")
         (staging / REPORT_MD).write_text(markdown, encoding="utf-8")
         (staging / REPORT_HTML).write_text(page, encoding="utf-8")
         old_plots = out / PLOTS_DIR
         if old_plots.exists():
             os.replace(old_plots, staging / "old-plots")
         os.replace(staging / PLOTS_DIR, old_plots)
+        old_tables = out / TABLES_DIR
+        if old_tables.exists():
+            os.replace(old_tables, staging / "old-tables")
+        os.replace(staging / TABLES_DIR, old_tables)
         os.replace(staging / REPORT_MD, out / REPORT_MD)
         os.replace(staging / REPORT_HTML, out / REPORT_HTML)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return [out / REPORT_MD, out / REPORT_HTML, out / PLOTS_DIR]
+    return [out / REPORT_MD, out / REPORT_HTML, out / PLOTS_DIR, out / TABLES_DIR]
+
+
+def table_files(blocks: Sequence[Block]) -> list[tuple[str, Table]]:
+    """(file name, table) for every table: `NN-<heading slug>.csv`, NN counting in page order."""
+    import re
+
+    out, heading = [], "report"
+    for block in blocks:
+        if isinstance(block, Heading):
+            heading = re.sub(r"[^a-z0-9]+", "-", block.text.lower()).strip("-")[:48] or "section"
+        elif isinstance(block, Table):
+            out.append((f"{len(out) + 1:02d}-{heading}.csv", block))
+    return out
+
+
+def table_csv(table: Table) -> str:
+    """The table as CSV (markdown code marks dropped)."""
+    import csv
+
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(table.headers)
+    writer.writerows([[cell.replace("`", "") for cell in row] for row in table.rows])
+    return buffer.getvalue()

@@ -490,7 +490,7 @@ def make_bench(device: DeviceInfo, workload: Workload, env: Env, runs: Sequence[
 
 def to_dict(result: BenchResult) -> dict[str, Any]:
     """The JSON object for `result` (field order as documented; a file's absent fields stay absent)."""
-    return result.model_dump(exclude_unset=True)
+    return result.model_dump(exclude_unset=True, mode="json")
 
 
 def to_env_dict(env: Env) -> dict[str, Any]:

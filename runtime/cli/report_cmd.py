@@ -15,7 +15,7 @@ def report(
         ..., metavar="FILE", help="Bench result files written by `runtime bench --out`.", show_default=False
     ),
     out: Path = typer.Option(
-        ..., "--out", help="Directory for report.md, report.html (self-contained) and plots/.", show_default=False
+        ..., "--out", help="Directory for report.md, report.html (self-contained), plots/ (PNG and SVG) and tables/ (CSV).", show_default=False
     ),
 ) -> None:
     """Compare bench results across devices: per-device tables, speedup decomposition, plots.
