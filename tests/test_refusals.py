@@ -296,3 +296,21 @@ def test_nan_drafter_distribution_under_sampling_is_named():
     spec = MethodSpec(method="lantern++", sampling=SamplingParams(greedy=False), tree="chain3", lantern_lambda=1.0)
     with pytest.raises(NonFiniteError, match="the drafter produced NaN or infinite logits for image 0 at image token 1"):
         Decoder(target, drafter, spec).generate_one(torch.tensor([1]), seed=0)
+
+
+@pytest.mark.parametrize("part, key, value", [("gpt", "n_head", 0), ("drafter", "num_attention_heads", -1),
+                                              ("vq", "codebook_size", 0)])
+def test_a_bundle_whose_model_config_is_out_of_range_is_refused(tmp_path, run_cli, part, key, value):
+    import shutil
+
+    from runtime.demo.bundle import default_bundle_path
+
+    bundle = tmp_path / "bundle"
+    shutil.copytree(default_bundle_path(), bundle)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    manifest["parts"][part]["config"][key] = value
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    out = tmp_path / "out"
+    refused(run_cli("run", "--model", str(bundle), "--num-images", "1", "--out", str(out)),
+            f"parts.{part}.config is invalid", f"{key} must be a positive integer")
+    assert not out.exists()

@@ -183,10 +183,15 @@ def load_demo_bundle(path: str | os.PathLike[str] | None = None, device: str | t
     except ValidationError as err:
         raise UserError(f"{folder / 'manifest.json'}: {describe(err)}") from None
 
-    gpt_cfg = GPTConfig.from_dict(raw.part("gpt").config)
-    vq_cfg = VQConfig.from_dict(raw.part("vq").config)
-    drafter_cfg = DrafterConfig.from_dict(raw.part("drafter").config)
-    cls_cfg = ClassifierConfig.from_dict(raw.part("classifier").config)
+    def config(cls: Any, name: str) -> Any:
+        try:
+            return cls.from_dict(raw.part(name).config)
+        except (TypeError, ValueError) as err:
+            raise UserError(f"{folder / 'manifest.json'}: parts.{name}.config is invalid ({err}); rebuild the "
+                            "bundle with 'runtime train demo'") from None
+
+    gpt_cfg, vq_cfg = config(GPTConfig, "gpt"), config(VQConfig, "vq")
+    drafter_cfg, cls_cfg = config(DrafterConfig, "drafter"), config(ClassifierConfig, "classifier")
 
     def build(module: nn.Module, name: str) -> nn.Module:
         source = str(folder / f"{name}.safetensors")
