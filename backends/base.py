@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import gzip
 import os
+import shutil
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -266,7 +268,8 @@ class Backend(abc.ABC):
 
     @contextlib.contextmanager
     def profiler(self, path: str | os.PathLike[str]) -> Iterator[torch.profiler.profile]:
-        """Profile the body with ``torch.profiler`` and write a Chrome trace JSON to ``path``.
+        """Profile the body with ``torch.profiler`` and write a Chrome trace JSON to ``path``
+        (gzipped where ``path`` ends in ``.gz``; Perfetto opens both).
 
         The trace opens in Perfetto (ui.perfetto.dev) or chrome://tracing. Device work is
         synchronised before the profiler stops so it lands in the trace. The file is written to a
@@ -279,7 +282,16 @@ class Backend(abc.ABC):
             yield prof
             self.synchronize()
         with atomic_path(target) as tmp:
-            prof.export_chrome_trace(str(tmp))
+            if target.suffix != ".gz":
+                prof.export_chrome_trace(str(tmp))
+                return
+            raw = tmp.with_name(tmp.name + ".json")
+            try:
+                prof.export_chrome_trace(str(raw))
+                with open(raw, "rb") as source, gzip.open(tmp, "wb", compresslevel=6) as sink:
+                    shutil.copyfileobj(source, sink)
+            finally:
+                raw.unlink(missing_ok=True)
 
     # -- graph capture -------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ defaults of LlamaGen's own sampling scripts, by model kind), the code default.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,9 @@ import torch
 from runtime.core import Decoder, MethodSpec, SamplingParams, generate, neighbours_for
 from runtime.core.tree import load_tree
 from runtime.errors import UserError
+from runtime.method_flags import FLAG_METHODS
+
+_log = logging.getLogger(__name__)
 
 # LlamaGen's demo labels (sample_c2i.py), used when an official c2i model runs without --classes.
 LLAMAGEN_DEMO_CLASSES = [207, 360, 387, 974, 88, 979, 417, 279]
@@ -63,10 +67,20 @@ class LoadedModel:
         return self.target.config.num_classes
 
 
-def load_model(*, model: str | None, gpt_model: str | None, gpt_ckpt: str | None, vq_ckpt: str | None,
-               image_size: int | None, drafter: str | None, gpt_type: str, trust: bool,
-               device: torch.device, dtype: torch.dtype) -> LoadedModel:
-    """The demo bundle (`model` None/"demo"/a bundle dir) or official checkpoints (`gpt_ckpt`)."""
+def load_model(**kwargs: Any) -> LoadedModel:
+    """The demo bundle (`model` None/"demo"/a bundle dir) or official checkpoints (`gpt_ckpt`);
+    keyword arguments as `_load_model`'s. Logs what was loaded (info level)."""
+    loaded = _load_model(**kwargs)
+    _log.info("model %s: %s parameters, %d px (%d tokens per image), drafter %s, on %s %s", loaded.name,
+              f"{loaded.params:,}", loaded.image_size, loaded.config.block_size,
+              "loaded" if loaded.drafter is not None else "none", kwargs["device"],
+              str(kwargs["dtype"]).replace("torch.", ""))
+    return loaded
+
+
+def _load_model(*, model: str | None, gpt_model: str | None, gpt_ckpt: str | None, vq_ckpt: str | None,
+                image_size: int | None, drafter: str | None, gpt_type: str, trust: bool,
+                device: torch.device, dtype: torch.dtype) -> LoadedModel:
     if gpt_ckpt is None:
         given = [flag for flag, value in (("--gpt-model", gpt_model), ("--vq-ckpt", vq_ckpt),
                                           ("--drafter", drafter), ("--trust-checkpoint", trust or None))
@@ -131,16 +145,6 @@ def check_vocab_fits_codebook(vocab: int, codebook: int, source: str) -> None:
                         "use the VQ tokenizer the GPT was trained with")
 
 
-# which methods read each method flag: a flag none of the run's methods reads is refused
-_FLAG_METHODS = {
-    "tree": {"lantern++"}, "depth": {"sd", "eagle2", "lantern"}, "top_k_draft": {"eagle2", "ddd", "lantern"},
-    "total_tokens": {"eagle2", "ddd", "lantern"}, "lantern_k": {"lantern", "lantern++", "sjd"},
-    "lantern_delta": {"lantern", "sjd"}, "lantern_lambda": {"lantern++", "sjd"},
-    **{k: {"sjd"} for k in ("window", "init", "coupling", "proactive", "accept",
-                           "group_window", "group_gap", "group_dist")},
-    **{k: {"ddd"} for k in ("ddd_threshold", "ddd_check_every", "ddd_min_depth", "ddd_max_depth")},
-    "dynamic_depth": {"sd", "lantern++"},
-}
 # types of method options given as text (`--methods sjd:coupling=maximal` in runtime bench)
 OPTION_TYPES: dict[str, type] = {"tree": str, "depth": int, "top_k_draft": int, "total_tokens": int,
                                  "lantern_k": int, "lantern_delta": float, "lantern_lambda": float,
@@ -196,7 +200,7 @@ def resolve_spec(method: str | None, flags: dict[str, Any], profile: Any, recomm
 
     name = method or (profile.method.name if profile is not None else None) or recommended.get("method") or "lantern++"
     users = set(run_methods or [name])
-    for key, readers in _FLAG_METHODS.items():
+    for key, readers in FLAG_METHODS.items():
         if flags.get(key) is not None and not users & readers:
             raise UserError(f"--{key.replace('_', '-')} does nothing for --method {'/'.join(sorted(users))} "
                             f"(it is read by {', '.join(sorted(readers))}); drop it")
@@ -222,6 +226,7 @@ def resolve_spec(method: str | None, flags: dict[str, Any], profile: Any, recomm
                         f"(cfg {sampling.cfg:g}); give --cfg above 1 or drop the cfg interval")
     if spec.drafting == "static":
         load_tree(spec.tree_spec)  # unknown tree or malformed file: fail before any work
+    _log.debug("method %s resolved: %s", name, spec)
     return spec
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from datetime import datetime, timezone
 from typing import Any, Callable, Sequence
 
@@ -101,7 +102,8 @@ def bench(loaded: LoadedModel, backend: Any, profile: Any, plan: Sequence[Planne
           conditions: Sequence[int], *, seed: int, warmup: int, repeats: int, quality: bool,
           command_line: Sequence[str], interleave: bool = True, batch_size: int = 1,
           progress: Callable[[str, int, int], None] | None = None,
-          on_images: Callable[[int, np.ndarray], None] | None = None) -> schema.BenchResult:
+          on_images: Callable[[int, np.ndarray], None] | None = None,
+          trace_dir: Path | None = None) -> schema.BenchResult:
     """Run every planned method on the same workload and return a validated BenchResult.
 
     interleave=True (the default) warms every method up first, then times repeat r of every
@@ -112,6 +114,9 @@ def bench(loaded: LoadedModel, backend: Any, profile: Any, plan: Sequence[Planne
     back to back and frees its decoder before the next, for devices short of memory.
     batch_size: images per decode for runs whose plan does not set one (a `batch` sweep).
     on_images(i, images): run i's decoded images (n, H, W, 3) uint8 of its last timed repeat.
+    trace_dir: where `NN.json.gz`, a gzipped torch.profiler Chrome trace of run NN, is written: one
+    extra, untimed pass over the first decode batch (its first `batch_size` images) after the run's
+    timed repeats, so tracing never touches a timing (a whole workload's trace runs to GBs).
     """
     started = datetime.now(timezone.utc)
     t0 = time.perf_counter()
@@ -147,6 +152,12 @@ def bench(loaded: LoadedModel, backend: Any, profile: Any, plan: Sequence[Planne
         if progress is not None:
             progress(_label(specs[i], batches[i]), done, total_steps)
 
+    def traced_pass(i: int, decoder: Any) -> None:
+        if trace_dir is not None:
+            with backend.profiler(trace_dir / f"{i:02d}.json.gz"):
+                run_generation(loaded, specs[i], list(conditions)[:batches[i]], seed=seed, backend=backend,
+                               decoder=decoder)
+
     ops: list[dict[str, schema.DeviceOps]] = [{} for _ in specs]
     if interleave:
         decoders = []
@@ -160,6 +171,8 @@ def bench(loaded: LoadedModel, backend: Any, profile: Any, plan: Sequence[Planne
                 i = (j + r) % len(specs)
                 one_pass(i, decoders[i], timed=True)
         ops = [_device_ops(d, conditions, backend) for d in decoders]
+        for i, decoder in enumerate(decoders):
+            traced_pass(i, decoder)
         del decoders
     else:
         for i, spec in enumerate(specs):
@@ -168,6 +181,7 @@ def bench(loaded: LoadedModel, backend: Any, profile: Any, plan: Sequence[Planne
             for r in range(warmup + repeats):
                 one_pass(i, decoder, timed=r >= warmup)
             ops[i] = _device_ops(decoder, conditions, backend)
+            traced_pass(i, decoder)
             del decoder
     runs = [_run_result(spec, last[i], latencies[i], max(peaks[i], default=None), n, backend, loaded,
                         conditions, quality, ops[i], batches[i], state[i], mean_phases(phase_runs[i]),

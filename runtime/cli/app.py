@@ -7,6 +7,7 @@ Every module in `COMMAND_MODULES` registers its commands on `app` when imported.
 from __future__ import annotations
 
 import importlib
+import logging
 import sys
 
 import typer
@@ -18,6 +19,49 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+LOG_LEVELS = {-1: logging.ERROR, 0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG}
+
+
+def configure_logging(verbosity: int) -> None:
+    """Route the standard `logging` records of `runtime`, `backends` and `profiles` to stderr
+    through rich: -q (verbosity -1) errors only, default warnings, -v info (device, profile, model
+    loaded), -vv debug (resolved method settings, ...). Idempotent."""
+    from rich.console import Console
+    from rich.logging import RichHandler
+
+    handler = RichHandler(console=Console(stderr=True), show_path=verbosity > 1, show_time=verbosity > 1,
+                          markup=False, rich_tracebacks=False)
+    for name in ("runtime", "backends", "profiles"):
+        logger = logging.getLogger(name)
+        logger.handlers[:] = [handler]
+        logger.setLevel(LOG_LEVELS[max(-1, min(2, verbosity))])
+        logger.propagate = False
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from runtime import __version__
+
+        print(f"lantern-runtime {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    verbose: int = typer.Option(0, "--verbose", "-v", count=True,
+                                help="More log lines on stderr: -v what was loaded and where, -vv debug."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Errors only (no warnings)."),
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="Print the lantern-runtime version and exit."),
+) -> None:
+    """lantern-runtime: fast visual AR image generation with LANTERN++ speculative decoding."""
+    from runtime.errors import UserError
+
+    if verbose and quiet:
+        raise UserError("-v/--verbose and -q/--quiet contradict each other; give one")
+    configure_logging(-1 if quiet else verbose)
+
 
 # Sub-command modules, imported for their side effect of registering on `app`.
 COMMAND_MODULES: list[str] = [

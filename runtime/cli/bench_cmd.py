@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Optional
 
@@ -71,11 +73,16 @@ def bench(
     tau_from: Optional[str] = typer.Option(None, "--tau-from", help="--shape: a bench result file; every run in it is projected with the tau it measured."),
     tau: Optional[float] = typer.Option(None, "--tau", help="--shape: the tau of the one method in --methods (measured on a trained model)."),
     iterations: int = typer.Option(20, "--iterations", help="--shape: timed iterations per method."),
+    profile: bool = typer.Option(False, "--profile", help="Also write a torch.profiler trace of each run, "
+                                 "<out>.traces/NN.json.gz (NN = the run's index) of its first decode batch, from one extra untimed pass after "
+                                 "its timed repeats; open in ui.perfetto.dev."),
 ) -> None:
     """Benchmark methods on one workload; speedups are ratios to AR from the same run."""
     if shape is not None:
         from runtime.cli.shape_bench import bench_shape
 
+        if profile:
+            raise UserError("--profile traces a measured bench, not a --shape projection; drop one of them")
         bench_shape(locals())
         return
     for flag, value in (("--tau-from", tau_from), ("--tau", tau)):
@@ -88,7 +95,7 @@ def bench(
 
     from runtime.bench.runner import bench as run_bench
     from runtime.bench.runner import plan_runs
-    from runtime.atomic import writing
+    from runtime.atomic import publish_folder, writing
     from runtime.bench.grids import grids_dir, write_grids
     from runtime.bench.schema import save_bench
     from runtime.core.methods import METHODS
@@ -106,38 +113,47 @@ def bench(
     plan = plan_runs(method_list, sweep)
     flags = opt.MethodFlags.pick(locals()).as_dict()
     grids: list = []
-    with use_attention_kernel(attention):  # refuses an unknown kernel before any work
-        backend, prof = opt.open_backend(device, profile_name, graph, dtype)
-        loaded = load_model(model=model, gpt_model=gpt_model, gpt_ckpt=gpt_ckpt, vq_ckpt=vq_ckpt,
-                            image_size=image_size, drafter=drafter, gpt_type=gpt_type, trust=trust_checkpoint,
-                            device=backend.device, dtype=backend.dtype)
-        if loaded.config.model_type != "c2i":
-            raise UserError("runtime bench supports class-conditional models for now; use runtime run for t2i")
-        conditions = parse_classes(classes, num_images, loaded)
-        from runtime.pipeline import resolve_spec
+    traces = Path(out).with_suffix(".traces")
+    trace_staging = _staging_folder(traces) if profile else None
+    try:
+        with use_attention_kernel(attention):  # refuses an unknown kernel before any work
+            backend, prof = opt.open_backend(device, profile_name, graph, dtype)
+            loaded = load_model(model=model, gpt_model=gpt_model, gpt_ckpt=gpt_ckpt, vq_ckpt=vq_ckpt,
+                                image_size=image_size, drafter=drafter, gpt_type=gpt_type, trust=trust_checkpoint,
+                                device=backend.device, dtype=backend.dtype)
+            if loaded.config.model_type != "c2i":
+                raise UserError("runtime bench supports class-conditional models for now; use runtime run for t2i")
+            conditions = parse_classes(classes, num_images, loaded)
+            from runtime.pipeline import resolve_spec
 
-        for p in plan:  # refuse bad settings before the long part starts
-            resolve_spec(p.method, {**flags, **p.overrides}, prof, loaded.recommended,
-                         run_methods=sorted({q.method for q in plan}))
+            for p in plan:  # refuse bad settings before the long part starts
+                resolve_spec(p.method, {**flags, **p.overrides}, prof, loaded.recommended,
+                             run_methods=sorted({q.method for q in plan}))
 
-        batch = opt.batch_size(batch_size, prof)
-        if batch_size is not None and any(p.batch_size is not None for p in plan):
-            raise UserError("--batch-size and --sweep batch=... both set the batch size; give one")
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
-            task = bar.add_task("bench", total=None)
+            batch = opt.batch_size(batch_size, prof)
+            if batch_size is not None and any(p.batch_size is not None for p in plan):
+                raise UserError("--batch-size and --sweep batch=... both set the batch size; give one")
+            with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
+                task = bar.add_task("bench", total=None)
 
-            def progress(label: str, done: int, total: int) -> None:
-                bar.update(task, description=f"bench: {label}", completed=done, total=total)
+                def progress(label: str, done: int, total: int) -> None:
+                    bar.update(task, description=f"bench: {label}", completed=done, total=total)
 
-            result = run_bench(loaded, backend, prof, plan, flags, conditions, seed=seed,
-                               warmup=prof.bench.warmup if warmup is None else warmup,
-                               repeats=prof.bench.repeats if repeats is None else repeats,
-                               quality=quality, command_line=INVOCATION or ["runtime"] + sys.argv[1:],
-                               interleave=interleave, batch_size=batch, progress=progress,
-                               on_images=lambda i, images: grids.append((i, images)))
-        with writing(f"--out {out}"):
-            path = save_bench(result, out)
-            write_grids(grids, grids_dir(path))
+                result = run_bench(loaded, backend, prof, plan, flags, conditions, seed=seed,
+                                   warmup=prof.bench.warmup if warmup is None else warmup,
+                                   repeats=prof.bench.repeats if repeats is None else repeats,
+                                   quality=quality, command_line=INVOCATION or ["runtime"] + sys.argv[1:],
+                                   interleave=interleave, batch_size=batch, progress=progress,
+                                   on_images=lambda i, images: grids.append((i, images)),
+                                   trace_dir=trace_staging)
+            with writing(f"--out {out}"):
+                path = save_bench(result, out)
+                write_grids(grids, grids_dir(path))
+                if trace_staging is not None:
+                    publish_folder(trace_staging, traces)
+    finally:
+        if trace_staging is not None:
+            shutil.rmtree(trace_staging, ignore_errors=True)  # already gone once published
 
     table = Table(title=f"runtime bench on {result.device.name} ({result.device.backend}) -> {path}")
     for col in ("method", "params", "tau", "drafted depth", "speedup", "images/s", "p50 s", "quality"):
@@ -151,3 +167,12 @@ def bench(
                       f"{run.speedup_vs_ar:.2f}x" if run.speedup_vs_ar is not None else "-",
                       f"{run.images_per_s:.3f}", f"{run.latency_s.p50:.2f}", qual)
     Console().print(table)
+
+
+def _staging_folder(target: Path) -> Path:
+    """A new hidden folder beside `target`, published in its place once complete."""
+    from runtime.atomic import writing
+
+    with writing(f"--out {target.parent}"):
+        target.absolute().parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.absolute().parent))

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+
+import typer
 from rich.console import Console
 from rich.table import Table
 
@@ -24,7 +27,20 @@ def zoo_table() -> Table:
     return table
 
 
+def zoo_json() -> list[dict[str, object]]:
+    """The zoo as JSON rows: name, kind, parameters (an exact count), token_grids and checkpoints (lists)."""
+    from runtime.models.zoo import MODEL_ZOO
+
+    return [{"name": e.name, "kind": e.kind, "parameters": e.parameter_count(),
+             "token_grids": e.token_grid.split("\n"), "checkpoints": list(e.checkpoints)} for e in MODEL_ZOO]
+
+
 @app.command("models")
-def models_command() -> None:
+def models_command(
+    as_json: bool = typer.Option(False, "--json", help="Print the models as a JSON list instead of a table."),
+) -> None:
     """List the models the runtime can load, with parameter counts and checkpoint files."""
-    Console().print(zoo_table())
+    if as_json:
+        typer.echo(json.dumps(zoo_json(), indent=2))
+    else:
+        Console().print(zoo_table())

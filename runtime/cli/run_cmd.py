@@ -14,8 +14,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
 import typer
 
 from runtime.cli import options as opt
@@ -151,6 +149,8 @@ def _parent(path: Path) -> Path:
 
 
 def _select(conditions: Any, idx: list[int]) -> Any:
+    import torch
+
     if isinstance(conditions, torch.Tensor):
         return conditions[idx]
     return [conditions[i] for i in idx]
@@ -223,6 +223,7 @@ def _write_outputs(staging: Path, parts: list[dict], n: int, labels: list, loade
                    settings: dict[str, Any]) -> dict:
     """Write images, grid, tokens and result.json into `staging`. `settings`: "sampling_source"
     (where each sampling setting came from), "attention" (the kernel setting) and "batch_size"."""
+    import numpy as np
     from PIL import Image
 
     from runtime.distributed import merge_indexed
