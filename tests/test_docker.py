@@ -285,12 +285,79 @@ def test_compose_services_have_the_device_flags() -> None:
     assert hpu["cap_add"] == ["sys_nice"] and hpu["ipc"] == "host"
 
 
+def test_hpu_base_image_is_a_pinned_build() -> None:
+    parsed = dockerfile("hpu")
+    tag = parsed.args["GAUDI_TAG"]
+    assert tag != "latest" and tag.startswith(parsed.args["GAUDI_VERSION"] + "-"), tag
+    assert parsed.base_image == ("vault.habana.ai/gaudi-docker/1.22.2/ubuntu24.04/habanalabs/"
+                                 "pytorch-installer-2.7.1:1.22.2-32")
+    assert "DL3007" not in (DOCKER / "Dockerfile.hpu").read_text()  # no `latest` left to excuse
+
+
+SMOKE_PROFILES = {"cpu": ["cpu"], "cuda": ["h100", "rtx3090"], "hpu": ["gaudi2"]}
+
+
+@pytest.mark.parametrize("image", IMAGES)
+def test_build_runs_the_smoke_check_with_the_images_profiles(image: str) -> None:
+    from runtime.profiles import shipped_profiles
+
+    parsed = dockerfile(image)
+    assert (["docker/smoke.sh"], "/opt/lantern-runtime/docker/smoke.sh") in parsed.copies()
+    smokes = [argv for _, argv in parsed.run_commands() if argv[:2] == ["bash", "docker/smoke.sh"]]
+    assert smokes == [["bash", "docker/smoke.sh", *SMOKE_PROFILES[image]]]
+    assert set(SMOKE_PROFILES[image]) <= set(shipped_profiles())
+    # the smoke check runs after the project's install, in the same RUN
+    commands = [argv for _, argv in parsed.run_commands()]
+    install = max(i for i, argv in enumerate(commands) if is_pip_install(argv))
+    assert commands.index(smokes[0]) > install
+    smoke = (DOCKER / "smoke.sh").read_text()
+    assert "load_profile" in smoke and "runtime -q run --device cpu --num-images 1" in smoke
+
+
+def test_ci_runs_the_images_smoke_check() -> None:
+    assert 'docker/smoke.sh" cpu' in (REPO / ".ci" / "run").read_text()
+
+
+@pytest.mark.parametrize(("image", "compiler"), [("cpu", "g++"), ("cuda", "gcc")])
+def test_images_carry_the_compiler_graph_mode_needs(image: str, compiler: str) -> None:
+    apt = [argv for _, argv in dockerfile(image).run_commands() if argv[:2] == ["apt-get", "install"]]
+    assert apt and compiler in apt[0] and "--no-install-recommends" in apt[0]
+
+
+def test_compose_documents_only_commands_that_exist() -> None:
+    from runtime.cli.app import _register, app
+
+    _register()
+    commands = {c.name or c.callback.__name__ for c in app.registered_commands}
+    documented = re.findall(r"docker compose -f docker/compose.yaml run --rm (\w+) (\w+)",
+                            (DOCKER / "compose.yaml").read_text())
+    assert documented and all(service in IMAGES for service, _ in documented)
+    assert {command for _, command in documented} <= commands, documented
+
+
+def test_every_optional_extra_is_imported_by_the_package() -> None:
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"].get("optional-dependencies", {})
+    source = "\n".join(p.read_text() for folder in ("runtime", "backends") for p in (REPO / folder).rglob("*.py"))
+    for extra, requirements in extras.items():
+        if extra == "test":
+            continue
+        for requirement in requirements:
+            module = requirement_name(requirement).replace("-", "_")
+            assert re.search(rf"^\s*(import|from) {module}\b", source, flags=re.M), (extra, requirement)
+
+
 def test_cpu_install_commands_for_ci() -> None:
     lines = cpu_install_commands({"TORCH_INDEX_URL": "https://pypi.org/simple"})
     argvs = [shlex.split(line) for line in lines]
     assert [a[:4] for a in argvs] == [["python", "-m", "pip", "install"]] * 3
     assert argvs[0][-1] == "torch==2.13.0" and "https://pypi.org/simple" in argvs[0]
     assert argvs[-1][-2:] == ["--no-deps", str(REPO)]
+
+
+def test_readme_deployment_section_is_docker_readme() -> None:
+    readme = (REPO / "README.md").read_text()
+    section = re.search(r"^## Deployment\n.*?(?=^## |\Z)", readme, flags=re.M | re.S).group(0)
+    assert section.strip() == (DOCKER / "README.md").read_text().strip(), "copy docker/README.md into README.md"
 
 
 def test_readme_shows_the_documented_run_flags() -> None:
