@@ -141,6 +141,7 @@ def tree_file(tmp_path: Path, text: str | bytes) -> Path:
     ("paths = [" + ", ".join(f"[{r}]" for r in range(1025)) + "]\n", "1025 nodes; a tree has at most 1024"),
     ("paths = [" + ", ".join("[" + ", ".join(["0"] * d) + "]" for d in range(1, 34)) + "]\n",
      "depth 33; a tree is at most 32 deep"),
+    ("paths = [[0], [1000000000000]]\n", "path [1000000000000] has no sibling [999999999999]"),
 ])
 def test_tree_files_out_of_range_or_not_text_are_refused(ckpts, tmp_path, run_cli, content, words):
     path = tree_file(tmp_path, content)
@@ -255,6 +256,17 @@ def test_eval_of_a_run_whose_records_carry_a_non_numeric_class_is_refused(ckpts,
     result["images"][1]["class"] = "cat"
     (out / "result.json").write_text(json.dumps(result))
     refused(run_cli("eval", str(out)), "has class 'cat', expected an integer >= 0")
+
+
+def test_eval_of_a_run_whose_records_carry_a_non_numeric_index_is_refused(ckpts, tmp_path, run_cli):
+    out = tmp_path / "out"
+    assert run_cli(*tiny_run(ckpts, out, "--num-images", "2")).exit_code == 0
+    result = json.loads((out / "result.json").read_text())
+    result["images"][0]["index"] = "x"
+    (out / "result.json").write_text(json.dumps(result))
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in out.iterdir())
+    refused(run_cli("eval", str(out)), "has index 'x', expected an integer >= 0")
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in out.iterdir()) == before
 
 
 # -- NaN / inf met while decoding ------------------------------------------------------------------

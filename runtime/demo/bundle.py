@@ -181,7 +181,8 @@ def load_demo_bundle(path: str | os.PathLike[str] | None = None, device: str | t
     try:
         Manifest.model_validate(raw.manifest)
     except ValidationError as err:
-        raise UserError(f"{folder / 'manifest.json'}: {describe(err)}") from None
+        raise UserError(f"{folder / 'manifest.json'}: {describe(err)}; fix the field in manifest.json or rebuild the "
+                        "bundle with 'runtime train demo'") from None
 
     def config(cls: Any, name: str) -> Any:
         try:
