@@ -8,7 +8,7 @@ recommended values apply; a profile may still pin them. Precedence, highest firs
 flag, profile, model bundle, code default.
 
 A profile file holds an optional top-level ``description`` and the tables ``[device]``, ``[tree]``,
-``[method]`` and ``[bench]``, each a pydantic model in :data:`SCHEMA` whose fields are its keys;
+``[method]`` and ``[bench]``, each a pydantic model whose fields are its keys;
 anything else is refused, and a wrong value is told its key's ``description`` (``'method.top_p'
 must be a number in (0, 1], got 0``).
 """
@@ -123,11 +123,6 @@ class BenchSettings(_Section):
     repeats: _integer(1)
 
 
-SCHEMA: dict[str, type[_Section]] = {
-    "device": DeviceSettings, "tree": TreeSettings, "method": MethodSettings, "bench": BenchSettings,
-}
-
-
 class _ProfileFile(_Section):
     """A whole profile file: its top-level keys."""
 
@@ -149,8 +144,9 @@ class Profile(_ProfileFile):
         return {"name": self.name, "source": self.source, **self.model_dump(exclude={"name", "source"})}
 
 
-def _looks_like_path(value: str) -> bool:
-    return "/" in value or "\\" in value or Path(value).suffix in {".json", ".toml", ".txt", ".py"}
+def _looks_like_path(value: str | Path) -> bool:
+    text = str(value)
+    return isinstance(value, Path) or "/" in text or "\\" in text or Path(text).suffix in {".json", ".toml", ".txt", ".py"}
 
 
 def _describe(err: ValidationError) -> str:
@@ -159,7 +155,7 @@ def _describe(err: ValidationError) -> str:
     first = min(err.errors(include_url=False), key=lambda e: (len(e["loc"]), e["type"] != "extra_forbidden"))
     loc, kind = first["loc"], first["type"]
     key = ".".join(map(str, loc))
-    model = _ProfileFile if len(loc) == 1 else SCHEMA[str(loc[0])]
+    model = _ProfileFile if len(loc) == 1 else _ProfileFile.model_fields[str(loc[0])].annotation
     if kind == "extra_forbidden":
         return f"unknown key '{key}' (known: {', '.join(model.model_fields)})"
     if kind == "missing":
@@ -205,7 +201,7 @@ def load_profile(name_or_path: str | Path) -> Profile:
             message names the file and the key.
     """
     text_value = str(name_or_path)
-    if isinstance(name_or_path, Path) or text_value.endswith(".toml") or "/" in text_value or "\\" in text_value:
+    if _looks_like_path(name_or_path):
         path = Path(text_value).expanduser()
         if not path.is_file():
             raise UserError(f"profile file '{text_value}' not found; give a shipped name ({', '.join(shipped_profiles())}) or an existing .toml file")

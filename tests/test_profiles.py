@@ -12,7 +12,6 @@ import torch
 
 from runtime.errors import UserError
 from runtime.profiles import (
-    SCHEMA,
     Profile,
     default_profile_for,
     default_profile_name,
@@ -145,7 +144,7 @@ def test_a_section_that_is_not_a_table_is_refused() -> None:
 
 
 def test_schema_rejects_every_unknown_key_in_every_section() -> None:
-    for section in SCHEMA:
+    for section in ("device", "tree", "method", "bench"):
         text = VALID.replace(f"[{section}]", f"[{section}]\nbogus = 1", 1)
         with pytest.raises(UserError, match=f"unknown key '{section}.bogus'"):
             parse_profile(text, source="mem.toml", name="mem")

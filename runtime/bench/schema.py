@@ -21,6 +21,7 @@ import hashlib
 import json
 import math
 import os
+import statistics
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Iterable, Literal, Sequence
@@ -412,15 +413,9 @@ def percentiles(values: Sequence[float]) -> tuple[float, float, float]:
     """(p10, p50, p90) of `values` with linear interpolation (numpy's default method)."""
     if not values:
         raise ValueError("percentiles of an empty list")
-    ordered = sorted(float(v) for v in values)
-
-    def at(q: float) -> float:
-        pos = q * (len(ordered) - 1)
-        lo = math.floor(pos)
-        hi = min(lo + 1, len(ordered) - 1)
-        return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-    return at(0.10), at(0.50), at(0.90)
+    data = [float(v) for v in values] * (2 if len(values) == 1 else 1)  # quantiles needs two points
+    deciles = statistics.quantiles(data, n=10, method="inclusive")
+    return deciles[0], deciles[4], deciles[8]
 
 
 def make_latency(seconds_per_repeat: Sequence[float], per_image: Sequence[Sequence[float]] | None = None) -> Latency:
