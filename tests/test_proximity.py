@@ -31,3 +31,15 @@ def test_damaged_cache_file_is_rebuilt(tmp_path):
     path.write_bytes(b"not a numpy file")
     table, built = neighbour_table(cb, 5, tmp_path)
     assert built and torch.equal(table, compute_neighbours(cb, 5))
+
+
+def test_neighbours_of_a_gpt_using_fewer_tokens_than_the_codebook_stay_in_its_vocabulary() -> None:
+    from types import SimpleNamespace
+
+    from runtime.core import MethodSpec, neighbours_for
+
+    gen = torch.Generator().manual_seed(0)
+    codebook = torch.randn(64, 4, generator=gen)
+    vq = SimpleNamespace(codebook_vectors=lambda normalized=False: codebook)
+    table = neighbours_for(vq, MethodSpec(method="lantern++", lantern_k=5, lantern_lambda=2.0), vocab_size=16)
+    assert table.shape == (16, 5) and int(table.max()) < 16

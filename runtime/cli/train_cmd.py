@@ -81,20 +81,78 @@ def train_demo_command(
 
 @train_app.command("drafter")
 def train_drafter_command(
-    out: Path = typer.Option(..., "--out", help="Folder to write the bundle with the new drafter to."),
+    out: Path = typer.Option(..., "--out", help="Folder to write to: the bundle with the new drafter (--model), or "
+                             "the drafter folder (--gpt-ckpt: config.json, model.safetensors, manifest.json)."),
     model: str = typer.Option("demo", "--model", help="'demo' (the packaged bundle) or a bundle folder."),
-    steps: int = typer.Option(700, "--steps", help="Drafter steps."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the drafter's initialisation and batches."),
+    steps: Optional[int] = typer.Option(None, "--steps", help="Drafter steps (default 700 for a bundle, 2000 for "
+                                        "--gpt-ckpt)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the drafter's initialisation, data and batches."),
     threads: int = typer.Option(2, "--threads", help="CPU threads (torch.set_num_threads)."),
     force: bool = typer.Option(False, "--force", help="Replace --out if it exists."),
+    gpt_model: Optional[str] = typer.Option(None, "--gpt-model", rich_help_panel="Any target (--gpt-ckpt)",
+                                            help="The target's LlamaGen config (GPT-B, GPT-L, ...)."),
+    gpt_ckpt: Optional[str] = typer.Option(None, "--gpt-ckpt", rich_help_panel="Any target (--gpt-ckpt)",
+                                           help="Train for this official c2i checkpoint (or fine-tune, or HF folder)."),
+    image_size: Optional[int] = typer.Option(None, "--image-size", rich_help_panel="Any target (--gpt-ckpt)",
+                                             help="The checkpoint's image size (default: from its file name)."),
+    trust_checkpoint: bool = typer.Option(False, "--trust-checkpoint", rich_help_panel="Any target (--gpt-ckpt)",
+                                          help="Allow a checkpoint holding pickled Python objects."),
+    device: Optional[str] = typer.Option(None, "--device", rich_help_panel="Any target (--gpt-ckpt)",
+                               help="auto, cpu, cuda or hpu (default auto; fp32 throughout)."),
+    num_images: Optional[int] = typer.Option(None, "--num-images", rich_help_panel="Any target (--gpt-ckpt)",
+                                   help="Images the target generates for the self-distilled data (default 1000)."),
+    classes: Optional[str] = typer.Option(None, "--classes", rich_help_panel="Any target (--gpt-ckpt)",
+                                          help="Comma-separated class ids cycled over the images (default: all)."),
+    tokens_file: Optional[str] = typer.Option(None, "--tokens", rich_help_panel="Any target (--gpt-ckpt)",
+                                              help="Teacher-force on these tokens instead (.npy, (N, tokens per "
+                                              "image) int); needs --labels."),
+    labels_file: Optional[str] = typer.Option(None, "--labels", rich_help_panel="Any target (--gpt-ckpt)",
+                                              help="Class of each row of --tokens (.npy, (N,) int)."),
+    data_cfg: Optional[float] = typer.Option(None, "--data-cfg", rich_help_panel="Any target (--gpt-ckpt)",
+                                             help="CFG scale of the generation (default 4.0, LlamaGen's c2i)."),
+    data_top_k: Optional[int] = typer.Option(None, "--data-top-k", rich_help_panel="Any target (--gpt-ckpt)",
+                                             help="Top-k of the generation (default 2000; 0 = off)."),
+    data_temperature: Optional[float] = typer.Option(None, "--data-temperature",
+                                                     rich_help_panel="Any target (--gpt-ckpt)",
+                                                     help="Temperature of the generation (default 1.0)."),
+    data: Optional[Path] = typer.Option(None, "--data", rich_help_panel="Any target (--gpt-ckpt)",
+                                        help="Folder of the self-distilled shards (default OUT/data); reused "
+                                        "when it holds an index.json."),
+    batch: Optional[int] = typer.Option(None, "--batch", rich_help_panel="Any target (--gpt-ckpt)",
+                                        help="Images per step (default 16)."),
+    lr: Optional[float] = typer.Option(None, "--lr", rich_help_panel="Any target (--gpt-ckpt)",
+                                       help="Peak learning rate (default 1e-3)."),
+    resume: bool = typer.Option(False, "--resume", rich_help_panel="Any target (--gpt-ckpt)",
+                                help="Continue an interrupted run in --out from its checkpoint.pt."),
+    eval_images: Optional[int] = typer.Option(None, "--eval-images", rich_help_panel="Any target (--gpt-ckpt)",
+                                              help="Images for the final greedy tau of the drafter on its target "
+                                              "(default 8; 0 = skip)."),
 ) -> None:
-    """Train a fresh drafter for a demo bundle's frozen target; VQ, target and classifier are copied."""
-    from runtime.demo.train import retrain_drafter
-
-    if steps < 1:
+    """Train a fresh drafter: for a demo bundle's frozen target (--model), or for any c2i LlamaGen
+    checkpoint (--gpt-ckpt) on data the target generates itself."""
+    if steps is not None and steps < 1:
         raise UserError(f"--steps must be >= 1, got {steps}")
     if threads < 1:
         raise UserError(f"--threads must be >= 1, got {threads}")
+    if gpt_ckpt is not None:
+        from runtime.cli.train_drafter_any import train_drafter_for_checkpoint
+
+        if model != "demo":
+            raise UserError("give either --model (a bundle) or --gpt-ckpt (a checkpoint), not both")
+        train_drafter_for_checkpoint(locals())
+        return
+    given = [f for f, v in (("--gpt-model", gpt_model), ("--image-size", image_size), ("--tokens", tokens_file),
+                            ("--labels", labels_file), ("--data", data), ("--classes", classes),
+                            ("--trust-checkpoint", trust_checkpoint or None), ("--resume", resume or None),
+                            ("--device", device), ("--num-images", num_images), ("--batch", batch), ("--lr", lr),
+                            ("--eval-images", eval_images), ("--data-cfg", data_cfg), ("--data-top-k", data_top_k),
+                            ("--data-temperature", data_temperature))
+             if v is not None]
+    if given:
+        raise UserError(f"{given[0]} applies to --gpt-ckpt training only; add --gpt-ckpt FILE or drop {given[0]}")
+    from runtime.demo.train import retrain_drafter
+
+    steps = 700 if steps is None else steps
     _check_out(out, force)
     command = " ".join(shlex.quote(p) for p in ["runtime", "train", "drafter", "--model", model, "--out", str(out),
                                                  "--steps", str(steps), "--seed", str(seed),

@@ -36,11 +36,15 @@ class GenerationResult:
 
 
 def neighbours_for(vq: Any, spec: MethodSpec, vocab_size: int) -> torch.Tensor | None:
-    """The proximity table a relaxed method needs, from the VQ codebook (raw vectors, as LANTERN)."""
+    """The proximity table a relaxed method needs, from the VQ codebook (raw vectors, as LANTERN).
+
+    Only the first `vocab_size` codes are tokens the GPT can emit (a GPT may use fewer tokens than
+    the codebook holds), so neighbours are searched among those: the table is (vocab_size, k).
+    """
     if spec.relaxation_kind == "none":
         return None
     k = min(spec.lantern_k, vocab_size - 1)
-    table, _ = neighbour_table(vq.codebook_vectors(normalized=False), k)
+    table, _ = neighbour_table(vq.codebook_vectors(normalized=False)[:vocab_size], k)
     return table
 
 
