@@ -102,7 +102,7 @@ def plot(result: SoakResult, path: Path) -> None:
     ax.set_xlabel("seconds since start")
     ax.set_ylabel("RSS (MB)")
     ax.set_ylim(0, result.peak_mb * 1.15)
-    ax.set_title(f"runtime run, {result.num_images} demo images in one process", fontsize=10)
+    fig.suptitle(f"RSS of one runtime run process generating {result.num_images} images", fontsize=10)
     ax.grid(alpha=0.3)
     top = ax.secondary_xaxis("top", functions=(lambda s: s * result.num_images / result.seconds,
                                                 lambda n: n * result.seconds / result.num_images))
