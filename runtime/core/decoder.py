@@ -308,14 +308,14 @@ class Decoder:
     @torch.no_grad()
     def start_image(self, i: int, cond: torch.Tensor, cond_mask: torch.Tensor | None, seed: int) -> None:
         """Start an image in slot i (the other slots keep their state): run its condition
-        (1,) / (1, cls, caption_dim) with mask (1, cls) in a condition-sized cache, copy that
+        (1,) / (1, cls, caption_dim) / (1, cls) prompt ids with mask (1, cls) in a condition-sized cache, copy that
         into the slot's rows, restart its random stream at `seed` and pick its first token.
         Always one image at a time, so its numbers never depend on the batch."""
         img, rows = self.image_ids[i:i + 1], self.image_rows[i]
         if self.params.uses_cfg:
+            if cond_mask is not None:  # the null condition's own padding (the target knows it)
+                cond_mask = torch.cat([cond_mask, self.target.null_condition_mask(cond_mask)])
             cond = torch.cat([cond, self.target.null_condition(cond)])
-            if cond_mask is not None:
-                cond_mask = torch.cat([cond_mask, cond_mask])
         self.start_cache.reset()
         hidden = self.target.prefill(cond, self.start_cache, cond_mask)  # (rows per image, cls, dim)
         self.cache.load_rows(rows, self.start_cache)

@@ -56,9 +56,10 @@ def generate(target: Transformer, drafter: Drafter | None, spec: MethodSpec,
              on_image: Callable[[int, torch.Tensor], None] | None = None) -> GenerationResult:
     """Generate one image per condition, `batch_size` images per decode.
 
-    conditions: class ids (c2i) or caption features (n, cls, caption_dim) (t2i, with
-    `cond_masks` (n, cls) bool). indices: the global image index of each condition (defaults
-    to 0..n-1), used to derive per-image seeds. Pass `decoder` to reuse one across calls
+    conditions: class ids (c2i), caption features (n, cls, caption_dim) (t2i) or prompt token ids
+    (n, cls) (Chameleon), the last two with `cond_masks` (n, cls) bool (True on real positions).
+    indices: the global image index of each condition (defaults to 0..n-1), used to derive
+    per-image seeds. Pass `decoder` to reuse one across calls
     (state and captured graphs are kept; its batch size is used). B images decode at once;
     when one is done the next condition takes its slot (`Decoder.generate_many`).
     `on_image(i, tokens)` is called as each image is done (not necessarily in order).
@@ -71,7 +72,8 @@ def generate(target: Transformer, drafter: Drafter | None, spec: MethodSpec,
     n = len(conditions)
     indices = list(range(n)) if indices is None else list(indices)
     seeds = [derive_seed(seed, i) for i in indices]
-    captions = isinstance(conditions, torch.Tensor) and conditions.dim() == 3
+    # a sequence per image: captions (n, cls, caption_dim) or prompt token ids (n, cls)
+    captions = isinstance(conditions, torch.Tensor) and conditions.dim() >= 2
     work = []
     for j in range(n):
         if captions:

@@ -202,8 +202,14 @@ class DrafterConfig:
     rope_base: float = 10000.0
     block_size: int = 256
     cls_token_num: int = 120
+    # "llamagen-2d": LlamaGen's 2-D table offset by cls_token_num - 1; "1d": plain positions up to
+    # max_position (targets with 1-D positions: Chameleon)
+    rope: str = "llamagen-2d"
+    max_position: int = 4096
 
     def __post_init__(self) -> None:
+        if self.rope not in ("llamagen-2d", "1d"):
+            raise ValueError(f"drafter rope must be 'llamagen-2d' or '1d', got {self.rope!r}")
         check_positive("drafter", hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
                        num_attention_heads=self.num_attention_heads, num_key_value_heads=self.num_key_value_heads,
                        num_hidden_layers=self.num_hidden_layers, vocab_size=self.vocab_size,
@@ -235,5 +241,7 @@ class DrafterConfig:
                     num_attention_heads=target.n_head, num_key_value_heads=target.kv_heads,
                     vocab_size=target.vocab_size, rope_base=target.rope_base,
                     block_size=target.block_size, cls_token_num=target.cls_token_num)
+        if getattr(target, "model_type", "") == "chameleon":
+            base.update(rope="1d", max_position=target.max_position)
         base.update(overrides)
         return cls(**base)

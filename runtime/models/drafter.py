@@ -19,7 +19,7 @@ from runtime.models.configs import DrafterConfig
 from runtime.models.gpt import ROPE_EXTRA_ROWS
 from runtime.models.kv_cache import StaticKVCache
 from runtime.models.layers import RMSNorm, SwiGLU, attach_fused_linear, attend
-from runtime.models.rope import apply_rope, rope_table_2d, rotation_table
+from runtime.models.rope import apply_rope, rope_table_1d, rope_table_2d, rotation_table
 
 
 class DrafterAttention(nn.Module):
@@ -71,9 +71,13 @@ class Drafter(nn.Module):
         self.embed_tokens.weight.requires_grad_(False)
         self.fc = nn.Linear(2 * h, h, bias=config.bias)
         self.layers = nn.ModuleList(DrafterLayer(config, i) for i in range(config.num_hidden_layers))
-        grid = int(round(config.block_size**0.5))
-        self.rope_rot = rotation_table(rope_table_2d(grid, config.head_dim, config.rope_base,
-                                                     max(config.cls_token_num - 1, 0), ROPE_EXTRA_ROWS + 1))
+        if config.rope == "1d":
+            table = rope_table_1d(config.max_position + ROPE_EXTRA_ROWS, config.head_dim, config.rope_base)
+        else:
+            grid = int(round(config.block_size**0.5))
+            table = rope_table_2d(grid, config.head_dim, config.rope_base, max(config.cls_token_num - 1, 0),
+                                  ROPE_EXTRA_ROWS + 1)
+        self.rope_rot = rotation_table(table)
 
     def rope_rows(self, positions: torch.Tensor) -> torch.Tensor:
         """Rotation rows (`rotation_table`) for positions (T,) or (B, T)."""

@@ -165,6 +165,10 @@ class Transformer(nn.Module):
         unc = self.cls_embedding.uncond_embedding
         return unc[None].expand(cond.size(0), -1, -1).to(cond.dtype)
 
+    def null_condition_mask(self, cond_mask: torch.Tensor) -> torch.Tensor:
+        """The null condition's validity mask: LlamaGen's null caption keeps the caption's padding."""
+        return cond_mask
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.output(hidden).float()
 

@@ -435,6 +435,7 @@ def drafter_config_from_json(cfg: Mapping[str, Any], source: str = "config.json"
             bias=bool(cfg.get("bias", True)), qkv_bias=bool(cfg.get("qkv_bias", False)),
             rope_base=float(cfg.get("rope_base", cfg.get("rope_theta", 10000.0))),
             block_size=block_size, cls_token_num=cls_token_num,
+            rope=str(cfg.get("rope", "llamagen-2d")), max_position=int(cfg.get("rope_max_position", 4096)),
         )
     except (TypeError, ValueError, ZeroDivisionError) as err:
         raise UserError(f"{source}: invalid drafter config ({_first_line(err)}); fix config.json") from None
@@ -455,6 +456,8 @@ def drafter_config_to_json(cfg: DrafterConfig) -> dict[str, Any]:
     }
     if input_type is not None:
         out["input_type"] = input_type
+    if cfg.rope != "llamagen-2d":  # absent for LlamaGen drafters: their files stay LANTERN's
+        out.update(rope=cfg.rope, rope_max_position=cfg.max_position)
     return out
 
 

@@ -50,3 +50,11 @@ def apply_rope(x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
     f = rot[None, :, None] if rot.dim() == 4 else rot[:, :, None]
     out = xs * f[..., 0, :] + xs.flip(-1) * f[..., 1, :]
     return out.flatten(3).type_as(x)
+
+
+def rope_table_1d(positions: int, head_dim: int, base: float = 10000.0) -> torch.Tensor:
+    """Plain 1-D rotary table (positions, head_dim // 2, 2) of (cos, sin): pair m of position p
+    rotates by p / base**(2m / head_dim). For drafters of targets with 1-D positions (Chameleon)."""
+    freqs = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    angles = torch.outer(torch.arange(positions, dtype=torch.float32), freqs)
+    return torch.stack([torch.cos(angles), torch.sin(angles)], dim=-1)

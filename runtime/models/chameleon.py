@@ -1,0 +1,305 @@
+"""Chameleon-family targets (Anole; Lumina-mGPT's layout is not handled yet) for the decoding core.
+
+A thin adapter: the decoder layers are Chameleon's (pre-norm, per-head LayerNorm on q and k,
+1-D rotary embedding in the rotate-half convention, SwiGLU), written on the runtime's static KV
+cache and `attend` so verify steps take tree masks, commit accepted paths and capture as graphs like
+the LlamaGen GPT's. Parameter names are those of `transformers`' `ChameleonForConditionalGeneration`
+without the `model.` prefix, so its state dict loads directly (`from_hf_state_dict`).
+
+What the core sees (the `Transformer` interface):
+- an **image-only vocabulary**: core token k is the k-th image token of the model's vocabulary
+  (`image_token_ids[k]`, the BPE id of VQ code k: for Chameleon's vocabulary, k + 4). `logits`
+  returns only the image tokens' logits, which is what masking every other token to -inf before
+  the softmax (the reference generation scripts) gives; `tok_embeddings` embeds image tokens.
+- conditions are **prompts**: token ids (B, L) of the full vocabulary, left-padded, with a mask
+  (B, L) True on real tokens; a prompt ends with the begin-of-image token, so the last prompt
+  position predicts image token 0. `config.cls_token_num` is L, fixed per decoder (`for_prompts`).
+- the unconditional prompt for classifier-free guidance is `[bos, boi]`, left-padded to L
+  (`null_condition`, `null_condition_mask`), as Anole's and LANTERN's generation code build it.
+Positions are slots (slot == position, padding included): RoPE depends on position differences
+only, so a padded prompt attends as an unpadded one does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from runtime.errors import UserError
+from runtime.models.kv_cache import StaticKVCache
+from runtime.models.layers import RMSNorm, SwiGLU, attend
+
+
+@dataclass(frozen=True)
+class ChameleonConfig:
+    """The target's shape. `vocab_size` is the image vocabulary the core decodes over; the
+    model's whole vocabulary is `full_vocab_size`. `block_size` image tokens per image (a square grid)."""
+
+    full_vocab_size: int
+    vocab_size: int
+    dim: int
+    n_layer: int
+    n_head: int
+    kv_heads: int
+    ffn_hidden: int
+    block_size: int
+    cls_token_num: int = 2
+    norm_eps: float = 1e-5
+    rope_base: float = 10000.0
+    max_position: int = 4096
+    bos_token_id: int = 0
+    pad_token_id: int = 1
+    boi_token_id: int = 8197
+    model_type: str = "chameleon"
+    num_classes: int = 0
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_head
+
+    @property
+    def grid_size(self) -> int:
+        return int(round(self.block_size ** 0.5))
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class HeadLayerNorm(nn.Module):
+    """Chameleon's q/k norm: LayerNorm statistics over head_dim, each head with its own weight
+    and bias (heads, head_dim)."""
+
+    def __init__(self, heads: int, head_dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(heads, head_dim))
+        self.bias = nn.Parameter(torch.zeros(heads, head_dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., heads, head_dim)
+        return F.layer_norm(x, (x.shape[-1],), None, None, eps=1e-5) * self.weight + self.bias
+
+
+class ChameleonAttention(nn.Module):
+    def __init__(self, cfg: ChameleonConfig) -> None:
+        super().__init__()
+        self.n_head, self.kv_heads, self.head_dim = cfg.n_head, cfg.kv_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.dim, cfg.n_head * cfg.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.dim, cfg.kv_heads * cfg.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.dim, cfg.kv_heads * cfg.head_dim, bias=False)
+        self.o_proj = nn.Linear(cfg.dim, cfg.dim, bias=False)
+        self.q_norm = HeadLayerNorm(cfg.n_head, cfg.head_dim)
+        self.k_norm = HeadLayerNorm(cfg.kv_heads, cfg.head_dim)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], **attn_kw: Any) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(b, t, self.n_head, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(self.k_proj(x).view(b, t, self.kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        cos, sin = (r.to(q.dtype) for r in rope)  # (T, hd) or (B, T, hd) -> broadcast over heads
+        if cos.dim() == 3:
+            cos, sin = cos[:, None], sin[:, None]
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        out = attend(q, k, v, **attn_kw)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class ChameleonLayer(nn.Module):
+    def __init__(self, cfg: ChameleonConfig) -> None:
+        super().__init__()
+        self.self_attn = ChameleonAttention(cfg)
+        self.mlp = SwiGLU(cfg.dim, cfg.ffn_hidden, names=("gate_proj", "up_proj", "down_proj"))
+        self.input_layernorm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.dim, cfg.norm_eps)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], **attn_kw: Any) -> torch.Tensor:
+        h = x + self.self_attn(self.input_layernorm(x), rope, **attn_kw)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class RowTable(nn.Module):
+    """Rows `ids` of a (V, D) table, kept as a non-persistent buffer `weight` (n, D): the image
+    tokens' embedding (`forward` embeds) or head (`project` gives logits)."""
+
+    def __init__(self, rows: int, dim: int) -> None:
+        super().__init__()
+        self.register_buffer("weight", torch.zeros(rows, dim), persistent=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return F.embedding(tokens, self.weight)
+
+
+class RowHead(RowTable):
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden, self.weight)
+
+
+class ChameleonTarget(nn.Module):
+    """A Chameleon decoder with an image-only output vocabulary; see the module docstring."""
+
+    def __init__(self, config: ChameleonConfig, image_token_ids: torch.Tensor) -> None:
+        super().__init__()
+        if image_token_ids.shape != (config.vocab_size,):
+            raise ValueError(f"image_token_ids must hold vocab_size ({config.vocab_size}) ids")
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.full_vocab_size, config.dim)
+        self.layers = nn.ModuleList(ChameleonLayer(config) for _ in range(config.n_layer))
+        self.norm = RMSNorm(config.dim, config.norm_eps)
+        self.lm_head = nn.Linear(config.dim, config.full_vocab_size, bias=False)
+        self.register_buffer("image_token_ids", image_token_ids.to(torch.long).clone(), persistent=False)
+        inv_freq = 1.0 / (config.rope_base ** (torch.arange(0, config.head_dim, 2, dtype=torch.float) / config.head_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.tok_embeddings = RowTable(config.vocab_size, config.dim)
+        self.output = RowHead(config.vocab_size, config.dim)
+        self.refresh_image_rows()
+
+    # -- construction ------------------------------------------------------------------------
+    def refresh_image_rows(self) -> None:
+        """Copy the image tokens' rows of the embedding and the head into `tok_embeddings` /
+        `output` (after loading weights; `.to()` moves and casts them with the model)."""
+        with torch.no_grad():
+            ids = self.image_token_ids.to(self.embed_tokens.weight.device)
+            self.tok_embeddings.weight = self.embed_tokens.weight[ids].clone()
+            self.output.weight = self.lm_head.weight[ids].clone()
+
+    def for_prompts(self, length: int) -> "ChameleonTarget":
+        """Fix the prompt length L (`config.cls_token_num`) that decoders built next will use."""
+        if length < 2:
+            raise UserError(f"a Chameleon prompt holds at least bos and boi (2 tokens), got {length}")
+        self.config = replace(self.config, cls_token_num=length)
+        return self
+
+    @classmethod
+    def from_hf_state_dict(cls, config: ChameleonConfig, state: Mapping[str, torch.Tensor],
+                           image_token_ids: torch.Tensor, source: str = "<state dict>") -> "ChameleonTarget":
+        """Build from `ChameleonForConditionalGeneration.state_dict()` keys (`model.layers...`,
+        `lm_head.weight`); the VQ model's keys are not the target's and are skipped."""
+        model = cls(config, image_token_ids)
+        mine = {k[len("model."):] if k.startswith("model.") else k: v for k, v in state.items()
+                if not k.startswith("model.vqmodel.")}
+        own = model.state_dict()
+        missing = sorted(set(own) - set(mine))
+        unexpected = sorted(set(mine) - set(own))
+        if missing or unexpected:
+            problem = f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}"
+            raise UserError(f"{source}: not a Chameleon decoder of this shape ({problem}); check the model folder")
+        for key, value in mine.items():
+            if tuple(value.shape) != tuple(own[key].shape):
+                raise UserError(f"{source}: {key} has shape {tuple(value.shape)}, the config says "
+                                f"{tuple(own[key].shape)}; check config.json")
+        model.load_state_dict(mine)
+        model.refresh_image_rows()
+        return model.eval()
+
+    # -- the core's interface ----------------------------------------------------------------
+    @property
+    def max_position(self) -> int:
+        return self.config.max_position
+
+    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin), each (..., head_dim), fp32, for positions (T,) or (B, T) (rotate-half layout)."""
+        angles = positions[..., None].float() * self.inv_freq
+        emb = torch.cat((angles, angles), dim=-1)
+        return emb.cos(), emb.sin()
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., dim) -> (..., vocab_size) fp32 logits of the image tokens."""
+        return self.output(hidden).float()
+
+    def null_condition(self, cond: torch.Tensor) -> torch.Tensor:
+        """The unconditional prompt `[bos, boi]`, left-padded to the prompt length, per row of `cond`."""
+        null = torch.full_like(cond, self.config.pad_token_id)
+        null[:, -2] = self.config.bos_token_id
+        null[:, -1] = self.config.boi_token_id
+        return null
+
+    def null_condition_mask(self, cond_mask: torch.Tensor) -> torch.Tensor:
+        """The unconditional prompt's mask: its last two positions are real."""
+        mask = torch.zeros_like(cond_mask)
+        mask[:, -2:] = True
+        return mask
+
+    def new_cache(self, batch: int, capacity: int, device: torch.device | str,
+                  dtype: torch.dtype | None = None) -> StaticKVCache:
+        cfg = self.config
+        return StaticKVCache(cfg.n_layer, batch, cfg.kv_heads, cfg.head_dim, capacity, device,
+                             dtype or self.embed_tokens.weight.dtype)
+
+    @staticmethod
+    def _prefix_mask(cond_mask: torch.Tensor, s: int) -> torch.Tensor:
+        """Causal (B, s, s) mask without the padded prompt columns, diagonal kept."""
+        cls = cond_mask.size(1)
+        eye = torch.eye(s, dtype=torch.bool, device=cond_mask.device)
+        causal = torch.ones(s, s, dtype=torch.bool, device=cond_mask.device).tril()
+        cols = torch.ones(cond_mask.size(0), s, dtype=torch.bool, device=cond_mask.device)
+        cols[:, :cls] = cond_mask
+        return (causal[None] & cols[:, None, :]) | eye[None]
+
+    def prefill(self, cond: torch.Tensor, cache: StaticKVCache,
+                cond_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Run the prompt (B, L) (mask (B, L)) into an empty cache; returns hidden (B, L, dim)."""
+        length = cond.size(1)
+        if length != self.config.cls_token_num:
+            raise ValueError(f"prompt length {length} != the decoder's {self.config.cls_token_num} (for_prompts)")
+        x = self.embed_tokens(cond)
+        if cond_mask is None:
+            block = torch.ones(length, length, dtype=torch.bool, device=x.device).tril()
+        else:
+            block = self._prefix_mask(cond_mask, length)
+            cache.prefix_valid[:, :length] = cond_mask
+        hidden = self.forward_cached(x, torch.arange(length, device=x.device), block, cache)
+        cache.advance(length)
+        return hidden
+
+    def forward_cached(self, x: torch.Tensor, positions: torch.Tensor, block_mask: torch.Tensor,
+                       cache: StaticKVCache, offset: int = 0) -> torch.Tensor:
+        """A block of T inputs (B, T, dim) at `positions` under `block_mask`, through the cache
+        without committing; post-norm hidden states (B, T, dim). As `Transformer.forward_cached`."""
+        rope = self.rope(positions)
+        slots = cache.block_slots(x.size(1), offset)
+        mask = cache.additive_mask(block_mask, offset)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, rope, layer=i, cache=cache, slots=slots, mask=mask)
+        return self.norm(x)
+
+    def forward_train(self, cond: torch.Tensor, idx: torch.Tensor,
+                      cond_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Teacher-forced: prompt (B, L) (+ mask), image tokens idx (B, S) (core ids) -> image
+        logits (B, S, V) fp32 predicting idx, and post-norm hidden (B, L + S - 1, dim)."""
+        length = cond.size(1)
+        x = torch.cat([self.embed_tokens(cond), self.tok_embeddings(idx[:, :-1])], dim=1)
+        s = x.size(1)
+        mask = None if cond_mask is None else self._prefix_mask(cond_mask, s)[:, None]
+        rope = self.rope(torch.arange(s, device=x.device))
+        for i, layer in enumerate(self.layers):
+            x = layer(x, rope, layer=i, cache=None, slots=None, mask=mask)
+        hidden = self.norm(x)
+        return self.logits(hidden)[:, length - 1:], hidden
+
+
+def config_from_hf(hf: Any, image_token_ids: torch.Tensor, block_size: int) -> ChameleonConfig:
+    """A ChameleonConfig from a `transformers` ChameleonConfig (or its dict), for images of
+    `block_size` tokens. Refuses what the adapter does not compute (swin_norm, attention bias)."""
+    get = hf.get if isinstance(hf, dict) else (lambda key, default=None: getattr(hf, key, default))
+    if get("swin_norm", False):
+        raise UserError("this Chameleon checkpoint uses swin_norm (the 30B layout); only the 7B layout "
+                        "(swin_norm false: Anole, Lumina-mGPT) is supported")
+    if get("attention_bias", False) or get("mlp_bias", False):
+        raise UserError("this Chameleon config has attention or MLP biases, which the adapter does not compute")
+    rope = get("rope_parameters", None) or {}
+    base = float(rope.get("rope_theta", get("rope_theta", 10000.0)) if isinstance(rope, dict) else 10000.0)
+    vocab_map = get("vocabulary_map", None) or {}
+    return ChameleonConfig(
+        full_vocab_size=int(get("vocab_size")), vocab_size=int(image_token_ids.numel()),
+        dim=int(get("hidden_size")), n_layer=int(get("num_hidden_layers")), n_head=int(get("num_attention_heads")),
+        kv_heads=int(get("num_key_value_heads", None) or get("num_attention_heads")),
+        ffn_hidden=int(get("intermediate_size")), block_size=block_size,
+        norm_eps=float(get("rms_norm_eps", 1e-5)), rope_base=base,
+        max_position=int(get("max_position_embeddings", 4096)),
+        bos_token_id=int(vocab_map.get("<s>", 0)), pad_token_id=int(vocab_map.get("<pad>", 1)),
+        boi_token_id=int(vocab_map.get("<racm3:break>", 8197)))

@@ -1,0 +1,170 @@
+"""Chameleon-family targets through the decoding core (issue 19, item 1), on a tiny random
+`transformers` Chameleon built from its config classes (no downloads).
+
+- the adapter's logits equal `transformers`' own forward (image tokens only);
+- AR greedy through the core equals a greedy loop over `transformers`' forward with every
+  non-image token masked (the reference generation scripts' rule), without and with CFG;
+- every drafted method reproduces AR greedy token for token with a random drafter.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+if not hasattr(transformers, "ChameleonForConditionalGeneration"):
+    pytest.skip("this transformers has no Chameleon", allow_module_level=True)
+
+from runtime.core import MethodSpec, SamplingParams, generate  # noqa: E402
+from runtime.models.chameleon import ChameleonTarget, config_from_hf  # noqa: E402
+from runtime.models.configs import DrafterConfig  # noqa: E402
+from runtime.models.drafter import Drafter  # noqa: E402
+
+IMAGE_CODES = 64
+GRID = 4
+BOI = 69
+
+
+def _code_name(i: int) -> str:
+    """Chameleon's name of VQ code i: IMGIMG + the digits as letters A-J + Z."""
+    return "IMGIMG" + "".join(chr(ord("A") + int(d)) for d in str(i)) + "Z"
+
+
+def tiny_hf_chameleon(seed: int = 0):
+    """A 2-layer, width-64 Chameleon with 64 image codes (ids 4..67) in a 92-token vocabulary."""
+    torch.manual_seed(seed)
+    vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3, **{_code_name(i): 4 + i for i in range(IMAGE_CODES)},
+             "<image>": 68, "<racm3:break>": BOI, "<eoss>": 70}
+    vq = dict(embed_dim=8, num_embeddings=IMAGE_CODES, latent_channels=8, resolution=64, in_channels=3,
+              base_channels=32, channel_multiplier=[1, 1, 2, 2, 4], num_res_blocks=1, attn_resolutions=[])
+    cfg = transformers.ChameleonConfig(
+        vocab_size=92, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, max_position_embeddings=256, vq_config=vq, vocabulary_map=vocab,
+        bos_token_id=0, eos_token_id=2, pad_token_id=1)
+    model = transformers.ChameleonForConditionalGeneration._from_config(cfg, attn_implementation="sdpa").eval()
+    with torch.no_grad():  # non-trivial norms and a sharp head, so errors show in tokens
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+        model.lm_head.weight.normal_(0, 0.5)
+    return model
+
+
+@pytest.fixture(scope="module")
+def pair():
+    hf = tiny_hf_chameleon()
+    image_ids = torch.tensor(hf.model.vocabulary_mapping.image_tokens)
+    ours = ChameleonTarget.from_hf_state_dict(config_from_hf(hf.config, image_ids, GRID * GRID), hf.state_dict(),
+                                              image_ids)
+    return hf, ours, image_ids
+
+
+PROMPTS = torch.tensor([[0, 80, 81, 85, 86, 87, BOI], [1, 1, 0, 83, 84, 87, BOI]])  # the second left-padded
+MASKS = PROMPTS != 1
+MASKS[1, :2] = False
+
+
+def _reference_greedy(hf, image_ids: torch.Tensor, prompt: torch.Tensor, mask: torch.Tensor, cfg: float) -> list[int]:
+    """Greedy image tokens from `transformers`' forward: full recompute per token, logits of
+    non-image tokens dropped, CFG over [cond, uncond] rows with uncond = [bos, boi] left-padded.
+    Positions are slots (padding included) and padded queries see themselves, as in the runtime."""
+    length = prompt.size(0)
+    rows = [prompt]
+    masks = [mask]
+    if cfg > 1:
+        null = torch.full_like(prompt, 1)
+        null[-2:] = torch.tensor([0, BOI])
+        rows.append(null)
+        masks.append(torch.arange(length) >= length - 2)
+    ids, valid = torch.stack(rows), torch.stack(masks)
+    out: list[int] = []
+    with torch.no_grad():
+        for _ in range(GRID * GRID):
+            s = ids.size(1)
+            causal = torch.ones(s, s, dtype=torch.bool).tril()
+            attend = (causal[None] & valid[:, None, :]) | torch.eye(s, dtype=torch.bool)[None]
+            h = hf.model(input_ids=ids, attention_mask=attend[:, None],
+                         position_ids=torch.arange(s).expand(len(ids), s)).last_hidden_state[:, -1]
+            logits = hf.lm_head(h)[:, image_ids].float()
+            if cfg > 1:
+                logits = logits[1:] + cfg * (logits[:1] - logits[1:])
+            k = int(logits[0].argmax())
+            out.append(k)
+            ids = torch.cat([ids, image_ids[k].expand(len(ids), 1)], dim=1)
+            valid = torch.cat([valid, torch.ones(len(ids), 1, dtype=torch.bool)], dim=1)
+    return out
+
+
+def test_logits_equal_transformers_forward(pair) -> None:
+    hf, ours, image_ids = pair
+    prompt = PROMPTS[:1]
+    tokens = torch.randint(0, IMAGE_CODES, (1, GRID * GRID), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        full = torch.cat([prompt, image_ids[tokens]], dim=1)
+        want = hf.lm_head(hf.model(input_ids=full).last_hidden_state)[:, prompt.size(1) - 1:-1][..., image_ids]
+        got, hidden = ours.forward_train(prompt, tokens)
+        # the cached path (prefill, then the image tokens as one block) computes the same
+        ours.for_prompts(prompt.size(1))
+        cache = ours.new_cache(1, 64, "cpu")
+        h_prompt = ours.prefill(prompt, cache)
+        block = ours.forward_cached(ours.tok_embeddings(tokens[:, :-1]), torch.arange(7, 7 + 15),
+                                    torch.ones(15, 15, dtype=torch.bool).tril(), cache)
+        cached = ours.logits(torch.cat([h_prompt[:, -1:], block], dim=1))
+    assert torch.allclose(got, want.float(), atol=1e-5, rtol=0)
+    assert torch.allclose(cached, want.float(), atol=1e-5, rtol=0)
+    assert hidden.shape == (1, 7 + 15, 64)
+
+
+@pytest.mark.parametrize("cfg", [1.0, 3.0])
+def test_ar_greedy_equals_the_transformers_reference(pair, cfg: float) -> None:
+    hf, ours, image_ids = pair
+    ours.for_prompts(PROMPTS.size(1))
+    result = generate(ours, None, MethodSpec(method="ar", sampling=SamplingParams(greedy=True, cfg=cfg)), PROMPTS,
+                      cond_masks=MASKS)
+    for row in range(len(PROMPTS)):
+        assert result.tokens[row].tolist() == _reference_greedy(hf, image_ids, PROMPTS[row], MASKS[row], cfg), row
+
+
+EXACT = dict(tree="small_12", depth=3, top_k_draft=3, total_tokens=10, lantern_k=4, lantern_delta=0.0,
+             lantern_lambda=1.0)
+
+
+@pytest.mark.parametrize("cfg", [1.0, 3.0])
+def test_every_method_reproduces_ar_greedy(pair, cfg: float) -> None:
+    _, ours, _ = pair
+    ours.for_prompts(PROMPTS.size(1))
+    torch.manual_seed(3)
+    drafter = Drafter(DrafterConfig.for_target(ours.config)).eval()
+    assert drafter.config.rope == "1d"
+    drafter.embed_tokens.weight.data.copy_(ours.tok_embeddings.weight)
+    g = torch.Generator().manual_seed(1)
+    neighbours = torch.stack([torch.randperm(IMAGE_CODES, generator=g)[:IMAGE_CODES - 1] for _ in range(IMAGE_CODES)])
+    params = SamplingParams(greedy=True, cfg=cfg)
+    ar = generate(ours, None, MethodSpec(method="ar", sampling=params), PROMPTS, cond_masks=MASKS)
+    for method in ("sd", "eagle2", "ddd", "lantern", "lantern++", "sjd"):
+        out = generate(ours, None if method == "sjd" else drafter, MethodSpec(method=method, sampling=params, **EXACT),
+                       PROMPTS, cond_masks=MASKS, neighbours=neighbours)
+        assert torch.equal(out.tokens, ar.tokens), method
+        assert out.stats["target_forwards"] < ar.stats["target_forwards"], method  # drafts were accepted
+
+
+def test_a_prompt_of_another_length_than_the_decoders_is_refused(pair) -> None:
+    _, ours, _ = pair
+    ours.for_prompts(5)
+    with pytest.raises(ValueError, match="prompt length 7"):
+        generate(ours, None, MethodSpec(method="ar", sampling=SamplingParams(greedy=True)), PROMPTS, cond_masks=MASKS)
+    ours.for_prompts(PROMPTS.size(1))
+
+
+def test_state_dicts_of_another_shape_are_refused(pair) -> None:
+    from runtime.errors import UserError
+
+    hf, _, image_ids = pair
+    state = dict(hf.state_dict())
+    state["model.layers.0.self_attn.q_norm.weight"] = torch.ones(4, 8)
+    with pytest.raises(UserError, match="q_norm.weight has shape"):
+        ChameleonTarget.from_hf_state_dict(config_from_hf(hf.config, image_ids, 16), state, image_ids)
+    del state["lm_head.weight"]
+    with pytest.raises(UserError, match="missing"):
+        ChameleonTarget.from_hf_state_dict(config_from_hf(hf.config, image_ids, 16), state, image_ids)
