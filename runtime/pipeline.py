@@ -53,6 +53,7 @@ class LoadedModel:
     bundle: Any = None  # the DemoBundle when the model is the demo (classifier for quality)
     recommended_source: str = "model recommendation"  # how result files name `recommended`
     files: list[Path] = field(default_factory=list)  # every weights file read (result files hash them)
+    prompt_encoder: Any = None  # texts -> (prompt ids, masks), for targets conditioned on token prompts
 
     @property
     def config(self):
@@ -81,6 +82,9 @@ def load_model(**kwargs: Any) -> LoadedModel:
 def _load_model(*, model: str | None, gpt_model: str | None, gpt_ckpt: str | None, vq_ckpt: str | None,
                 image_size: int | None, drafter: str | None, gpt_type: str, trust: bool,
                 device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    if gpt_ckpt is None and model not in (None, "demo") and _is_chameleon_folder(model):
+        return _load_chameleon(model, vq_ckpt=vq_ckpt, drafter=drafter, image_size=image_size, trust=trust,
+                               gpt_model=gpt_model, gpt_type=gpt_type, device=device, dtype=dtype)
     if gpt_ckpt is None:
         given = [flag for flag, value in (("--gpt-model", gpt_model), ("--vq-ckpt", vq_ckpt),
                                           ("--drafter", drafter), ("--trust-checkpoint", trust or None))
@@ -124,6 +128,34 @@ def _load_model(*, model: str | None, gpt_model: str | None, gpt_ckpt: str | Non
                        bundle.class_names, bundle.recommended, bundle,
                        recommended_source="model bundle recommendation (manifest.json)",
                        files=weight_files(bundle.path))
+
+
+def _is_chameleon_folder(path: str) -> bool:
+    from runtime.models.chameleon_folder import read_config
+
+    return Path(path).is_dir() and read_config(Path(path)) is not None
+
+
+def _load_chameleon(folder: str, *, vq_ckpt: str | None, drafter: str | None, image_size: int | None, trust: bool,
+                    gpt_model: str | None, gpt_type: str, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    """A Chameleon-family folder (Anole), with Meta's vqgan.ckpt where the folder has no VQ decoder."""
+    from runtime.models.chameleon_folder import ANOLE_SAMPLING, ANOLE_SAMPLING_SOURCE, load_chameleon_folder
+    from runtime.models.loading import build_drafter
+
+    for flag, value in (("--gpt-model", gpt_model), ("--gpt-type", None if gpt_type == "c2i" else gpt_type)):
+        if value is not None:
+            raise UserError(f"{flag} is for LlamaGen checkpoints; {folder} is a Chameleon folder (its config.json "
+                            f"defines the model): drop {flag}")
+    target, vq, encoder, files = load_chameleon_folder(folder, vq_ckpt, trust=trust)
+    size = vq.config.resolution
+    if image_size is not None and image_size != size:
+        raise UserError(f"--image-size {image_size}: {folder} generates {size} px images (its VQ config); "
+                        "drop --image-size")
+    draft = build_drafter(drafter, target.config) if drafter else None
+    return LoadedModel(Path(folder).name, target.to(device, dtype).eval(),
+                       draft.to(device, dtype).eval() if draft is not None else None, vq.to(device).eval(), size,
+                       recommended=dict(ANOLE_SAMPLING), recommended_source=ANOLE_SAMPLING_SOURCE,
+                       files=files + weight_files(drafter), prompt_encoder=encoder)
 
 
 def weight_files(*paths: str | Path | None) -> list[Path]:

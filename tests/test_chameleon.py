@@ -168,3 +168,94 @@ def test_state_dicts_of_another_shape_are_refused(pair) -> None:
     del state["lm_head.weight"]
     with pytest.raises(UserError, match="missing"):
         ChameleonTarget.from_hf_state_dict(config_from_hf(hf.config, image_ids, 16), state, image_ids)
+
+
+# -- a Chameleon folder through `runtime run` ---------------------------------------------------------
+
+WORDS = ["a", "red", "cat", "blue", "dog", "on", "the", "grass"]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """A tiny Anole-layout folder (config.json, model.safetensors, tokenizer.json), Meta's
+    vqgan.ckpt layout for the VQ decoder beside it, and a drafter folder for it."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+
+    from runtime.models.chameleon_vq import ChameleonVQ, ChameleonVQConfig
+    from runtime.models.loading import save_drafter_folder
+
+    root = tmp_path_factory.mktemp("chameleon")
+    hf = tiny_hf_chameleon()
+    vocab = dict(hf.config.vocabulary_map)
+    vocab.update({"<reserved08706>": 71, **{w: 72 + i for i, w in enumerate(WORDS)}})
+    hf.config.vocabulary_map = vocab
+    model_dir = root / "Anole-tiny"
+    hf.save_pretrained(model_dir)
+    tokenizer = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = Whitespace()
+    tokenizer.save(str(model_dir / "tokenizer.json"))
+    torch.manual_seed(7)
+    vq = ChameleonVQ(ChameleonVQConfig.from_hf(hf.config.vq_config.to_dict()))
+    torch.save({"state_dict": vq.state_dict()}, root / "vqgan.ckpt")
+    image_ids = torch.tensor(hf.model.vocabulary_mapping.image_tokens)
+    target = ChameleonTarget.from_hf_state_dict(config_from_hf(hf.config, image_ids, GRID * GRID), hf.state_dict(),
+                                                image_ids)
+    drafter = Drafter(DrafterConfig.for_target(target.config))
+    drafter.embed_tokens.weight.data.copy_(target.tok_embeddings.weight)
+    save_drafter_folder(root / "drafter", drafter.config, drafter)
+    (root / "prompts.txt").write_text("a red cat\nthe blue dog on the grass\n")
+    return root
+
+
+def _run(run_cli, root, out, *extra):
+    return run_cli("run", "--model", str(root / "Anole-tiny"), "--vq-ckpt", str(root / "vqgan.ckpt"), "--prompts",
+                   str(root / "prompts.txt"), "--device", "cpu", "--out", str(out), *extra)
+
+
+def test_runtime_run_writes_images_with_lantern_pp_equal_to_ar(run_cli, folder, tmp_path) -> None:
+    import json
+
+    import numpy as np
+
+    ar = _run(run_cli, folder, tmp_path / "ar", "--method", "ar", "--greedy")
+    lpp = _run(run_cli, folder, tmp_path / "lpp", "--method", "lantern++", "--drafter", str(folder / "drafter"),
+               "--tree", "chain3", "--lantern-lambda", "1", "--greedy")
+    assert ar.exit_code == 0, ar.stderr
+    assert lpp.exit_code == 0, lpp.stderr
+    tokens_ar, tokens_lpp = np.load(tmp_path / "ar" / "tokens.npy"), np.load(tmp_path / "lpp" / "tokens.npy")
+    assert tokens_ar.shape == (2, GRID * GRID) and (tokens_ar == tokens_lpp).all()
+    assert len(list((tmp_path / "lpp").glob("*.png"))) >= 2
+    result = json.loads((tmp_path / "lpp" / "result.json").read_text())
+    assert result["sampling"]["cfg"] == 3.0 and result["model"]["type"] == "chameleon"  # Anole's guidance
+    sampled = _run(run_cli, folder, tmp_path / "s", "--method", "lantern++", "--drafter", str(folder / "drafter"),
+                   "--tree", "chain3", "--num-images", "3")
+    assert sampled.exit_code == 0, sampled.stderr
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--classes", "1"], "--classes does nothing for a Chameleon model"),
+    (["--gpt-model", "GPT-B"], "--gpt-model is for LlamaGen checkpoints"),
+    (["--image-size", "256"], "generates 64 px images"),
+])
+def test_chameleon_flags_that_do_not_apply_are_refused(run_cli, folder, tmp_path, extra, words) -> None:
+    res = _run(run_cli, folder, tmp_path / "o", "--method", "ar", *extra)
+    assert res.exit_code == 2 and words in res.stderr, res.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_folder_without_vq_decoder_needs_the_vqgan_checkpoint(run_cli, folder, tmp_path) -> None:
+    res = run_cli("run", "--model", str(folder / "Anole-tiny"), "--prompts", str(folder / "prompts.txt"),
+                  "--device", "cpu", "--out", str(tmp_path / "o"))
+    assert res.exit_code == 2 and "holds no VQ decoder" in res.stderr and "--vq-ckpt" in res.stderr
+
+
+def test_a_llamagen_drafter_is_refused_for_a_chameleon_target(run_cli, folder, tmp_path) -> None:
+    from runtime.models.configs import gpt_config
+    from runtime.models.loading import save_drafter_folder
+
+    cfg = DrafterConfig.for_target(gpt_config("GPT-tiny", image_size=64, vocab_size=IMAGE_CODES))
+    save_drafter_folder(tmp_path / "d", cfg, Drafter(cfg))
+    res = _run(run_cli, folder, tmp_path / "o", "--method", "sd", "--drafter", str(tmp_path / "d"))
+    assert res.exit_code == 2 and "cannot serve a Chameleon target" in res.stderr, res.stderr

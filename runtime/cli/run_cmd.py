@@ -165,10 +165,32 @@ def _conditions(loaded, classes, prompts, t5_path, num_images, backend):
             raise UserError("--prompts is for text-to-image models; this model is class-conditional (use --classes)")
         labels = parse_classes(classes, num_images, loaded)
         return labels, None, labels
+    if loaded.config.model_type == "chameleon":
+        for flag, value in (("--classes", classes), ("--t5-path", t5_path)):
+            if value is not None:
+                raise UserError(f"{flag} does nothing for a Chameleon model (it reads --prompts with its own "
+                                f"tokenizer); drop {flag}")
+        if prompts is None:
+            raise UserError("this is a Chameleon model: give --prompts FILE (one prompt per line)")
+        texts = _read_prompts(prompts, num_images)
+        ids, mask = loaded.prompt_encoder(texts)
+        loaded.target.for_prompts(ids.size(1))
+        return ids.to(backend.device), mask.to(backend.device), texts
     if prompts is None:
         raise UserError("this is a text-to-image model: give --prompts FILE (one prompt per line) and --t5-path DIR")
     if t5_path is None:
         raise UserError("--prompts needs --t5-path DIR, a local T5 encoder (flan-t5-xl for LlamaGen)")
+    texts = _read_prompts(prompts, num_images)
+    from runtime.models.t5 import T5Encoder
+
+    encoder = T5Encoder(t5_path, device=backend.device, dtype=backend.dtype,
+                        max_length=loaded.config.cls_token_num)
+    emb, mask = encoder.encode(texts)
+    return emb.to(backend.dtype), mask, texts
+
+
+def _read_prompts(prompts: str, num_images: int | None) -> list[str]:
+    """The --prompts file's non-empty lines, cycled to --num-images (default: each once)."""
     path = Path(prompts)
     if not path.is_file():
         raise UserError(f"--prompts {prompts}: file not found")
@@ -180,13 +202,7 @@ def _conditions(loaded, classes, prompts, t5_path, num_images, backend):
     if not lines:
         raise UserError(f"--prompts {prompts}: no prompts in the file")
     n = num_images or len(lines)
-    texts = [lines[i % len(lines)] for i in range(n)]
-    from runtime.models.t5 import T5Encoder
-
-    encoder = T5Encoder(t5_path, device=backend.device, dtype=backend.dtype,
-                        max_length=loaded.config.cls_token_num)
-    emb, mask = encoder.encode(texts)
-    return emb.to(backend.dtype), mask, texts
+    return [lines[i % len(lines)] for i in range(n)]
 
 
 class _progress:

@@ -153,7 +153,7 @@ class ChameleonTarget(nn.Module):
         self.lm_head = nn.Linear(config.dim, config.full_vocab_size, bias=False)
         self.register_buffer("image_token_ids", image_token_ids.to(torch.long).clone(), persistent=False)
         inv_freq = 1.0 / (config.rope_base ** (torch.arange(0, config.head_dim, 2, dtype=torch.float) / config.head_dim))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self._inv_freq = inv_freq  # plain attribute: stays fp32 under .to(bf16) (moved to the device on use)
         self.tok_embeddings = RowTable(config.vocab_size, config.dim)
         self.output = RowHead(config.vocab_size, config.dim)
         self.refresh_image_rows()
@@ -203,7 +203,9 @@ class ChameleonTarget(nn.Module):
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(cos, sin), each (..., head_dim), fp32, for positions (T,) or (B, T) (rotate-half layout)."""
-        angles = positions[..., None].float() * self.inv_freq
+        if self._inv_freq.device != positions.device:
+            self._inv_freq = self._inv_freq.to(positions.device)
+        angles = positions[..., None].float() * self._inv_freq
         emb = torch.cat((angles, angles), dim=-1)
         return emb.cos(), emb.sin()
 

@@ -688,10 +688,15 @@ def build_drafter(folder: str | os.PathLike[str], target_cfg: GPTConfig) -> "Dra
 
 def check_drafter_matches_target(cfg: DrafterConfig, target: GPTConfig, source: str) -> None:
     """UserError naming the first field where a drafter cannot serve `target`."""
+    one_d = getattr(target, "model_type", "") == "chameleon"
+    if one_d != (cfg.rope == "1d"):
+        raise UserError(f"{source}: a drafter with {cfg.rope} positions cannot serve a "
+                        f"{'Chameleon' if one_d else 'LlamaGen'} target; use the drafter trained for this model")
     pairs = (("hidden_size", cfg.hidden_size, "dim", target.dim),
              ("vocab_size", cfg.vocab_size, "vocab_size", target.vocab_size),
              ("block_size", cfg.block_size, "block_size", target.block_size),
-             ("cls_token_num", cfg.cls_token_num, "cls_token_num", target.cls_token_num))
+             # a Chameleon prompt's length varies per run: its drafter's positions do not depend on it
+             *(() if one_d else (("cls_token_num", cfg.cls_token_num, "cls_token_num", target.cls_token_num),)))
     for d_name, d_val, t_name, t_val in pairs:
         if d_val != t_val:
             raise UserError(f"{source}: drafter {d_name} {d_val} does not match the target model's "
