@@ -151,7 +151,14 @@ def _load_chameleon(folder: str, *, vq_ckpt: str | None, drafter: str | None, im
     if image_size is not None and image_size != size:
         raise UserError(f"--image-size {image_size}: {folder} generates {size} px images (its VQ config); "
                         "drop --image-size")
-    draft = build_drafter(drafter, target.config) if drafter else None
+    draft = None
+    if drafter:
+        from runtime.models.chameleon_drafter import is_lantern_chameleon_drafter, load_chameleon_drafter
+        from runtime.models.loading import read_json
+
+        config_path = Path(drafter) / "config.json"
+        lantern = config_path.is_file() and is_lantern_chameleon_drafter(read_json(config_path))
+        draft = load_chameleon_drafter(drafter, target) if lantern else build_drafter(drafter, target.config)
     return LoadedModel(Path(folder).name, target.to(device, dtype).eval(),
                        draft.to(device, dtype).eval() if draft is not None else None, vq.to(device).eval(), size,
                        recommended=dict(ANOLE_SAMPLING), recommended_source=ANOLE_SAMPLING_SOURCE,

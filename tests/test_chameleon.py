@@ -259,3 +259,84 @@ def test_a_llamagen_drafter_is_refused_for_a_chameleon_target(run_cli, folder, t
     save_drafter_folder(tmp_path / "d", cfg, Drafter(cfg))
     res = _run(run_cli, folder, tmp_path / "o", "--method", "sd", "--drafter", str(tmp_path / "d"))
     assert res.exit_code == 2 and "cannot serve a Chameleon target" in res.stderr, res.stderr
+
+
+# -- LANTERN's Chameleon drafter layout (jadohu/anole_drafter) ------------------------------------------
+
+
+def _lantern_drafter_folder(hf, path):
+    """A LANTERN-layout Anole drafter built from transformers' own decoder layer (so the key names
+    are the reference's, not ours): config.json + pytorch_model.bin."""
+    import json
+
+    layer_cfg = transformers.ChameleonConfig(**{**hf.config.to_dict(), "num_hidden_layers": 1})
+    module = torch.nn.Module()
+    module.embed_tokens = torch.nn.Embedding(92, 64)
+    module.fc = torch.nn.Linear(128, 64, bias=True)
+    module.layers = torch.nn.ModuleList([transformers.models.chameleon.modeling_chameleon.ChameleonDecoderLayer(
+        layer_cfg, 0)])
+    torch.manual_seed(11)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            p.add_(torch.randn_like(p) * (0.05 if "norm" in name else 0.0))
+        module.embed_tokens.weight.copy_(hf.model.embed_tokens.weight)
+    path.mkdir()
+    torch.save(module.state_dict(), path / "pytorch_model.bin")
+    (path / "config.json").write_text(json.dumps({
+        "model_type": "chameleon", "architectures": ["ChameleonForConditionalGeneration"], "hidden_size": 64,
+        "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 4,
+        "vocab_size": 92, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "swin_norm": False}))
+    return module
+
+
+def test_lantern_drafter_layout_loads_strictly_and_computes_what_transformers_does(pair, tmp_path) -> None:
+    from runtime.errors import UserError
+    from runtime.models.chameleon_drafter import load_chameleon_drafter
+
+    hf, ours, image_ids = pair
+    reference = _lantern_drafter_folder(hf, tmp_path / "d")
+    drafter = load_chameleon_drafter(tmp_path / "d", ours)
+    g = torch.Generator().manual_seed(2)
+    tokens = torch.randint(0, IMAGE_CODES, (1, 9), generator=g)
+    hidden = torch.randn(1, 9, 64, generator=g)
+    rotary = transformers.models.chameleon.modeling_chameleon.ChameleonRotaryEmbedding(hf.config)
+    with torch.no_grad():
+        x = reference.fc(torch.cat([reference.embed_tokens(image_ids[tokens]), hidden], -1))
+        position_ids = torch.arange(9)[None]
+        causal = torch.full((9, 9), float("-inf")).triu(1)[None, None]  # the layer alone gets no mask of its own
+        want = reference.layers[0](x, attention_mask=causal, position_ids=position_ids,
+                                   position_embeddings=rotary(x, position_ids))
+        want = want[0] if isinstance(want, tuple) else want
+        got = drafter.forward_train(hidden, tokens)
+    assert torch.allclose(got, want, atol=1e-5, rtol=0)
+    # strict: a missing key and a wrong shape are named
+    state = torch.load(tmp_path / "d" / "pytorch_model.bin")
+    torch.save({k: v for k, v in state.items() if k != "fc.bias"}, tmp_path / "d" / "pytorch_model.bin")
+    with pytest.raises(UserError, match="missing"):
+        load_chameleon_drafter(tmp_path / "d", ours)
+    torch.save({**state, "fc.bias": torch.zeros(3)}, tmp_path / "d" / "pytorch_model.bin")
+    with pytest.raises(UserError, match="fc.bias has shape"):
+        load_chameleon_drafter(tmp_path / "d", ours)
+
+
+@pytest.mark.parametrize("method", ["sd", "eagle2", "lantern++"])
+def test_lantern_drafter_runs_every_method_exactly(pair, tmp_path, method) -> None:
+    from runtime.models.chameleon_drafter import load_chameleon_drafter
+
+    hf, ours, _ = pair
+    _lantern_drafter_folder(hf, tmp_path / "d")
+    drafter = load_chameleon_drafter(tmp_path / "d", ours)
+    ours.for_prompts(PROMPTS.size(1))
+    params = SamplingParams(greedy=True, cfg=3.0)
+    ar = generate(ours, None, MethodSpec(method="ar", sampling=params), PROMPTS, cond_masks=MASKS)
+    out = generate(ours, drafter, MethodSpec(method=method, sampling=params, **EXACT), PROMPTS, cond_masks=MASKS,
+                   neighbours=torch.zeros(IMAGE_CODES, 4, dtype=torch.long))
+    assert torch.equal(out.tokens, ar.tokens)
+
+
+def test_runtime_run_with_a_lantern_drafter_folder(run_cli, folder, tmp_path) -> None:
+    hf = tiny_hf_chameleon()
+    _lantern_drafter_folder(hf, tmp_path / "d")
+    res = _run(run_cli, folder, tmp_path / "o", "--method", "lantern++", "--drafter", str(tmp_path / "d"),
+               "--tree", "chain3")
+    assert res.exit_code == 0, res.stderr
