@@ -3,12 +3,14 @@
 Two stages, the way LANTERN builds its drafters:
 
 1. **Self-distilled data** (`distill`): the frozen target generates images with sampling on the
-   given classes (or a user's token file is used instead), and is then teacher-forced on those tokens
-   to read its last-layer hidden states (post final norm). Stored as sharded safetensors,
-   `data/shard_NNNNN.safetensors` with `tokens` (n, S) int32, `labels` (n,) int64 (the class the
-   hidden states were computed under; a share of rows carries the null class so the drafter also
-   serves CFG's unconditional rows) and `hidden` (n, S, D) float16; `data/index.json` lists the
-   shards with their sha256 and how they were made. S = block_size (image tokens), D = target dim.
+   given conditions - class ids (LlamaGen c2i) or prompts (Chameleon: token ids with masks) - or a
+   user's token file is used instead, and is then teacher-forced on those tokens to read its
+   last-layer hidden states (post final norm) at the positions that predicted image tokens 0..S-1.
+   Stored as sharded safetensors, `data/shard_NNNNN.safetensors` with `tokens` (n, S) int32,
+   `hidden` (n, S, D) float16 and the condition the hidden states were computed under (`labels`
+   (n,), or `prompts` / `prompt_mask` (n, L)); a share of rows carries the null condition so the
+   drafter also serves CFG's unconditional rows. `data/index.json` lists the shards with their
+   sha256 and how they were made. S = block_size (image tokens), D = target dim.
 2. **Training** (`train`): EAGLE's loss (SmoothL1 on hidden states + 0.1 x soft cross-entropy through
    the target's frozen head), drafter position p reads (z_p, h_p) and regresses h_{p+1}; AdamW with
    warm-up and cosine decay. A checkpoint (`checkpoint.pt`: step, drafter, optimiser) is written every
@@ -55,9 +57,9 @@ def _sha256(path: Path) -> str:
 
 
 def _check_target(target: Any) -> None:
-    if target.config.model_type != "c2i":
-        raise UserError("runtime train drafter supports class-conditional (c2i) targets; a t2i target needs "
-                        "caption features for its data, which this command does not build yet")
+    if target.config.model_type not in ("c2i", "chameleon"):
+        raise UserError("runtime train drafter supports class-conditional LlamaGen and Chameleon targets; a t2i "
+                        "LlamaGen target needs caption features for its data, which this command does not build yet")
 
 
 @dataclass
@@ -76,20 +78,33 @@ class DistillSettings:
 
 
 @torch.no_grad()
-def teacher_hidden(target: Any, labels: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """(n, S, D) post-norm hidden states: position p is the state that predicted image token p."""
-    _, hidden = target.forward_train(labels, tokens)
-    return hidden
+def teacher_hidden(target: Any, cond: torch.Tensor, tokens: torch.Tensor,
+                   cond_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """(n, S, D) post-norm hidden states: row p is the state that predicted image token p (the
+    condition's last position for p = 0)."""
+    _, hidden = target.forward_train(cond, tokens, cond_mask)
+    return hidden[:, target.config.cls_token_num - 1:]
+
+
+def _null_rows(target: Any, cond: torch.Tensor, mask: torch.Tensor | None, null: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`cond` (and `mask`) with the rows where `null` is True replaced by the null condition."""
+    if mask is None:
+        return torch.where(null, torch.full_like(cond, target.config.num_classes), cond), None
+    sel = null[:, None]
+    return (torch.where(sel, target.null_condition(cond), cond),
+            torch.where(sel, target.null_condition_mask(mask), mask))
 
 
 @torch.no_grad()
-def distill(target: Any, data_dir: Path, classes: Sequence[int] | None, settings: DistillSettings, *,
+def distill(target: Any, data_dir: Path, classes: Sequence[int] | torch.Tensor | None, settings: DistillSettings, *,
             tokens: torch.Tensor | None = None, labels: torch.Tensor | None = None,
-            progress: Progress = _quiet) -> dict[str, Any]:
+            cond_masks: torch.Tensor | None = None, progress: Progress = _quiet) -> dict[str, Any]:
     """Write the self-distilled shards into `data_dir` (created; must not hold shards) and return its index.
 
-    Either `classes` (one generated image per entry, sampled by the target) or `tokens` (n, S) with
-    `labels` (n,) to teacher-force on. Generation runs through the runtime's own AR decoder.
+    Conditions: `classes` (class ids, or prompt ids (n, L) with `cond_masks`), one image generated
+    per entry by the target; or `tokens` (n, S) with `labels` (n,) to teacher-force on. Generation
+    runs through the runtime's own AR decoder.
     """
     from safetensors.torch import save_file
 
@@ -99,16 +114,19 @@ def distill(target: Any, data_dir: Path, classes: Sequence[int] | None, settings
     cfg = target.config
     device = target.tok_embeddings.weight.device
     if tokens is None:
-        if not classes:
+        if classes is None or len(classes) == 0:
             raise UserError("no conditions to generate from: give --num-images / --classes, or --tokens FILE.npy")
         spec = MethodSpec(method="ar", sampling=SamplingParams(
             greedy=False, temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p,
             cfg=settings.cfg))
-        labels = torch.tensor([int(c) for c in classes], dtype=torch.long)
+        labels = (classes.to(torch.long) if isinstance(classes, torch.Tensor)
+                  else torch.tensor([int(c) for c in classes], dtype=torch.long))
         made = []
         for start in range(0, len(labels), settings.batch):
-            chunk = labels[start:start + settings.batch].tolist()
-            out = generate(target, None, spec, chunk, seed=settings.seed,
+            chunk = labels[start:start + settings.batch]
+            masks = None if cond_masks is None else cond_masks[start:start + settings.batch]
+            out = generate(target, None, spec, chunk.tolist() if chunk.dim() == 1 else chunk.to(device),
+                           cond_masks=None if masks is None else masks.to(device), seed=settings.seed,
                            indices=range(start, start + len(chunk)))
             made.append(out.tokens.cpu())
             progress("generate", start + len(chunk), len(labels), {})
@@ -120,7 +138,7 @@ def distill(target: Any, data_dir: Path, classes: Sequence[int] | None, settings
     n = len(tokens)
     gen = torch.Generator().manual_seed(settings.seed + 1)
     null = torch.rand(n, generator=gen) < settings.null_share
-    used = torch.where(null, torch.full_like(labels, cfg.num_classes), labels.to(torch.long))
+    used, used_mask = _null_rows(target, labels.to(torch.long), cond_masks, null)
     data_dir.mkdir(parents=True, exist_ok=True)
     if any(data_dir.glob("shard_*.safetensors")):
         raise UserError(f"{data_dir}: already holds shards; give an empty folder or reuse it with --data")
@@ -130,10 +148,15 @@ def distill(target: Any, data_dir: Path, classes: Sequence[int] | None, settings
         hidden = []
         for s in range(start, stop, settings.batch):
             e = min(stop, s + settings.batch)
-            hidden.append(teacher_hidden(target, used[s:e].to(device), tokens[s:e].to(device)).to("cpu", torch.float16))
+            mask = None if used_mask is None else used_mask[s:e].to(device)
+            hidden.append(teacher_hidden(target, used[s:e].to(device), tokens[s:e].to(device), mask)
+                          .to("cpu", torch.float16))
         path = data_dir / SHARD_FILE.format(index)
-        save_file({"tokens": tokens[start:stop].to(torch.int32).contiguous(), "labels": used[start:stop].contiguous(),
-                   "hidden": torch.cat(hidden).contiguous()}, str(path))
+        condition = ({"labels": used[start:stop].contiguous()} if used_mask is None else
+                     {"prompts": used[start:stop].to(torch.int32).contiguous(),
+                      "prompt_mask": used_mask[start:stop].contiguous()})
+        save_file({"tokens": tokens[start:stop].to(torch.int32).contiguous(), "hidden": torch.cat(hidden).contiguous(),
+                   **condition}, str(path))
         shards.append({"file": path.name, "images": stop - start, "sha256": _sha256(path)})
         progress("hidden states", stop, n, {})
     index = {"source": source, "images": n, "block_size": cfg.block_size, "dim": cfg.dim,
@@ -180,16 +203,15 @@ class ShardData:
             self._cache[i] = load_file(str(self.dir / self.files[i]))
         return self._cache[i]
 
-    def take(self, images: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(tokens (b, S) long, labels (b,) long, hidden (b, S, D) float32) of global image indices."""
+    def take(self, images: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(tokens (b, S) long, hidden (b, S, D) float32) of global image indices."""
         rows = []
         for g in images:
             i = max(k for k, s in enumerate(self.starts) if s <= g)
             shard = self._shard(i)
             j = g - self.starts[i]
-            rows.append((shard["tokens"][j].long(), shard["labels"][j], shard["hidden"][j].float()))
-        return (torch.stack([r[0] for r in rows]), torch.stack([r[1] for r in rows]),
-                torch.stack([r[2] for r in rows]))
+            rows.append((shard["tokens"][j].long(), shard["hidden"][j].float()))
+        return torch.stack([r[0] for r in rows]), torch.stack([r[1] for r in rows])
 
 
 def batch_order(train_images: int, sizes: Sequence[int], seed: int, epoch: int) -> list[int]:
@@ -266,7 +288,7 @@ def train(drafter: Any, target: Any, data_dir: Path, out_dir: Path, settings: Tr
         epoch, offset = divmod(first, train_images)
         order = batch_order(train_images, data.sizes, settings.seed, epoch)
         picks = [order[(offset + k) % train_images] for k in range(settings.batch)]
-        tokens, _, hidden = (t.to(device) for t in data.take(picks))
+        tokens, hidden = (t.to(device) for t in data.take(picks))
         gen = torch.Generator().manual_seed(settings.seed * 7919 + step)
         noise = ((torch.rand(hidden.shape, generator=gen) - 0.5) * (NOISE_STD * 512 / seq)).to(device)
         goal = torch.cat([hidden[:, 1:], torch.zeros_like(hidden[:, :1])], dim=1)
@@ -307,7 +329,7 @@ def held_out_metrics(drafter: Any, target: Any, data: ShardData, images: Sequenc
     top1 = top3 = positions = 0
     vloss = ploss = 0.0
     for start in range(0, len(images), batch):
-        tokens, _, hidden = (t.to(device) for t in data.take(images[start:start + batch]))
+        tokens, hidden = (t.to(device) for t in data.take(images[start:start + batch]))
         hidden = hidden.to(drafter.embed_tokens.weight.dtype)
         out = drafter.forward_train(hidden, tokens)[:, :-1]
         goal = hidden[:, 1:]
@@ -325,10 +347,13 @@ def held_out_metrics(drafter: Any, target: Any, data: ShardData, images: Sequenc
 
 
 @torch.no_grad()
-def greedy_tau(target: Any, drafter: Any, classes: Sequence[int], seed: int = 0, depth: int = 4) -> float:
+def greedy_tau(target: Any, drafter: Any, conditions: Sequence[int] | torch.Tensor, seed: int = 0, depth: int = 4,
+               cond_masks: torch.Tensor | None = None) -> float:
     """Mean accepted length (tokens per target forward, bonus included) of greedy `sd` with a chain of
     `depth` drafts: how well the drafter serves this target."""
     from runtime.core import MethodSpec, SamplingParams, generate
 
     spec = MethodSpec(method="sd", depth=depth, sampling=SamplingParams(greedy=True))
-    return float(generate(target, drafter, spec, list(classes), seed=seed).stats["mean_accepted_length"])
+    conditions = conditions if isinstance(conditions, torch.Tensor) else list(conditions)
+    return float(generate(target, drafter, spec, conditions, cond_masks=cond_masks, seed=seed)
+                 .stats["mean_accepted_length"])

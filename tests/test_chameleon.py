@@ -340,3 +340,32 @@ def test_runtime_run_with_a_lantern_drafter_folder(run_cli, folder, tmp_path) ->
     res = _run(run_cli, folder, tmp_path / "o", "--method", "lantern++", "--drafter", str(tmp_path / "d"),
                "--tree", "chain3")
     assert res.exit_code == 0, res.stderr
+
+
+def test_drafter_round_trip_train_load_and_run_lantern_pp(run_cli, folder, tmp_path) -> None:
+    import json
+
+    import numpy as np
+
+    out = tmp_path / "drafter"
+    train = run_cli("train", "drafter", "--model", str(folder / "Anole-tiny"), "--prompts", str(folder / "prompts.txt"),
+                    "--num-images", "16", "--steps", "30", "--batch", "4", "--lr", "3e-3", "--eval-images", "2",
+                    "--device", "cpu", "--threads", "1", "--out", str(out))
+    assert train.exit_code == 0, train.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["target"]["kind"] == "chameleon" and manifest["data"]["images"] == 16
+    assert manifest["data"]["settings"]["cfg"] == 3.0 and manifest["metrics"]["greedy_tau_sd_depth4"] >= 1.0
+    assert json.loads((out / "config.json").read_text())["rope"] == "1d"
+    ar = _run(run_cli, folder, tmp_path / "ar", "--method", "ar", "--greedy")
+    lpp = _run(run_cli, folder, tmp_path / "lpp", "--method", "lantern++", "--drafter", str(out), "--tree", "chain3",
+               "--lantern-lambda", "1", "--greedy")
+    assert ar.exit_code == 0 and lpp.exit_code == 0, lpp.stderr
+    assert (np.load(tmp_path / "ar" / "tokens.npy") == np.load(tmp_path / "lpp" / "tokens.npy")).all()
+
+
+def test_training_flags_of_llamagen_targets_are_refused_for_a_chameleon_folder(run_cli, folder, tmp_path) -> None:
+    res = run_cli("train", "drafter", "--model", str(folder / "Anole-tiny"), "--prompts", str(folder / "prompts.txt"),
+                  "--classes", "1", "--out", str(tmp_path / "o"))
+    assert res.exit_code == 2 and "--classes does not apply to a Chameleon folder" in res.stderr, res.stderr
+    res = run_cli("train", "drafter", "--model", str(folder / "Anole-tiny"), "--out", str(tmp_path / "o"))
+    assert res.exit_code == 2 and "needs --prompts FILE" in res.stderr

@@ -140,7 +140,7 @@ def test_teacher_forcing_on_a_token_file_and_reusing_data(run_cli, target_dir, t
     (["--data-temperature", "inf"], "--data-temperature must be a positive finite number"),
     (["--tokens", "t.npy", "--labels", "l.npy", "--data-cfg", "2"], "--tokens replaces generation: drop --data-cfg"),
     (["--batch", "0"], "--batch must be >= 1"),
-    (["--model", "some/bundle"], "give either --model (a bundle) or --gpt-ckpt"),
+    (["--model", "some/bundle"], "give either --model (a bundle or Chameleon folder) or --gpt-ckpt"),
 ])
 def test_bad_arguments_are_refused_in_one_line(run_cli, target_dir, tmp_path, extra, words) -> None:
     out = tmp_path / "out"
@@ -152,7 +152,7 @@ def test_bad_arguments_are_refused_in_one_line(run_cli, target_dir, tmp_path, ex
 @pytest.mark.parametrize("flag", [["--gpt-model", "GPT-B"], ["--num-images", "8"], ["--resume"], ["--lr", "0.1"]])
 def test_checkpoint_flags_on_a_bundle_are_refused(run_cli, tmp_path, flag) -> None:
     res = run_cli("train", "drafter", "--out", str(tmp_path / "o"), *flag)
-    assert res.exit_code == 2 and "applies to --gpt-ckpt training only" in res.stderr
+    assert res.exit_code == 2 and "applies to --gpt-ckpt (or Chameleon folder) training only" in res.stderr
 
 
 def test_a_non_empty_out_needs_force_or_resume(run_cli, target_dir, tmp_path) -> None:

@@ -108,6 +108,9 @@ def train_drafter_command(
                                               "image) int); needs --labels."),
     labels_file: Optional[str] = typer.Option(None, "--labels", rich_help_panel="Any target (--gpt-ckpt)",
                                               help="Class of each row of --tokens (.npy, (N,) int)."),
+    prompts: Optional[str] = typer.Option(None, "--prompts", rich_help_panel="Any target (--gpt-ckpt)",
+                                          help="Chameleon folder (--model DIR): prompts the target draws its data "
+                                          "from, one per line, cycled over --num-images."),
     data_cfg: Optional[float] = typer.Option(None, "--data-cfg", rich_help_panel="Any target (--gpt-ckpt)",
                                              help="CFG scale of the generation (default 4.0, LlamaGen's c2i)."),
     data_top_k: Optional[int] = typer.Option(None, "--data-top-k", rich_help_panel="Any target (--gpt-ckpt)",
@@ -134,22 +137,26 @@ def train_drafter_command(
         raise UserError(f"--steps must be >= 1, got {steps}")
     if threads < 1:
         raise UserError(f"--threads must be >= 1, got {threads}")
-    if gpt_ckpt is not None:
+    from runtime.models.chameleon_folder import read_config
+
+    chameleon = model != "demo" and Path(model).is_dir() and read_config(Path(model)) is not None
+    if gpt_ckpt is not None or chameleon:
         from runtime.cli.train_drafter_any import train_drafter_for_checkpoint
 
-        if model != "demo":
-            raise UserError("give either --model (a bundle) or --gpt-ckpt (a checkpoint), not both")
-        train_drafter_for_checkpoint(locals())
+        if gpt_ckpt is not None and model != "demo":
+            raise UserError("give either --model (a bundle or Chameleon folder) or --gpt-ckpt (a checkpoint), not both")
+        train_drafter_for_checkpoint({**locals(), "chameleon": chameleon})
         return
     given = [f for f, v in (("--gpt-model", gpt_model), ("--image-size", image_size), ("--tokens", tokens_file),
                             ("--labels", labels_file), ("--data", data), ("--classes", classes),
                             ("--trust-checkpoint", trust_checkpoint or None), ("--resume", resume or None),
                             ("--device", device), ("--num-images", num_images), ("--batch", batch), ("--lr", lr),
                             ("--eval-images", eval_images), ("--data-cfg", data_cfg), ("--data-top-k", data_top_k),
-                            ("--data-temperature", data_temperature))
+                            ("--data-temperature", data_temperature), ("--prompts", prompts))
              if v is not None]
     if given:
-        raise UserError(f"{given[0]} applies to --gpt-ckpt training only; add --gpt-ckpt FILE or drop {given[0]}")
+        raise UserError(f"{given[0]} applies to --gpt-ckpt (or Chameleon folder) training only; add --gpt-ckpt FILE "
+                        f"or drop {given[0]}")
     from runtime.demo.train import retrain_drafter
 
     steps = 700 if steps is None else steps

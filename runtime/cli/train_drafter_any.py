@@ -22,6 +22,7 @@ from runtime.errors import UserError
 
 DEFAULTS = {"steps": 2000, "device": "auto", "num_images": 1000, "batch": 16, "lr": 1e-3, "eval_images": 8,
             "data_cfg": 4.0, "data_top_k": 2000, "data_temperature": 1.0}
+CHAMELEON_DEFAULTS = {"data_cfg": 3.0}  # Anole's guidance (top-k 2000, temperature 1 as LlamaGen's)
 GENERATION_FLAGS = (("--num-images", "num_images"), ("--classes", "classes"), ("--data-cfg", "data_cfg"),
                     ("--data-top-k", "data_top_k"), ("--data-temperature", "data_temperature"))
 
@@ -96,7 +97,8 @@ def train_drafter_for_checkpoint(args: dict[str, Any]) -> dict[str, Any]:
     from runtime.models.loading import build_gpt, save_drafter_folder
     from runtime.pipeline import parse_classes
 
-    values = {k: (DEFAULTS[k] if args.get(k) is None else args[k]) for k in DEFAULTS}
+    defaults = {**DEFAULTS, **(CHAMELEON_DEFAULTS if args.get("chameleon") else {})}
+    values = {k: (defaults[k] if args.get(k) is None else args[k]) for k in defaults}
     for flag, key, low in (("--num-images", "num_images", 1), ("--batch", "batch", 1), ("--eval-images", "eval_images", 0)):
         if values[key] < low:
             raise UserError(f"{flag} must be >= {low}, got {values[key]}")
@@ -112,14 +114,22 @@ def train_drafter_for_checkpoint(args: dict[str, Any]) -> dict[str, Any]:
         raise UserError(f"--tokens replaces generation: drop {generation[0]}")
     out = Path(args["out"])
     torch.set_num_threads(args["threads"])
-    target = build_gpt(args["gpt_model"], args["gpt_ckpt"], args["image_size"], "c2i", args["trust_checkpoint"])
-    if target.config.model_type != "c2i":
-        raise UserError(f"{args['gpt_ckpt']}: a t2i target; runtime train drafter supports c2i targets for now")
+    tokens = labels = cond_masks = None
+    classes = None
+    if args["chameleon"]:
+        target, prompts, cond_masks = _chameleon_target(args, values)
+        classes = prompts
+    else:
+        if args["prompts"] is not None:
+            raise UserError("--prompts is for Chameleon folders (--model DIR); a LlamaGen c2i target takes --classes")
+        target = build_gpt(args["gpt_model"], args["gpt_ckpt"], args["image_size"], "c2i", args["trust_checkpoint"])
+        if target.config.model_type != "c2i":
+            raise UserError(f"{args['gpt_ckpt']}: a t2i target; runtime train drafter supports c2i targets for now")
     backend = get_backend(values["device"], dtype="fp32", graph_mode=False)
     target = target.to(backend.device, torch.float32).eval()
-    tokens = labels = None
-    classes = None
-    if args["tokens_file"] is not None:
+    if args["chameleon"]:
+        pass
+    elif args["tokens_file"] is not None:
         tokens, labels = _load_labelled_tokens(args["tokens_file"], args["labels_file"], target)
     else:
         if args["classes"] is None:
@@ -142,22 +152,30 @@ def train_drafter_for_checkpoint(args: dict[str, Any]) -> dict[str, Any]:
         index = (dt.read_index(data_dir, target) if reuse else
                  dt.distill(target, data_dir, classes, dt.DistillSettings(
                      seed=args["seed"], cfg=values["data_cfg"], top_k=values["data_top_k"],
-                     temperature=values["data_temperature"]), tokens=tokens, labels=labels, progress=progress))
+                     temperature=values["data_temperature"]), tokens=tokens, labels=labels, cond_masks=cond_masks,
+                     progress=progress))
         torch.manual_seed(args["seed"])
         drafter = Drafter(DrafterConfig.for_target(target.config)).to(backend.device)
         result = dt.train(drafter, target, data_dir, out, settings, resume=args["resume"], progress=progress)
     tau = None
     if values["eval_images"]:
-        eval_classes = [i % target.config.num_classes for i in range(values["eval_images"])]
-        tau = dt.greedy_tau(target, drafter, eval_classes, seed=args["seed"] + 1)
+        if args["chameleon"]:
+            rows = [i % len(classes) for i in range(values["eval_images"])]
+            tau = dt.greedy_tau(target, drafter, classes[rows].to(backend.device), seed=args["seed"] + 1,
+                                cond_masks=cond_masks[rows].to(backend.device))
+        else:
+            eval_classes = [i % target.config.num_classes for i in range(values["eval_images"])]
+            tau = dt.greedy_tau(target, drafter, eval_classes, seed=args["seed"] + 1)
     save_drafter_folder(out, drafter.config, drafter)
     manifest = {
         "kind": "lantern-runtime drafter",
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": command,
         "argv": ["runtime", *sys.argv[1:]],
-        "target": {"gpt_model": args["gpt_model"], "gpt_ckpt": str(args["gpt_ckpt"]),
-                   "sha256": file_sha256(args["gpt_ckpt"]) if Path(args["gpt_ckpt"]).is_file() else None,
+        "target": {"gpt_model": args["gpt_model"], "gpt_ckpt": str(args["gpt_ckpt"] or args["model"]),
+                   "kind": target.config.model_type,
+                   "sha256": file_sha256(args["gpt_ckpt"]) if args["gpt_ckpt"] and Path(args["gpt_ckpt"]).is_file()
+                   else None,
                    "block_size": target.config.block_size, "dim": target.config.dim,
                    "vocab_size": target.config.vocab_size},
         "data": {"dir": str(data_dir), "reused": reuse, **{k: index[k] for k in ("source", "images", "settings")},
@@ -170,7 +188,7 @@ def train_drafter_for_checkpoint(args: dict[str, Any]) -> dict[str, Any]:
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     tau_text = "-" if tau is None else f"{tau:.2f}"
-    Console().print(f"drafter for {Path(args['gpt_ckpt']).name}: held-out top-1 {result['val']['top1']:.1%}, top-3 "
+    Console().print(f"drafter for {Path(args['gpt_ckpt'] or args['model']).name}: held-out top-1 {result['val']['top1']:.1%}, top-3 "
                     f"{result['val']['top3']:.1%}, greedy tau (sd, depth 4) {tau_text}; written to {out} "
                     f"(use it with --drafter {out})", highlight=False)
     return manifest
@@ -183,3 +201,22 @@ class _ClassRange:
 
     def __init__(self, num_classes: int) -> None:
         self.num_classes = num_classes
+
+
+def _chameleon_target(args: dict[str, Any], values: dict[str, Any]):
+    """(target, prompt ids (n, L), masks (n, L)) of a Chameleon folder and the --prompts file."""
+    from runtime.cli.run_cmd import _read_prompts
+    from runtime.models.chameleon_folder import load_chameleon_folder
+
+    for flag, key in (("--tokens", "tokens_file"), ("--labels", "labels_file"), ("--classes", "classes"),
+                      ("--gpt-model", "gpt_model"), ("--image-size", "image_size")):
+        if args.get(key) is not None:
+            raise UserError(f"{flag} does not apply to a Chameleon folder (it draws its data from --prompts); "
+                            f"drop {flag}")
+    if args["prompts"] is None and not (Path(args["data"] or "") / "index.json").is_file():
+        raise UserError("a Chameleon folder needs --prompts FILE (one prompt per line) for its data")
+    target, _, encoder, _ = load_chameleon_folder(args["model"], None, trust=args["trust_checkpoint"], with_vq=False)
+    texts = _read_prompts(args["prompts"], values["num_images"]) if args["prompts"] else ["" for _ in range(1)]
+    ids, masks = encoder(texts)
+    target.for_prompts(ids.size(1))
+    return target, ids, masks

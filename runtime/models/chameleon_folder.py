@@ -78,9 +78,10 @@ class PromptEncoder:
         return tokens, mask
 
 
-def load_chameleon_folder(folder: str | Path, vq_ckpt: str | None, *, trust: bool = False
-                          ) -> tuple[ChameleonTarget, ChameleonVQ, PromptEncoder, list[Path]]:
-    """(target, VQ, prompt encoder, weight files read) from a Chameleon folder (+ Meta's vqgan.ckpt)."""
+def load_chameleon_folder(folder: str | Path, vq_ckpt: str | None, *, trust: bool = False, with_vq: bool = True
+                          ) -> tuple[ChameleonTarget, ChameleonVQ | None, PromptEncoder, list[Path]]:
+    """(target, VQ, prompt encoder, weight files read) from a Chameleon folder (+ Meta's vqgan.ckpt);
+    `with_vq=False` skips the VQ (None; drafter training needs no images)."""
     from runtime.models.loading import read_checkpoint, read_hf_weights
 
     folder = Path(folder)
@@ -99,9 +100,12 @@ def load_chameleon_folder(folder: str | Path, vq_ckpt: str | None, *, trust: boo
     grid = vq_cfg.resolution // vq_cfg.downsample
     state = read_hf_weights(folder)
     target = ChameleonTarget.from_hf_state_dict(config_from_hf(config, ids, grid * grid), state, ids, str(folder))
-    vq = ChameleonVQ(vq_cfg)
     parts = {k[len("model.vqmodel."):]: v for k, v in state.items() if k.startswith("model.vqmodel.")}
     files = sorted(p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin") and p.is_file())
+    encoder = _prompt_encoder(folder, target, vocab_map)
+    if not with_vq:
+        return target, None, encoder, files
+    vq = ChameleonVQ(vq_cfg)
     if not any(k.startswith("decoder.") for k in parts):
         if vq_ckpt is None:
             raise UserError(f"{folder}: holds no VQ decoder (transformers does not ship one); give Chameleon's "
@@ -110,12 +114,15 @@ def load_chameleon_folder(folder: str | Path, vq_ckpt: str | None, *, trust: boo
         parts = {**{k: v for k, v in parts.items() if not k.startswith("decoder.")}, **ckpt}
         files.append(Path(vq_ckpt))
     vq.load_parts(parts, str(vq_ckpt or folder))
+    return target, vq.eval(), encoder, files
+
+
+def _prompt_encoder(folder: Path, target: ChameleonTarget, vocab_map: dict[str, int]) -> PromptEncoder:
     tokenizer_file = folder / "tokenizer.json"
     if not tokenizer_file.is_file():
         raise UserError(f"{folder}: no tokenizer.json to turn --prompts into tokens")
     from tokenizers import Tokenizer
 
-    encoder = PromptEncoder(Tokenizer.from_file(str(tokenizer_file)), bos=target.config.bos_token_id,
-                            pad=target.config.pad_token_id, boi=target.config.boi_token_id,
-                            end_of_turn=vocab_map.get(END_OF_TURN))
-    return target, vq.eval(), encoder, files
+    return PromptEncoder(Tokenizer.from_file(str(tokenizer_file)), bos=target.config.bos_token_id,
+                         pad=target.config.pad_token_id, boi=target.config.boi_token_id,
+                         end_of_turn=vocab_map.get(END_OF_TURN))
