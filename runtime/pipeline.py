@@ -138,19 +138,18 @@ def _is_chameleon_folder(path: str) -> bool:
 
 def _load_chameleon(folder: str, *, vq_ckpt: str | None, drafter: str | None, image_size: int | None, trust: bool,
                     gpt_model: str | None, gpt_type: str, device: torch.device, dtype: torch.dtype) -> LoadedModel:
-    """A Chameleon-family folder (Anole), with Meta's vqgan.ckpt where the folder has no VQ decoder."""
-    from runtime.models.chameleon_folder import ANOLE_SAMPLING, ANOLE_SAMPLING_SOURCE, load_chameleon_folder
+    """A Chameleon-family folder (Anole, Lumina-mGPT), with Meta's vqgan.ckpt where the folder has no VQ decoder."""
+    from runtime.models.chameleon_folder import (ANOLE_SAMPLING, ANOLE_SAMPLING_SOURCE, LUMINA_SAMPLING,
+                                                 LUMINA_SAMPLING_SOURCE, load_chameleon_folder)
     from runtime.models.loading import build_drafter
 
     for flag, value in (("--gpt-model", gpt_model), ("--gpt-type", None if gpt_type == "c2i" else gpt_type)):
         if value is not None:
             raise UserError(f"{flag} is for LlamaGen checkpoints; {folder} is a Chameleon folder (its config.json "
                             f"defines the model): drop {flag}")
-    target, vq, encoder, files = load_chameleon_folder(folder, vq_ckpt, trust=trust)
-    size = vq.config.resolution
-    if image_size is not None and image_size != size:
-        raise UserError(f"--image-size {image_size}: {folder} generates {size} px images (its VQ config); "
-                        "drop --image-size")
+    target, vq, encoder, files = load_chameleon_folder(folder, vq_ckpt, trust=trust, image_size=image_size)
+    cfg = target.config
+    size = ((cfg.row_width - 1) if cfg.row_width else int(round(cfg.block_size ** 0.5))) * vq.downsample
     draft = None
     if drafter:
         from runtime.models.chameleon_drafter import is_lantern_chameleon_drafter, load_chameleon_drafter
@@ -161,7 +160,8 @@ def _load_chameleon(folder: str, *, vq_ckpt: str | None, drafter: str | None, im
         draft = load_chameleon_drafter(drafter, target) if lantern else build_drafter(drafter, target.config)
     return LoadedModel(Path(folder).name, target.to(device, dtype).eval(),
                        draft.to(device, dtype).eval() if draft is not None else None, vq.to(device).eval(), size,
-                       recommended=dict(ANOLE_SAMPLING), recommended_source=ANOLE_SAMPLING_SOURCE,
+                       recommended=dict(LUMINA_SAMPLING if cfg.row_width else ANOLE_SAMPLING),
+                       recommended_source=LUMINA_SAMPLING_SOURCE if cfg.row_width else ANOLE_SAMPLING_SOURCE,
                        files=files + weight_files(drafter), prompt_encoder=encoder)
 
 

@@ -65,22 +65,26 @@ MASKS = PROMPTS != 1
 MASKS[1, :2] = False
 
 
-def _reference_greedy(hf, image_ids: torch.Tensor, prompt: torch.Tensor, mask: torch.Tensor, cfg: float) -> list[int]:
+def _reference_greedy(hf, image_ids: torch.Tensor, prompt: torch.Tensor, mask: torch.Tensor, cfg: float,
+                      null_prompt: tuple[int, ...] = (0, BOI), row_width: int = 0, steps: int = GRID * GRID
+                      ) -> list[int]:
     """Greedy image tokens from `transformers`' forward: full recompute per token, logits of
-    non-image tokens dropped, CFG over [cond, uncond] rows with uncond = [bos, boi] left-padded.
-    Positions are slots (padding included) and padded queries see themselves, as in the runtime."""
+    non-image tokens dropped, CFG over [cond, uncond] rows with the uncond prompt left-padded.
+    Positions are slots (padding included) and padded queries see themselves, as in the runtime.
+    `row_width` > 0: Lumina-mGPT's rule (the last id of `image_ids`, the row-end token, forced at
+    each row's end and forbidden elsewhere), applied after CFG as its logits processors do."""
     length = prompt.size(0)
     rows = [prompt]
     masks = [mask]
     if cfg > 1:
         null = torch.full_like(prompt, 1)
-        null[-2:] = torch.tensor([0, BOI])
+        null[-len(null_prompt):] = torch.tensor(null_prompt)
         rows.append(null)
-        masks.append(torch.arange(length) >= length - 2)
+        masks.append(torch.arange(length) >= length - len(null_prompt))
     ids, valid = torch.stack(rows), torch.stack(masks)
     out: list[int] = []
     with torch.no_grad():
-        for _ in range(GRID * GRID):
+        for i in range(steps):
             s = ids.size(1)
             causal = torch.ones(s, s, dtype=torch.bool).tril()
             attend = (causal[None] & valid[:, None, :]) | torch.eye(s, dtype=torch.bool)[None]
@@ -89,7 +93,9 @@ def _reference_greedy(hf, image_ids: torch.Tensor, prompt: torch.Tensor, mask: t
             logits = hf.lm_head(h)[:, image_ids].float()
             if cfg > 1:
                 logits = logits[1:] + cfg * (logits[:1] - logits[1:])
-            k = int(logits[0].argmax())
+            if row_width:
+                logits[:, -1] = float("-inf")
+            k = len(image_ids) - 1 if row_width and (i + 1) % row_width == 0 else int(logits[0].argmax())
             out.append(k)
             ids = torch.cat([ids, image_ids[k].expand(len(ids), 1)], dim=1)
             valid = torch.cat([valid, torch.ones(len(ids), 1, dtype=torch.bool)], dim=1)
@@ -369,3 +375,101 @@ def test_training_flags_of_llamagen_targets_are_refused_for_a_chameleon_folder(r
     assert res.exit_code == 2 and "--classes does not apply to a Chameleon folder" in res.stderr, res.stderr
     res = run_cli("train", "drafter", "--model", str(folder / "Anole-tiny"), "--out", str(tmp_path / "o"))
     assert res.exit_code == 2 and "needs --prompts FILE" in res.stderr
+
+
+# -- Lumina-mGPT's layout: size tokens in the prompt, a row-end token after every row ----------------
+
+
+@pytest.fixture(scope="module")
+def lumina_folder(tmp_path_factory):
+    """A tiny Lumina-mGPT-layout folder: 64 px = 2 grid units = 4 x 4 codes + a row-end token per row."""
+    import json
+
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+
+    from runtime.models.chameleon_vq import ChameleonVQ, ChameleonVQConfig
+
+    root = tmp_path_factory.mktemp("lumina")
+    hf = tiny_hf_chameleon(seed=1)
+    vocab = dict(hf.config.vocabulary_map)
+    vocab.update({"<reserved08706>": 71, "<reserved08799>": 72, "<reserved08802>": 73,
+                  **{w: 74 + i for i, w in enumerate(["a", "red", "cat", "Generate", "image", "prompt"])}})
+    hf.config.vocabulary_map = vocab
+    model_dir = root / "Lumina-mGPT-tiny"
+    hf.save_pretrained(model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    config["architectures"] = ["ChameleonXLLMXForConditionalGeneration"]
+    (model_dir / "config.json").write_text(json.dumps(config))
+    tokenizer = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = Whitespace()
+    tokenizer.save(str(model_dir / "tokenizer.json"))
+    torch.manual_seed(7)
+    vq = ChameleonVQ(ChameleonVQConfig.from_hf(hf.config.vq_config.to_dict()))
+    torch.save({"state_dict": vq.state_dict()}, root / "vqgan.ckpt")
+    (root / "prompts.txt").write_text("a red cat\n")
+    return root, hf
+
+
+def test_lumina_layout_greedy_equals_the_transformers_reference_with_its_rules(lumina_folder) -> None:
+    from runtime.models.chameleon_folder import load_chameleon_folder
+
+    root, hf = lumina_folder
+    target, vq, encoder, _ = load_chameleon_folder(root / "Lumina-mGPT-tiny", str(root / "vqgan.ckpt"), image_size=64)
+    cfg = target.config
+    assert (cfg.row_width, cfg.block_size, cfg.vocab_size, cfg.newline) == (5, 20, 65, 64)
+    ids, mask = encoder(["a red cat"])
+    assert ids[0, -3:].tolist() == [BOI, 73, 73] and ids[0, 0].item() == 0  # the image start ends the prompt
+    target.for_prompts(ids.size(1))
+    image_ids = target.image_token_ids
+    for guidance in (1.0, 3.0):
+        ours = generate(target, None, MethodSpec(method="ar", sampling=SamplingParams(greedy=True, cfg=guidance)),
+                        ids, cond_masks=mask).tokens[0].tolist()
+        want = _reference_greedy(hf, image_ids, ids[0], mask[0], guidance, null_prompt=(BOI, 73, 73), row_width=5,
+                                 steps=20)
+        assert ours == want
+        assert [t for i, t in enumerate(ours) if (i + 1) % 5 == 0] == [64] * 4
+        assert 64 not in [t for i, t in enumerate(ours) if (i + 1) % 5]
+    images = vq.decode_code(torch.tensor([ours]))
+    assert images.shape == (1, 3, 64, 64)
+
+
+def test_lumina_layout_every_method_reproduces_ar_and_sampling_respects_the_rows(lumina_folder) -> None:
+    from runtime.models.chameleon_folder import load_chameleon_folder
+
+    root, _ = lumina_folder
+    target, _, encoder, _ = load_chameleon_folder(root / "Lumina-mGPT-tiny", None, with_vq=False, image_size=64)
+    ids, mask = encoder(["a red cat", "cat"])
+    target.for_prompts(ids.size(1))
+    torch.manual_seed(3)
+    drafter = Drafter(DrafterConfig.for_target(target.config)).eval()
+    drafter.embed_tokens.weight.data.copy_(target.tok_embeddings.weight)
+    g = torch.Generator().manual_seed(1)
+    neighbours = torch.stack([torch.randperm(64, generator=g)[:63] for _ in range(65)])
+    params = SamplingParams(greedy=True, cfg=3.0)
+    ar = generate(target, None, MethodSpec(method="ar", sampling=params), ids, cond_masks=mask)
+    for method in ("sd", "eagle2", "lantern", "lantern++", "sjd"):
+        out = generate(target, None if method == "sjd" else drafter, MethodSpec(method=method, sampling=params, **EXACT),
+                       ids, cond_masks=mask, neighbours=neighbours)
+        assert torch.equal(out.tokens, ar.tokens), method
+    sampled = generate(target, drafter, MethodSpec(method="lantern++", sampling=SamplingParams(cfg=3.0, top_k=10),
+                                                   **{**EXACT, "lantern_lambda": 4.0}),
+                       ids, cond_masks=mask, neighbours=neighbours, seed=5).tokens
+    row_end = (torch.arange(20) + 1) % 5 == 0
+    assert (sampled[:, row_end] == 64).all() and (sampled[:, ~row_end] < 64).all()
+
+
+def test_runtime_run_on_a_lumina_folder_writes_images_of_the_asked_size(run_cli, lumina_folder, tmp_path) -> None:
+    from PIL import Image
+
+    root, _ = lumina_folder
+    res = run_cli("run", "--model", str(root / "Lumina-mGPT-tiny"), "--vq-ckpt", str(root / "vqgan.ckpt"), "--prompts",
+                  str(root / "prompts.txt"), "--image-size", "64", "--method", "ar", "--device", "cpu",
+                  "--out", str(tmp_path / "o"))
+    assert res.exit_code == 0, res.stderr
+    pngs = sorted(p for p in (tmp_path / "o").glob("*.png") if p.name != "grid.png")
+    assert pngs and Image.open(pngs[0]).size == (64, 64)
+    bad = run_cli("run", "--model", str(root / "Lumina-mGPT-tiny"), "--vq-ckpt", str(root / "vqgan.ckpt"), "--prompts",
+                  str(root / "prompts.txt"), "--image-size", "100", "--device", "cpu", "--out", str(tmp_path / "b"))
+    assert bad.exit_code == 2 and "steps of 32 px" in bad.stderr

@@ -138,6 +138,8 @@ class Decoder:
         self.device = target.tok_embeddings.weight.device
         self.dtype = target.tok_embeddings.weight.dtype
         self.params = spec.sampling
+        # target.constrain(logits (B, T, V), image index (B, T)) -> logits: a layout's fixed tokens (None: none)
+        self.constrain = getattr(target, "constrain", None)
         if batch_size < 1:
             raise UserError(f"--batch-size must be >= 1, got {batch_size}")
         self.batch = batch_size
@@ -267,7 +269,11 @@ class Decoder:
         if depth is not None and self.params.uses_cfg and self.params.cfg_interval >= 0:
             index = (self.count[:, None] + depth).expand(self.batch, logits.size(1))
             off = cfg_off_mask(index, self.params.cfg_interval)
-        return probabilities(apply_cfg(logits, self.params.cfg, off), self.params)
+        mixed = apply_cfg(logits, self.params.cfg, off)
+        if self.constrain is not None:  # tokens the model's layout fixes or forbids at an image index
+            index = (self.count[:, None] + depth if depth is not None else torch.zeros_like(self.count)[:, None])
+            mixed = self.constrain(mixed, index.expand(mixed.size(0), mixed.size(1)))
+        return probabilities(mixed, self.params)
 
     def pick(self, probs: torch.Tensor, streams: torch.Tensor | None = None) -> torch.Tensor:
         """One token per row of (B, ..., V): argmax (greedy) or a sample (image i's stream;

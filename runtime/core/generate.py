@@ -39,12 +39,18 @@ def neighbours_for(vq: Any, spec: MethodSpec, vocab_size: int) -> torch.Tensor |
     """The proximity table a relaxed method needs, from the VQ codebook (raw vectors, as LANTERN).
 
     Only the first `vocab_size` codes are tokens the GPT can emit (a GPT may use fewer tokens than
-    the codebook holds), so neighbours are searched among those: the table is (vocab_size, k).
+    the codebook holds), so neighbours are searched among those: the table is (vocab_size, k). A
+    vocabulary larger than the codebook (Lumina-mGPT's row-end token) gets rows of valid codes.
     """
     if spec.relaxation_kind == "none":
         return None
-    k = min(spec.lantern_k, vocab_size - 1)
-    table, _ = neighbour_table(vq.codebook_vectors(normalized=False)[:vocab_size], k)
+    codebook = vq.codebook_vectors(normalized=False)[:vocab_size]
+    k = min(spec.lantern_k, codebook.size(0) - 1)
+    table, _ = neighbour_table(codebook, k)
+    if vocab_size > codebook.size(0):  # tokens that are no code (a row-end token): any valid codes; a
+        # layout that forces such a token gives every code probability 0 there, so nothing moves
+        extra = torch.arange(k, device=table.device).expand(vocab_size - codebook.size(0), k)
+        table = torch.cat([table, extra])
     return table
 
 

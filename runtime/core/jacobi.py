@@ -81,7 +81,8 @@ class JacobiPolicy(DraftPolicy):
 
     def allocate(self, committed: int) -> None:
         loop, dev, w = self.loop, self.loop.device, self.window
-        grid = int(round(math.sqrt(loop.num_tokens)))
+        # tokens per image row: the target's own (a layout with row-end tokens), else a square grid
+        grid = getattr(loop.target.config, "row_width", 0) or int(round(math.sqrt(loop.num_tokens)))
         # how far back a fresh position copies its token from (0: uniform prior)
         self.offset = {"uniform": 0, "repeat-h": 1, "repeat-v": grid}[loop.spec.init]
         self.last_n = torch.full((loop.batch,), w + 1, dtype=torch.long, device=dev)  # everything fresh

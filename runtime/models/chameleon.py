@@ -1,4 +1,4 @@
-"""Chameleon-family targets (Anole; Lumina-mGPT's layout is not handled yet) for the decoding core.
+"""Chameleon-family targets (Anole, Lumina-mGPT) for the decoding core.
 
 A thin adapter: the decoder layers are Chameleon's (pre-norm, per-head LayerNorm on q and k,
 1-D rotary embedding in the rotate-half convention, SwiGLU), written on the runtime's static KV
@@ -15,7 +15,11 @@ What the core sees (the `Transformer` interface):
   (B, L) True on real tokens; a prompt ends with the begin-of-image token, so the last prompt
   position predicts image token 0. `config.cls_token_num` is L, fixed per decoder (`for_prompts`).
 - the unconditional prompt for classifier-free guidance is `[bos, boi]`, left-padded to L
-  (`null_condition`, `null_condition_mask`), as Anole's and LANTERN's generation code build it.
+  (`null_condition`, `null_condition_mask`), as Anole's and LANTERN's generation code build it
+  (Lumina-mGPT: its image start `[boi, size, size]`).
+- Lumina-mGPT's rows: with `row_width` set, the image vocabulary holds the row-end token too and
+  `constrain` (which the decoder applies after CFG) forces it at each row's end and forbids it
+  elsewhere, as Lumina's logits processors do.
 Positions are slots (slot == position, padding included): RoPE depends on position differences
 only, so a padded prompt attends as an unpadded one does.
 """
@@ -56,6 +60,12 @@ class ChameleonConfig:
     boi_token_id: int = 8197
     model_type: str = "chameleon"
     num_classes: int = 0
+    # Lumina-mGPT's layout: each image row of `row_width - 1` codes ends with the row-end token
+    # (core id `newline`), forced there and forbidden elsewhere; 0 / -1: a plain square grid
+    row_width: int = 0
+    newline: int = -1
+    # the unconditional prompt (vocabulary ids), left-padded; () = [bos, boi] (Anole)
+    null_prompt: tuple[int, ...] = ()
 
     @property
     def head_dim(self) -> int:
@@ -63,7 +73,7 @@ class ChameleonConfig:
 
     @property
     def grid_size(self) -> int:
-        return int(round(self.block_size ** 0.5))
+        return self.row_width or int(round(self.block_size ** 0.5))
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -156,6 +166,13 @@ class ChameleonTarget(nn.Module):
         self._inv_freq = inv_freq  # plain attribute: stays fp32 under .to(bf16) (moved to the device on use)
         self.tok_embeddings = RowTable(config.vocab_size, config.dim)
         self.output = RowHead(config.vocab_size, config.dim)
+        # the decoder applies `constrain` to its logits when set (Lumina's row-end tokens)
+        self.constrain = self._row_ends if config.newline >= 0 else None
+        if config.newline >= 0:
+            forced = torch.full((config.vocab_size,), float("-inf"))
+            forced[config.newline] = 0.0
+            self.register_buffer("_forced_row", forced, persistent=False)
+            self.register_buffer("_banned_row", torch.where(forced == 0, float("-inf"), 0.0), persistent=False)
         self.refresh_image_rows()
 
     # -- construction ------------------------------------------------------------------------
@@ -213,18 +230,30 @@ class ChameleonTarget(nn.Module):
         """(..., dim) -> (..., vocab_size) fp32 logits of the image tokens."""
         return self.output(hidden).float()
 
+    @property
+    def null_prompt(self) -> tuple[int, ...]:
+        cfg = self.config
+        return cfg.null_prompt or (cfg.bos_token_id, cfg.boi_token_id)
+
     def null_condition(self, cond: torch.Tensor) -> torch.Tensor:
-        """The unconditional prompt `[bos, boi]`, left-padded to the prompt length, per row of `cond`."""
+        """The unconditional prompt (Anole: `[bos, boi]`; Lumina-mGPT: `[boi, size, size]`),
+        left-padded to the prompt length, per row of `cond`."""
         null = torch.full_like(cond, self.config.pad_token_id)
-        null[:, -2] = self.config.bos_token_id
-        null[:, -1] = self.config.boi_token_id
+        for j, token in enumerate(reversed(self.null_prompt)):
+            null[:, -1 - j] = token
         return null
 
     def null_condition_mask(self, cond_mask: torch.Tensor) -> torch.Tensor:
-        """The unconditional prompt's mask: its last two positions are real."""
+        """The unconditional prompt's mask: its last len(null prompt) positions are real."""
         mask = torch.zeros_like(cond_mask)
-        mask[:, -2:] = True
+        mask[:, -len(self.null_prompt):] = True
         return mask
+
+    def _row_ends(self, logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """Lumina-mGPT's rule: at image index i with (i + 1) % row_width == 0 only the row-end
+        token; elsewhere anything but it. logits (B, T, V), index (B, T) -> (B, T, V)."""
+        row_end = ((index + 1) % self.config.row_width == 0)[..., None]
+        return torch.where(row_end, self._forced_row.to(logits.dtype), logits + self._banned_row.to(logits.dtype))
 
     def new_cache(self, batch: int, capacity: int, device: torch.device | str,
                   dtype: torch.dtype | None = None) -> StaticKVCache:

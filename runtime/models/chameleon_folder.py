@@ -1,11 +1,18 @@
-"""Loading a Chameleon-family model folder in the Hugging Face layout (Anole: `config.json` with
-`model_type: chameleon`, `model.safetensors` (or shards / `pytorch_model.bin`), `tokenizer.json`).
+"""Loading a Chameleon-family model folder in the Hugging Face layout (`config.json` with
+`model_type: chameleon`, `model.safetensors` (or shards / `pytorch_model.bin`), `tokenizer.json`):
+Anole, and Lumina-mGPT (architecture `ChameleonXLLMXForConditionalGeneration`).
 
 The folder gives the decoder and the VQ codebook; the VQ *decoder* comes from the folder when it
 holds `model.vqmodel.decoder.*`, else from Meta's `vqgan.ckpt` (`--vq-ckpt`), which `transformers`
 does not ship. Prompts are built as Anole's generation code builds them: `[bos] + text +
 [<reserved08706>] + [<racm3:break>]` (the end-of-turn token only where the vocabulary has it),
 left-padded to the longest prompt, with the unconditional prompt `[bos, <racm3:break>]`.
+
+Lumina-mGPT, as its `inference_solver.py` / `item_processor.py` do: the text is
+`"Generate an image of {S}x{S} according to the following prompt:\n" + prompt`, and the prompt ends
+with the image's start `[<racm3:break>, <reserved{8800+g}>, <reserved{8800+g}>]` (g = S / 32 grid
+units, each 2 x 2 tokens); the image is S/16 rows of S/16 codes each followed by the row-end token
+`<reserved08799>` (forced there, forbidden elsewhere); the unconditional prompt is that start alone.
 """
 
 from __future__ import annotations
@@ -26,6 +33,11 @@ END_OF_TURN = "<reserved08706>"
 # Anole's generation settings as LANTERN evaluates it (CFG 3.0, image top-k 2000, temperature 1.0)
 ANOLE_SAMPLING: dict[str, Any] = {"cfg": 3.0, "top_k": 2000, "temperature": 1.0, "top_p": 1.0}
 ANOLE_SAMPLING_SOURCE = "model default (Anole as LANTERN evaluates it: cfg 3.0, top-k 2000)"
+LUMINA_SAMPLING: dict[str, Any] = {"cfg": 3.0, "top_k": 2000, "temperature": 1.0, "top_p": 1.0}
+LUMINA_SAMPLING_SOURCE = "model default (Lumina-mGPT's create_logits_processor: cfg 3.0, image top-k 2000)"
+LUMINA_ROW_END = "<reserved08799>"
+LUMINA_PATCH = 32  # pixels per size-token grid unit (2 x 2 VQ tokens)
+LUMINA_DEFAULT_SIZE = 768
 _CODE_NAME = re.compile(r"IMGIMG([A-J]+)Z")
 
 
@@ -56,19 +68,18 @@ def image_token_ids(vocabulary_map: dict[str, int], source: str) -> torch.Tensor
 
 @dataclass
 class PromptEncoder:
-    """Text -> prompt token ids (n, L) left-padded, and their mask (n, L), through `tokenizer.json`."""
+    """Text -> prompt token ids (n, L) left-padded, and their mask (n, L), through `tokenizer.json`:
+    `prefix` + tokens of `template.format(text)` + `suffix` per prompt."""
 
     tokenizer: Any
-    bos: int
     pad: int
-    boi: int
-    end_of_turn: int | None
+    prefix: tuple[int, ...]
+    suffix: tuple[int, ...]
+    template: str = "{}"
 
     def __call__(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = []
-        for text in texts:
-            ids = self.tokenizer.encode(text, add_special_tokens=False).ids
-            rows.append([self.bos, *ids, *([self.end_of_turn] if self.end_of_turn is not None else []), self.boi])
+        rows = [[*self.prefix, *self.tokenizer.encode(self.template.format(text), add_special_tokens=False).ids,
+                 *self.suffix] for text in texts]
         length = max(len(r) for r in rows)
         tokens = torch.full((len(rows), length), self.pad, dtype=torch.long)
         mask = torch.zeros(len(rows), length, dtype=torch.bool)
@@ -78,7 +89,12 @@ class PromptEncoder:
         return tokens, mask
 
 
-def load_chameleon_folder(folder: str | Path, vq_ckpt: str | None, *, trust: bool = False, with_vq: bool = True
+def is_lumina(config: dict[str, Any]) -> bool:
+    return any("XLLMX" in a for a in config.get("architectures") or [])
+
+
+def load_chameleon_folder(folder: str | Path, vq_ckpt: str | None, *, trust: bool = False, with_vq: bool = True,
+                          image_size: int | None = None
                           ) -> tuple[ChameleonTarget, ChameleonVQ | None, PromptEncoder, list[Path]]:
     """(target, VQ, prompt encoder, weight files read) from a Chameleon folder (+ Meta's vqgan.ckpt);
     `with_vq=False` skips the VQ (None; drafter training needs no images)."""
@@ -88,24 +104,30 @@ def load_chameleon_folder(folder: str | Path, vq_ckpt: str | None, *, trust: boo
     config = read_config(folder)
     if config is None:
         raise UserError(f"{folder}: config.json does not describe a Chameleon model (model_type 'chameleon')")
-    if any("XLLMX" in a for a in config.get("architectures") or []):
-        raise UserError(f"{folder}: a Lumina-mGPT model; its image layout (size and row-end tokens) is not "
-                        "supported yet, only Anole's plain token grid")
     vocab_map = config.get("vocabulary_map") or {}
     ids = image_token_ids(vocab_map, str(folder / "config.json"))
     vq_cfg = ChameleonVQConfig.from_hf(config.get("vq_config") or {})
     if vq_cfg.codebook_size != len(ids):
         raise UserError(f"{folder / 'config.json'}: {len(ids)} image tokens but a codebook of "
                         f"{vq_cfg.codebook_size}; the vocabulary and vq_config disagree")
-    grid = vq_cfg.resolution // vq_cfg.downsample
+    base = config_from_hf(config, ids, (vq_cfg.resolution // vq_cfg.downsample) ** 2)
+    lumina = is_lumina(config)
+    size = (image_size or LUMINA_DEFAULT_SIZE) if lumina else vq_cfg.resolution
+    if lumina:
+        ids, cfg, start = _lumina_layout(base, ids, vocab_map, size, vq_cfg.downsample, str(folder / "config.json"))
+    else:
+        if image_size is not None and image_size != size:
+            raise UserError(f"--image-size {image_size}: {folder} generates {size} px images (its VQ config); "
+                            "drop --image-size")
+        cfg, start = base, (base.boi_token_id,)
     state = read_hf_weights(folder)
-    target = ChameleonTarget.from_hf_state_dict(config_from_hf(config, ids, grid * grid), state, ids, str(folder))
+    target = ChameleonTarget.from_hf_state_dict(cfg, state, ids, str(folder))
     parts = {k[len("model.vqmodel."):]: v for k, v in state.items() if k.startswith("model.vqmodel.")}
     files = sorted(p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin") and p.is_file())
-    encoder = _prompt_encoder(folder, target, vocab_map)
+    encoder = _prompt_encoder(folder, target, vocab_map, start, size if lumina else None)
     if not with_vq:
         return target, None, encoder, files
-    vq = ChameleonVQ(vq_cfg)
+    vq = ChameleonVQ(vq_cfg, row_width=cfg.row_width)
     if not any(k.startswith("decoder.") for k in parts):
         if vq_ckpt is None:
             raise UserError(f"{folder}: holds no VQ decoder (transformers does not ship one); give Chameleon's "
@@ -117,12 +139,34 @@ def load_chameleon_folder(folder: str | Path, vq_ckpt: str | None, *, trust: boo
     return target, vq.eval(), encoder, files
 
 
-def _prompt_encoder(folder: Path, target: ChameleonTarget, vocab_map: dict[str, int]) -> PromptEncoder:
+def _prompt_encoder(folder: Path, target: ChameleonTarget, vocab_map: dict[str, int], start: tuple[int, ...],
+                    lumina_size: int | None) -> PromptEncoder:
     tokenizer_file = folder / "tokenizer.json"
     if not tokenizer_file.is_file():
         raise UserError(f"{folder}: no tokenizer.json to turn --prompts into tokens")
     from tokenizers import Tokenizer
 
-    return PromptEncoder(Tokenizer.from_file(str(tokenizer_file)), bos=target.config.bos_token_id,
-                         pad=target.config.pad_token_id, boi=target.config.boi_token_id,
-                         end_of_turn=vocab_map.get(END_OF_TURN))
+    end_of_turn = (vocab_map[END_OF_TURN],) if END_OF_TURN in vocab_map else ()
+    template = ("{}" if lumina_size is None else
+                f"Generate an image of {lumina_size}x{lumina_size} according to the following prompt:\n{{}}")
+    return PromptEncoder(Tokenizer.from_file(str(tokenizer_file)), pad=target.config.pad_token_id,
+                         prefix=(target.config.bos_token_id,), suffix=(*end_of_turn, *start), template=template)
+
+
+def _lumina_layout(base, ids: torch.Tensor, vocab_map: dict[str, int], size: int, downsample: int, source: str):
+    """(token ids with the row-end token last, config, image start) for Lumina-mGPT at `size` px."""
+    from dataclasses import replace
+
+    if size < LUMINA_PATCH or size % LUMINA_PATCH:
+        raise UserError(f"--image-size {size}: Lumina-mGPT makes square images in steps of {LUMINA_PATCH} px "
+                        f"(e.g. 512, 768, 1024)")
+    size_token = f"<reserved{8800 + size // LUMINA_PATCH:05d}>"
+    missing = [t for t in (LUMINA_ROW_END, size_token) if t not in vocab_map]
+    if missing:
+        raise UserError(f"{source}: the vocabulary has no {missing[0]}; is this a Lumina-mGPT config.json?")
+    side = size // downsample
+    ids = torch.cat([ids, torch.tensor([vocab_map[LUMINA_ROW_END]])])
+    start = (base.boi_token_id, vocab_map[size_token], vocab_map[size_token])
+    cfg = replace(base, vocab_size=len(ids), block_size=side * (side + 1), row_width=side + 1, newline=len(ids) - 1,
+                  null_prompt=start)
+    return ids, cfg, start

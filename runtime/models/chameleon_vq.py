@@ -115,9 +115,10 @@ class _Codebook(nn.Module):
 class ChameleonVQ(nn.Module):
     """What the runtime needs of a VQ: `decode_code`, `codebook_vectors`, `downsample`, `config.codebook_size`."""
 
-    def __init__(self, config: ChameleonVQConfig) -> None:
+    def __init__(self, config: ChameleonVQConfig, row_width: int = 0) -> None:
         super().__init__()
         self.config = config
+        self.row_width = row_width  # > 0: tokens come in rows of row_width - 1 codes + a row-end token
         self.quantize = _Codebook(config.codebook_size, config.embed_dim)
         self.post_quant_conv = nn.Conv2d(config.embed_dim, config.z_channels, 1)
         self.decoder = TamingDecoder(config)
@@ -127,7 +128,10 @@ class ChameleonVQ(nn.Module):
         return self.config.downsample
 
     def decode_code(self, indices: Tensor, shape: Sequence[int] | None = None) -> Tensor:
-        """Codebook indices (B, h*w) raster order (square grid) -> images (B, 3, h*D, w*D), about [-1, 1]."""
+        """Codebook indices (B, h*w) raster order (square grid) -> images (B, 3, h*D, w*D), about [-1, 1].
+        With `row_width`, each row's last token (the row-end token) is dropped first."""
+        if self.row_width:
+            indices = indices.reshape(indices.shape[0], -1, self.row_width)[..., :-1].reshape(indices.shape[0], -1)
         b, n = indices.shape[0], indices[0].numel()
         g = math.isqrt(n)
         if g * g != n:
