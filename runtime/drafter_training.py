@@ -21,6 +21,12 @@ Two stages, the way LANTERN builds its drafters:
 
 The result is a LANTERN-layout drafter folder (`config.json` + `model.safetensors`, what `--drafter`
 loads) with `manifest.json` recording the data, the command and the metrics.
+
+Under `torchrun` (`ctx`, a `runtime.distributed.DistContext`) both stages are data-parallel: each
+rank generates a contiguous block of the images (image i's seed depends on i only, so the data is
+the single process's) and writes its own shards, rank 0 writes the index; in training each rank
+takes every world_size-th image of the step's batch and the gradients are averaged across ranks,
+so a step sees the same batch as in one process.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from runtime.errors import UserError
 Progress = Callable[[str, int, int, dict[str, float]], None]
 NULL_CLASS_SHARE = 0.1  # rows teacher-forced under the null class (CFG's unconditional rows)
 NOISE_STD = 0.2  # EAGLE's input noise: hidden += (U[0,1) - 0.5) * std * 512 / S
-SHARD_FILE = "shard_{:05d}.safetensors"
+SHARD_FILE = "shard_{:07d}.safetensors"  # numbered by the shard's first image
 
 
 def _quiet(stage: str, done: int, total: int, info: dict[str, float]) -> None:
@@ -99,13 +105,17 @@ def _null_rows(target: Any, cond: torch.Tensor, mask: torch.Tensor | None, null:
 @torch.no_grad()
 def distill(target: Any, data_dir: Path, classes: Sequence[int] | torch.Tensor | None, settings: DistillSettings, *,
             tokens: torch.Tensor | None = None, labels: torch.Tensor | None = None,
-            cond_masks: torch.Tensor | None = None, progress: Progress = _quiet) -> dict[str, Any]:
+            cond_masks: torch.Tensor | None = None, progress: Progress = _quiet, ctx: Any = None) -> dict[str, Any]:
     """Write the self-distilled shards into `data_dir` (created; must not hold shards) and return its index.
 
     Conditions: `classes` (class ids, or prompt ids (n, L) with `cond_masks`), one image generated
     per entry by the target; or `tokens` (n, S) with `labels` (n,) to teacher-force on. Generation
-    runs through the runtime's own AR decoder.
+    runs through the runtime's own AR decoder. With `ctx` (torchrun) each rank makes a contiguous
+    block of the images; every rank returns the index (rank 0 writes it).
     """
+    from runtime.distributed import DistContext, barrier, gather_objects, shard_bounds
+
+    ctx = ctx or DistContext()
     from safetensors.torch import save_file
 
     from runtime.core import MethodSpec, SamplingParams, generate
@@ -122,48 +132,57 @@ def distill(target: Any, data_dir: Path, classes: Sequence[int] | torch.Tensor |
         labels = (classes.to(torch.long) if isinstance(classes, torch.Tensor)
                   else torch.tensor([int(c) for c in classes], dtype=torch.long))
         made = []
-        for start in range(0, len(labels), settings.batch):
-            chunk = labels[start:start + settings.batch]
-            masks = None if cond_masks is None else cond_masks[start:start + settings.batch]
+        mine = range(*shard_bounds(len(labels), ctx.rank, ctx.world_size))
+        for start in range(mine.start, mine.stop, settings.batch):
+            chunk = labels[start:min(start + settings.batch, mine.stop)]
+            masks = None if cond_masks is None else cond_masks[start:start + len(chunk)]
             out = generate(target, None, spec, chunk.tolist() if chunk.dim() == 1 else chunk.to(device),
                            cond_masks=None if masks is None else masks.to(device), seed=settings.seed,
                            indices=range(start, start + len(chunk)))
             made.append(out.tokens.cpu())
-            progress("generate", start + len(chunk), len(labels), {})
-        tokens = torch.cat(made)
+            progress("generate", start + len(chunk) - mine.start, len(mine), {})
+        tokens = torch.cat(made) if made else torch.zeros(0, cfg.block_size, dtype=torch.long)
         source = "sampled"
     else:
         source = "tokens"
+        mine = range(*shard_bounds(len(tokens), ctx.rank, ctx.world_size))
+        tokens = tokens[mine.start:mine.stop]
     tokens = tokens.to(torch.long)
-    n = len(tokens)
+    n = len(labels)
     gen = torch.Generator().manual_seed(settings.seed + 1)
     null = torch.rand(n, generator=gen) < settings.null_share
     used, used_mask = _null_rows(target, labels.to(torch.long), cond_masks, null)
-    data_dir.mkdir(parents=True, exist_ok=True)
-    if any(data_dir.glob("shard_*.safetensors")):
-        raise UserError(f"{data_dir}: already holds shards; give an empty folder or reuse it with --data")
+    if ctx.is_main:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        if any(data_dir.glob("shard_*.safetensors")):
+            raise UserError(f"{data_dir}: already holds shards; give an empty folder or reuse it with --data")
+    barrier(ctx)
     shards = []
-    for index, start in enumerate(range(0, n, settings.shard_images)):
-        stop = min(n, start + settings.shard_images)
+    for start in range(mine.start, mine.stop, settings.shard_images):
+        stop = min(mine.stop, start + settings.shard_images)
+        local = slice(start - mine.start, stop - mine.start)
         hidden = []
         for s in range(start, stop, settings.batch):
             e = min(stop, s + settings.batch)
             mask = None if used_mask is None else used_mask[s:e].to(device)
-            hidden.append(teacher_hidden(target, used[s:e].to(device), tokens[s:e].to(device), mask)
-                          .to("cpu", torch.float16))
-        path = data_dir / SHARD_FILE.format(index)
+            hidden.append(teacher_hidden(target, used[s:e].to(device), tokens[s - mine.start:e - mine.start].to(device),
+                                         mask).to("cpu", torch.float16))
+        path = data_dir / SHARD_FILE.format(start)
         condition = ({"labels": used[start:stop].contiguous()} if used_mask is None else
                      {"prompts": used[start:stop].to(torch.int32).contiguous(),
                       "prompt_mask": used_mask[start:stop].contiguous()})
-        save_file({"tokens": tokens[start:stop].to(torch.int32).contiguous(), "hidden": torch.cat(hidden).contiguous(),
+        save_file({"tokens": tokens[local].to(torch.int32).contiguous(), "hidden": torch.cat(hidden).contiguous(),
                    **condition}, str(path))
         shards.append({"file": path.name, "images": stop - start, "sha256": _sha256(path)})
-        progress("hidden states", stop, n, {})
+        progress("hidden states", stop - mine.start, len(mine), {})
+    parts = gather_objects(shards, ctx)
     index = {"source": source, "images": n, "block_size": cfg.block_size, "dim": cfg.dim,
              "vocab_size": cfg.vocab_size, "num_classes": cfg.num_classes, "settings": asdict(settings),
-             "shards": shards}
-    (data_dir / "index.json").write_text(json.dumps(index, indent=1) + "\n")
-    return index
+             "shards": [s for part in parts for s in part] if parts is not None else []}
+    if ctx.is_main:
+        (data_dir / "index.json").write_text(json.dumps(index, indent=1) + "\n")
+    barrier(ctx)
+    return json.loads((data_dir / "index.json").read_text())
 
 
 def read_index(data_dir: Path, target: Any) -> dict[str, Any]:
@@ -184,7 +203,7 @@ def read_index(data_dir: Path, target: Any) -> dict[str, Any]:
 
 
 class ShardData:
-    """The shards' images as one index space; a few loaded shards are kept in memory."""
+    """The shards' images as one index space; the last three shards read are kept in memory."""
 
     def __init__(self, data_dir: Path, index: dict[str, Any]) -> None:
         self.dir = data_dir
@@ -198,7 +217,7 @@ class ShardData:
         from safetensors.torch import load_file
 
         if i not in self._cache:
-            if len(self._cache) >= 2:
+            if len(self._cache) >= 3:
                 self._cache.pop(next(iter(self._cache)))
             self._cache[i] = load_file(str(self.dir / self.files[i]))
         return self._cache[i]
@@ -214,19 +233,19 @@ class ShardData:
         return torch.stack([r[0] for r in rows]), torch.stack([r[1] for r in rows])
 
 
-def batch_order(train_images: int, sizes: Sequence[int], seed: int, epoch: int) -> list[int]:
-    """Epoch `epoch`'s order of the training images: shards shuffled, images shuffled within each
-    shard (batches mostly read one shard); a function of (seed, epoch) only."""
+ORDER_BLOCK = 256  # images shuffled together: batches read few shards, whatever the files' layout
+
+
+def batch_order(train_images: int, seed: int, epoch: int) -> list[int]:
+    """Epoch `epoch`'s order of the training images: blocks of ORDER_BLOCK consecutive images
+    shuffled, images shuffled within each block (a batch reads one or two shards); a function of
+    (seed, epoch) only, so runs sharded differently (torchrun) or resumed see the same batches."""
     gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-    order, start = [], 0
-    bounds = []
-    for size in sizes:
-        bounds.append((start, min(start + size, train_images)))
-        start += size
-    for s in torch.randperm(len(bounds), generator=gen).tolist():
-        lo, hi = bounds[s]
-        if hi > lo:
-            order.extend((lo + torch.randperm(hi - lo, generator=gen)).tolist())
+    order: list[int] = []
+    blocks = (train_images + ORDER_BLOCK - 1) // ORDER_BLOCK
+    for b in torch.randperm(blocks, generator=gen).tolist():
+        lo, hi = b * ORDER_BLOCK, min((b + 1) * ORDER_BLOCK, train_images)
+        order.extend((lo + torch.randperm(hi - lo, generator=gen)).tolist())
     return order
 
 
@@ -248,12 +267,21 @@ class TrainSettings:
 
 
 def train(drafter: Any, target: Any, data_dir: Path, out_dir: Path, settings: TrainSettings, *,
-          resume: bool = False, progress: Progress = _quiet) -> dict[str, Any]:
+          resume: bool = False, progress: Progress = _quiet, ctx: Any = None) -> dict[str, Any]:
     """Train `drafter` on the shards in `data_dir`; checkpoints go to `out_dir/checkpoint.pt`.
 
-    Returns {"steps", "resumed_from", "seconds", "train_loss", "val": {top1, top3, vloss, ploss, positions}}.
+    Returns {"steps", "resumed_from", "seconds", "train_loss", "val": {top1, top3, vloss, ploss,
+    positions}} ("val" None on ranks other than 0 under torchrun).
     """
+    import torch.distributed as dist
+
+    from runtime.distributed import DistContext, barrier
     from runtime.models.drafter import drafter_loss
+
+    ctx = ctx or DistContext()
+    if settings.batch % ctx.world_size:
+        raise UserError(f"--batch {settings.batch} must be a multiple of the {ctx.world_size} ranks (each takes "
+                        "an equal share of a step's batch)")
 
     index = read_index(data_dir, target)
     data = ShardData(data_dir, index)
@@ -286,28 +314,35 @@ def train(drafter: Any, target: Any, data_dir: Path, out_dir: Path, settings: Tr
             group["lr"] = _lr(step, settings.steps, settings.lr)
         first = step * settings.batch
         epoch, offset = divmod(first, train_images)
-        order = batch_order(train_images, data.sizes, settings.seed, epoch)
+        order = batch_order(train_images, settings.seed, epoch)
         picks = [order[(offset + k) % train_images] for k in range(settings.batch)]
-        tokens, hidden = (t.to(device) for t in data.take(picks))
+        tokens, hidden = (t.to(device) for t in data.take(picks[ctx.rank::ctx.world_size]))
         gen = torch.Generator().manual_seed(settings.seed * 7919 + step)
-        noise = ((torch.rand(hidden.shape, generator=gen) - 0.5) * (NOISE_STD * 512 / seq)).to(device)
+        noise = ((torch.rand(settings.batch, *hidden.shape[1:], generator=gen) - 0.5) * (NOISE_STD * 512 / seq))
+        noise = noise[ctx.rank::ctx.world_size].to(device)  # the rows of the whole batch this rank takes
         goal = torch.cat([hidden[:, 1:], torch.zeros_like(hidden[:, :1])], dim=1)
-        mask = torch.ones(len(picks), seq, device=device)
+        mask = torch.ones(len(tokens), seq, device=device)
         mask[:, -1] = 0
         out = drafter.forward_train((hidden + noise).to(drafter.embed_tokens.weight.dtype), tokens)
         loss, vloss, ploss = drafter_loss(out, goal.to(out.dtype), target.output, mask)
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        if ctx.is_distributed:  # mean of the ranks' gradients: the gradient of the whole batch's mean loss
+            for p in params:
+                dist.all_reduce(p.grad)
+                p.grad /= ctx.world_size
         torch.nn.utils.clip_grad_value_(params, 0.5)
         opt.step()
         losses.append(loss.item())
         progress("drafter", step + 1, settings.steps, {"vloss": vloss.item(), "ploss": ploss.item()})
         if (step + 1) % settings.checkpoint_every == 0 or step + 1 == settings.steps:
-            _save_checkpoint(checkpoint, step + 1, drafter, opt)
+            if ctx.is_main:
+                _save_checkpoint(checkpoint, step + 1, drafter, opt)
+            barrier(ctx)
     drafter.eval()
+    val = held_out_metrics(drafter, target, data, range(train_images, data.total)) if ctx.is_main else None
     return {"steps": settings.steps, "resumed_from": start, "seconds": time.perf_counter() - t0,
-            "train_loss": sum(losses[-20:]) / max(1, len(losses[-20:])) if losses else None,
-            "val": held_out_metrics(drafter, target, data, range(train_images, data.total))}
+            "train_loss": sum(losses[-20:]) / max(1, len(losses[-20:])) if losses else None, "val": val}
 
 
 def _save_checkpoint(path: Path, step: int, drafter: Any, opt: torch.optim.Optimizer) -> None:

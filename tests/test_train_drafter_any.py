@@ -162,3 +162,35 @@ def test_a_non_empty_out_needs_force_or_resume(run_cli, target_dir, tmp_path) ->
     res = _train(run_cli, target_dir, out, "--steps", "1")
     assert res.exit_code == 2 and "pass --force to replace it, --resume" in res.stderr
     assert (out / "keep.txt").read_text() == "x"
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_train_the_drafter_one_process_trains(target_dir, tmp_path) -> None:
+    """torchrun: the data is the single process's (same shard contents), the training steps see the
+    same batches with gradients averaged across ranks, so the weights agree up to summation order."""
+    import os
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    args = ["train", "drafter", "--gpt-ckpt", str(target_dir), "--device", "cpu", "--num-images", "12",
+            "--data-cfg", "1", "--data-top-k", "0", "--steps", "6", "--batch", "4", "--eval-images", "0",
+            "--threads", "1"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    single = subprocess.run([sys.executable, "-m", "runtime", *args, "--out", str(tmp_path / "one")], env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert single.returncode == 0, single.stderr[-2000:]
+    multi = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                            "-m", "runtime", *args, "--out", str(tmp_path / "two")], env=env, capture_output=True,
+                           text=True, timeout=600)
+    assert multi.returncode == 0, multi.stderr[-2000:]
+    one, two = (json.loads((tmp_path / d / "data" / "index.json").read_text()) for d in ("one", "two"))
+    assert [s["images"] for s in two["shards"]] == [6, 6] and one["images"] == two["images"] == 12
+    tokens = [torch.cat([load_file(str(tmp_path / d / "data" / s["file"]))["tokens"] for s in idx["shards"]])
+              for d, idx in (("one", one), ("two", two))]
+    assert torch.equal(tokens[0], tokens[1])
+    w1, w2 = (load_file(str(tmp_path / d / "model.safetensors")) for d in ("one", "two"))
+    assert w1.keys() == w2.keys()
+    assert all(torch.allclose(w1[k], w2[k], atol=1e-4, rtol=1e-3) for k in w1)
+    assert json.loads((tmp_path / "two" / "manifest.json").read_text())["training"]["ranks"] == 2

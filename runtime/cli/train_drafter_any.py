@@ -14,6 +14,7 @@ import shlex
 import shutil
 import sys
 import time
+from contextlib import nullcontext
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -125,7 +126,11 @@ def train_drafter_for_checkpoint(args: dict[str, Any]) -> dict[str, Any]:
         target = build_gpt(args["gpt_model"], args["gpt_ckpt"], args["image_size"], "c2i", args["trust_checkpoint"])
         if target.config.model_type != "c2i":
             raise UserError(f"{args['gpt_ckpt']}: a t2i target; runtime train drafter supports c2i targets for now")
-    backend = get_backend(values["device"], dtype="fp32", graph_mode=False)
+    from runtime.cli.run_cmd import _backend_name
+    from runtime.distributed import barrier, destroy, init_distributed
+
+    ctx = init_distributed(_backend_name(values["device"]))  # torchrun: data-parallel, else one process
+    backend = get_backend(values["device"], dtype="fp32", graph_mode=False, index=ctx.device_index)
     target = target.to(backend.device, torch.float32).eval()
     if args["chameleon"]:
         pass
@@ -137,7 +142,9 @@ def train_drafter_for_checkpoint(args: dict[str, Any]) -> dict[str, Any]:
         else:
             classes = parse_classes(args["classes"], values["num_images"], _ClassRange(target.config.num_classes))
     data_dir = Path(args["data"]) if args["data"] is not None else out / "data"
-    _check_out(out, args["force"], args["resume"])
+    if ctx.is_main:
+        _check_out(out, args["force"], args["resume"])
+    barrier(ctx)
     if data_dir.exists() and not data_dir.is_dir():
         raise UserError(f"--data {data_dir}: exists and is not a folder")
     reuse = (data_dir / "index.json").is_file()
@@ -147,16 +154,19 @@ def train_drafter_for_checkpoint(args: dict[str, Any]) -> dict[str, Any]:
     command = _command({**args, **{k: v for k, v in values.items() if args.get(k) is not None}})
     started = time.perf_counter()
     settings = dt.TrainSettings(steps=values["steps"], batch=values["batch"], lr=values["lr"], seed=args["seed"])
-    with _training_progress() as progress:
+    with (_training_progress() if ctx.is_main else nullcontext(dt._quiet)) as progress:
         out.mkdir(parents=True, exist_ok=True)
         index = (dt.read_index(data_dir, target) if reuse else
                  dt.distill(target, data_dir, classes, dt.DistillSettings(
                      seed=args["seed"], cfg=values["data_cfg"], top_k=values["data_top_k"],
                      temperature=values["data_temperature"]), tokens=tokens, labels=labels, cond_masks=cond_masks,
-                     progress=progress))
-        torch.manual_seed(args["seed"])
+                     progress=progress, ctx=ctx))
+        torch.manual_seed(args["seed"])  # the same initial drafter on every rank
         drafter = Drafter(DrafterConfig.for_target(target.config)).to(backend.device)
-        result = dt.train(drafter, target, data_dir, out, settings, resume=args["resume"], progress=progress)
+        result = dt.train(drafter, target, data_dir, out, settings, resume=args["resume"], progress=progress, ctx=ctx)
+    if not ctx.is_main:  # rank 0 evaluates and writes the folder
+        destroy(ctx)
+        return {}
     tau = None
     if values["eval_images"]:
         if args["chameleon"]:
@@ -186,7 +196,9 @@ def train_drafter_for_checkpoint(args: dict[str, Any]) -> dict[str, Any]:
                     "greedy_tau_sd_depth4": tau, "greedy_tau_images": values["eval_images"] or None},
         "wall_time_s": time.perf_counter() - started,
     }
+    manifest["training"]["ranks"] = ctx.world_size
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    destroy(ctx)
     tau_text = "-" if tau is None else f"{tau:.2f}"
     Console().print(f"drafter for {Path(args['gpt_ckpt'] or args['model']).name}: held-out top-1 {result['val']['top1']:.1%}, top-3 "
                     f"{result['val']['top3']:.1%}, greedy tau (sd, depth 4) {tau_text}; written to {out} "
