@@ -90,11 +90,30 @@ def test_bench_profile_is_refused_with_a_shape(run_cli, tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.slow
-def test_bench_profile_writes_one_trace_per_run(run_cli, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def tiny_ckpts(tmp_path_factory) -> Path:
+    """GPT-tiny (4x4 tokens at 64 px) and a VQ-16 in LlamaGen's layout: a bench in seconds."""
+    import torch
+
+    from runtime.models.configs import VQ_CONFIGS, gpt_config
+    from runtime.models.gpt import Transformer
+    from runtime.models.vq import VQModel
+
+    d = tmp_path_factory.mktemp("tiny")
+    torch.manual_seed(0)
+    gpt = Transformer(gpt_config("GPT-tiny", image_size=64, vocab_size=16384))
+    gpt.init_weights()
+    torch.save({"model": gpt.state_dict()}, d / "c2i_tiny_64.pt")
+    torch.save({"model": VQModel(VQ_CONFIGS["VQ-16"]).state_dict()}, d / "vq_ds16_c2i.pt")
+    return d
+
+
+def test_bench_profile_writes_one_trace_per_run(run_cli, tiny_ckpts: Path, tmp_path: Path) -> None:
     out = tmp_path / "b.json"
-    result = run_cli("bench", "--device", "cpu", "--no-graph", "--methods", "ar", "--num-images", "2", "--repeats",
-                     "1", "--warmup", "0", "--no-quality", "--profile", "--out", str(out))
+    result = run_cli("bench", "--gpt-model", "GPT-tiny", "--gpt-ckpt", str(tiny_ckpts / "c2i_tiny_64.pt"), "--vq-ckpt",
+                     str(tiny_ckpts / "vq_ds16_c2i.pt"), "--image-size", "64", "--device", "cpu", "--no-graph", "--methods", "ar",
+                     "--num-images", "2", "--repeats", "1", "--warmup", "0", "--no-quality", "--profile",
+                     "--out", str(out))
     assert result.exit_code == 0, result.stderr
     traces = sorted((tmp_path / "b.traces").iterdir())
     assert [p.name for p in traces] == ["00.json.gz"]
