@@ -249,11 +249,41 @@ def batch_order(train_images: int, seed: int, epoch: int) -> list[int]:
     return order
 
 
-def _lr(step: int, total: int, peak: float) -> float:
-    warm = max(1, total // 25)
-    if step < warm:
-        return peak * (step + 1) / warm
-    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm))))
+def lr_at(step: int, total: int, peak: float, warmup: int, floor: float = 0.1) -> float:
+    """Linear warm-up to `peak`, then cosine decay to `floor * peak` at `total`."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    t = (step - warmup) / max(1, total - warmup)
+    return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
+
+
+def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
+    for group in opt.param_groups:
+        group["lr"] = lr
+
+
+def freeze_for_training(drafter: Any, target: Any) -> list[torch.nn.Parameter]:
+    """EAGLE's setup: the drafter's embedding is a frozen copy of the target's, the target is
+    frozen; returns the parameters to optimise."""
+    with torch.no_grad():
+        drafter.embed_tokens.weight.copy_(target.tok_embeddings.weight)
+    drafter.embed_tokens.weight.requires_grad_(False)
+    for p in target.parameters():
+        p.requires_grad_(False)
+    return [p for p in drafter.parameters() if p.requires_grad]
+
+
+def eagle_loss(drafter: Any, target: Any, tokens: torch.Tensor, hidden: torch.Tensor,
+               noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(loss, vloss, ploss) of one batch: position p reads (z_p, h_p + noise) and regresses
+    h_{p+1} (the last position has no target). tokens (B, S), hidden and noise (B, S, D)."""
+    from runtime.models.drafter import drafter_loss
+
+    goal = torch.cat([hidden[:, 1:], torch.zeros_like(hidden[:, :1])], dim=1)
+    mask = torch.ones(hidden.shape[:2], device=hidden.device)
+    mask[:, -1] = 0
+    out = drafter.forward_train((hidden + noise).to(drafter.embed_tokens.weight.dtype), tokens)
+    return drafter_loss(out, goal.to(out.dtype), target.output, mask)
 
 
 @dataclass
@@ -276,7 +306,6 @@ def train(drafter: Any, target: Any, data_dir: Path, out_dir: Path, settings: Tr
     import torch.distributed as dist
 
     from runtime.distributed import DistContext, barrier
-    from runtime.models.drafter import drafter_loss
 
     ctx = ctx or DistContext()
     if settings.batch % ctx.world_size:
@@ -291,12 +320,7 @@ def train(drafter: Any, target: Any, data_dir: Path, out_dir: Path, settings: Tr
         raise UserError(f"{data_dir}: {data.total} image(s) leave none to train on after holding out {val}; "
                         "distil more images")
     device = target.tok_embeddings.weight.device
-    with torch.no_grad():
-        drafter.embed_tokens.weight.copy_(target.tok_embeddings.weight)
-    drafter.embed_tokens.weight.requires_grad_(False)
-    for p in target.parameters():
-        p.requires_grad_(False)
-    params = [p for p in drafter.parameters() if p.requires_grad]
+    params = freeze_for_training(drafter, target)
     opt = torch.optim.AdamW(params, lr=settings.lr, betas=(0.9, 0.95), weight_decay=0.0)
     checkpoint = out_dir / "checkpoint.pt"
     start = 0
@@ -310,8 +334,7 @@ def train(drafter: Any, target: Any, data_dir: Path, out_dir: Path, settings: Tr
     losses: list[float] = []
     drafter.train()
     for step in range(start, settings.steps):
-        for group in opt.param_groups:
-            group["lr"] = _lr(step, settings.steps, settings.lr)
+        set_lr(opt, lr_at(step, settings.steps, settings.lr, warmup=max(1, settings.steps // 25)))
         first = step * settings.batch
         epoch, offset = divmod(first, train_images)
         order = batch_order(train_images, settings.seed, epoch)
@@ -320,11 +343,7 @@ def train(drafter: Any, target: Any, data_dir: Path, out_dir: Path, settings: Tr
         gen = torch.Generator().manual_seed(settings.seed * 7919 + step)
         noise = ((torch.rand(settings.batch, *hidden.shape[1:], generator=gen) - 0.5) * (NOISE_STD * 512 / seq))
         noise = noise[ctx.rank::ctx.world_size].to(device)  # the rows of the whole batch this rank takes
-        goal = torch.cat([hidden[:, 1:], torch.zeros_like(hidden[:, :1])], dim=1)
-        mask = torch.ones(len(tokens), seq, device=device)
-        mask[:, -1] = 0
-        out = drafter.forward_train((hidden + noise).to(drafter.embed_tokens.weight.dtype), tokens)
-        loss, vloss, ploss = drafter_loss(out, goal.to(out.dtype), target.output, mask)
+        loss, vloss, ploss = eagle_loss(drafter, target, tokens, hidden, noise)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if ctx.is_distributed:  # mean of the ranks' gradients: the gradient of the whole batch's mean loss

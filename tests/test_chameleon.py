@@ -181,30 +181,43 @@ def test_state_dicts_of_another_shape_are_refused(pair) -> None:
 WORDS = ["a", "red", "cat", "blue", "dog", "on", "the", "grass"]
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    """A tiny Anole-layout folder (config.json, model.safetensors, tokenizer.json), Meta's
-    vqgan.ckpt layout for the VQ decoder beside it, and a drafter folder for it."""
+def write_folder(hf, root, name: str, extra_tokens: dict[str, int], architectures: list[str] | None = None):
+    """Save `hf` as an HF-layout folder `root/name` whose vocabulary also holds `extra_tokens`, with a
+    word-level tokenizer.json over it, and Meta's vqgan.ckpt layout for its VQ decoder in `root`."""
+    import json
+
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
     from tokenizers.pre_tokenizers import Whitespace
 
     from runtime.models.chameleon_vq import ChameleonVQ, ChameleonVQConfig
-    from runtime.models.loading import save_drafter_folder
 
-    root = tmp_path_factory.mktemp("chameleon")
-    hf = tiny_hf_chameleon()
-    vocab = dict(hf.config.vocabulary_map)
-    vocab.update({"<reserved08706>": 71, **{w: 72 + i for i, w in enumerate(WORDS)}})
+    vocab = {**hf.config.vocabulary_map, **extra_tokens}
     hf.config.vocabulary_map = vocab
-    model_dir = root / "Anole-tiny"
+    model_dir = root / name
     hf.save_pretrained(model_dir)
+    if architectures is not None:
+        config = json.loads((model_dir / "config.json").read_text())
+        config["architectures"] = architectures
+        (model_dir / "config.json").write_text(json.dumps(config))
     tokenizer = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
     tokenizer.pre_tokenizer = Whitespace()
     tokenizer.save(str(model_dir / "tokenizer.json"))
     torch.manual_seed(7)
     vq = ChameleonVQ(ChameleonVQConfig.from_hf(hf.config.vq_config.to_dict()))
     torch.save({"state_dict": vq.state_dict()}, root / "vqgan.ckpt")
+    return model_dir
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """A tiny Anole-layout folder (config.json, model.safetensors, tokenizer.json), Meta's
+    vqgan.ckpt layout for the VQ decoder beside it, and a drafter folder for it."""
+    from runtime.models.loading import save_drafter_folder
+
+    root = tmp_path_factory.mktemp("chameleon")
+    hf = tiny_hf_chameleon()
+    write_folder(hf, root, "Anole-tiny", {"<reserved08706>": 71, **{w: 72 + i for i, w in enumerate(WORDS)}})
     image_ids = torch.tensor(hf.model.vocabulary_mapping.image_tokens)
     target = ChameleonTarget.from_hf_state_dict(config_from_hf(hf.config, image_ids, GRID * GRID), hf.state_dict(),
                                                 image_ids)
@@ -383,31 +396,12 @@ def test_training_flags_of_llamagen_targets_are_refused_for_a_chameleon_folder(r
 @pytest.fixture(scope="module")
 def lumina_folder(tmp_path_factory):
     """A tiny Lumina-mGPT-layout folder: 64 px = 2 grid units = 4 x 4 codes + a row-end token per row."""
-    import json
-
-    from tokenizers import Tokenizer
-    from tokenizers.models import WordLevel
-    from tokenizers.pre_tokenizers import Whitespace
-
-    from runtime.models.chameleon_vq import ChameleonVQ, ChameleonVQConfig
-
     root = tmp_path_factory.mktemp("lumina")
     hf = tiny_hf_chameleon(seed=1)
-    vocab = dict(hf.config.vocabulary_map)
-    vocab.update({"<reserved08706>": 71, "<reserved08799>": 72, "<reserved08802>": 73,
-                  **{w: 74 + i for i, w in enumerate(["a", "red", "cat", "Generate", "image", "prompt"])}})
-    hf.config.vocabulary_map = vocab
-    model_dir = root / "Lumina-mGPT-tiny"
-    hf.save_pretrained(model_dir)
-    config = json.loads((model_dir / "config.json").read_text())
-    config["architectures"] = ["ChameleonXLLMXForConditionalGeneration"]
-    (model_dir / "config.json").write_text(json.dumps(config))
-    tokenizer = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
-    tokenizer.pre_tokenizer = Whitespace()
-    tokenizer.save(str(model_dir / "tokenizer.json"))
-    torch.manual_seed(7)
-    vq = ChameleonVQ(ChameleonVQConfig.from_hf(hf.config.vq_config.to_dict()))
-    torch.save({"state_dict": vq.state_dict()}, root / "vqgan.ckpt")
+    words = ["a", "red", "cat", "Generate", "image", "prompt"]
+    write_folder(hf, root, "Lumina-mGPT-tiny",
+                 {"<reserved08706>": 71, "<reserved08799>": 72, "<reserved08802>": 73,
+                  **{w: 74 + i for i, w in enumerate(words)}}, ["ChameleonXLLMXForConditionalGeneration"])
     (root / "prompts.txt").write_text("a red cat\n")
     return root, hf
 

@@ -126,21 +126,18 @@ def train_drafter_for_checkpoint(args: dict[str, Any]) -> dict[str, Any]:
         target = build_gpt(args["gpt_model"], args["gpt_ckpt"], args["image_size"], "c2i", args["trust_checkpoint"])
         if target.config.model_type != "c2i":
             raise UserError(f"{args['gpt_ckpt']}: a t2i target; runtime train drafter supports c2i targets for now")
+        if args["tokens_file"] is not None:
+            tokens, labels = _load_labelled_tokens(args["tokens_file"], args["labels_file"], target)
+        elif args["classes"] is None:
+            classes = [i % target.config.num_classes for i in range(values["num_images"])]
+        else:
+            classes = parse_classes(args["classes"], values["num_images"], _ClassRange(target.config.num_classes))
     from runtime.cli.run_cmd import _backend_name
     from runtime.distributed import barrier, destroy, init_distributed
 
     ctx = init_distributed(_backend_name(values["device"]))  # torchrun: data-parallel, else one process
     backend = get_backend(values["device"], dtype="fp32", graph_mode=False, index=ctx.device_index)
     target = target.to(backend.device, torch.float32).eval()
-    if args["chameleon"]:
-        pass
-    elif args["tokens_file"] is not None:
-        tokens, labels = _load_labelled_tokens(args["tokens_file"], args["labels_file"], target)
-    else:
-        if args["classes"] is None:
-            classes = [i % target.config.num_classes for i in range(values["num_images"])]
-        else:
-            classes = parse_classes(args["classes"], values["num_images"], _ClassRange(target.config.num_classes))
     data_dir = Path(args["data"]) if args["data"] is not None else out / "data"
     if ctx.is_main:
         _check_out(out, args["force"], args["resume"])
@@ -228,7 +225,7 @@ def _chameleon_target(args: dict[str, Any], values: dict[str, Any]):
     if args["prompts"] is None and not (Path(args["data"] or "") / "index.json").is_file():
         raise UserError("a Chameleon folder needs --prompts FILE (one prompt per line) for its data")
     target, _, encoder, _ = load_chameleon_folder(args["model"], None, trust=args["trust_checkpoint"], with_vq=False)
-    texts = _read_prompts(args["prompts"], values["num_images"]) if args["prompts"] else ["" for _ in range(1)]
+    texts = _read_prompts(args["prompts"], values["num_images"]) if args["prompts"] else [""]  # data reused
     ids, masks = encoder(texts)
     target.for_prompts(ids.size(1))
     return target, ids, masks

@@ -31,7 +31,6 @@ the manifest is measured after that round trip, i.e. on the weights that ship.
 from __future__ import annotations
 
 import copy
-import math
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
@@ -42,6 +41,7 @@ import torch.nn.functional as F
 
 from runtime.demo.dataset import (CLASS_NAMES, IMAGE_SIZE, NUM_CLASSES, VAL_SEED, make_images,
                                   to_tensor_range)
+from runtime.drafter_training import lr_at, set_lr
 from runtime.models.configs import VQConfig
 from runtime.models.vq import VQModel
 
@@ -70,19 +70,6 @@ DEMO_VQ_CONFIG = VQConfig(
     norm_groups=8,
     dropout_p=0.0,
 )
-
-
-def _lr_at(step: int, total: int, peak: float, warmup: int, floor: float = 0.1) -> float:
-    """Linear warm-up to `peak`, then cosine decay to `floor * peak` at `total`."""
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    t = (step - warmup) / max(1, total - warmup)
-    return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
-
-
-def _set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
-    for group in opt.param_groups:
-        group["lr"] = lr
 
 
 def _images_tensor(seed: int, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
@@ -150,7 +137,7 @@ def train_vq(vq: VQModel, *, steps: int, batch: int, seed: int, lr: float = 3e-3
     opt = torch.optim.AdamW(vq.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=0.0)
     used = torch.zeros(n_codes, dtype=torch.bool)
     for step in range(steps):
-        _set_lr(opt, _lr_at(step, steps, lr, warmup=max(1, steps // 20)))
+        set_lr(opt, lr_at(step, steps, lr, warmup=max(1, steps // 20)))
         x, _ = _images_tensor(seed, np.arange(step * batch, (step + 1) * batch))
         h = vq.quant_conv(vq.encoder(x))
         quant, (vq_loss, commit_loss, _, _), indices = vq.quantize(h)
@@ -280,7 +267,7 @@ def train_gpt(gpt: "Transformer", tokens: torch.Tensor, labels: torch.Tensor, va
     half = tokens.shape[1] // 2
     gpt.train()
     for step in range(steps):
-        _set_lr(opt, _lr_at(step, steps, lr, warmup=max(1, steps // 25)))
+        set_lr(opt, lr_at(step, steps, lr, warmup=max(1, steps // 25)))
         prefix = step < prefix_fraction * steps
         n = min(2 * batch, len(tokens)) if prefix else batch
         if cursor + n > len(order):
@@ -357,35 +344,26 @@ def train_drafter(drafter: "Drafter", gpt: "Transformer", tokens: torch.Tensor, 
     Drafter position p pairs image token z_p with target hidden h_p (h_0 = the class
     position); its output at p regresses h_{p+1}, for p = 0..S-2.
     """
-    from runtime.models.drafter import drafter_loss
+    from runtime.drafter_training import eagle_loss, freeze_for_training
 
     t0 = time.perf_counter()
     gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        drafter.embed_tokens.weight.copy_(gpt.tok_embeddings.weight)
-    drafter.embed_tokens.weight.requires_grad_(False)
-    for p in gpt.parameters():
-        p.requires_grad_(False)
-    params = [p for p in drafter.parameters() if p.requires_grad]
+    params = freeze_for_training(drafter, gpt)
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     seq = gpt.config.block_size
-    mask = torch.ones(batch, seq)
-    mask[:, -1] = 0
     order = torch.randperm(len(tokens), generator=gen)
     cursor = 0
     drafter.train()
     for step in range(steps):
-        _set_lr(opt, _lr_at(step, steps, lr, warmup=max(1, steps // 25)))
+        set_lr(opt, lr_at(step, steps, lr, warmup=max(1, steps // 25)))
         if cursor + batch > len(order):
             order, cursor = torch.randperm(len(tokens), generator=gen), 0
         pick = order[cursor:cursor + batch]
         cursor += batch
         idx = tokens[pick]
         hidden, _ = _drafter_inputs(gpt, idx, labels[pick], gen, DRAFTER_NULL_CLASS_PROB)
-        target = torch.cat([hidden[:, 1:], torch.zeros_like(hidden[:, :1])], dim=1)
         noise = (torch.rand(hidden.shape, generator=gen) - 0.5) * (DRAFTER_NOISE_STD * 512 / seq)
-        out = drafter.forward_train(hidden + noise, idx)
-        loss, vloss, ploss = drafter_loss(out, target, gpt.output, mask)
+        loss, vloss, ploss = eagle_loss(drafter, gpt, idx, hidden, noise)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_value_(params, 0.5)
@@ -445,7 +423,7 @@ def train_classifier(classifier: "DemoClassifier", *, steps: int, batch: int, se
     classifier.train()
     base = 20_000_000
     for step in range(steps):
-        _set_lr(opt, _lr_at(step, steps, lr, warmup=max(1, steps // 20)))
+        set_lr(opt, lr_at(step, steps, lr, warmup=max(1, steps // 20)))
         x, y = _images_tensor(seed, np.arange(base + step * batch, base + (step + 1) * batch))
         half = batch // 2
         x[:half] = F.avg_pool2d(F.pad(x[:half], (1, 1, 1, 1), mode="replicate"), 3, stride=1)

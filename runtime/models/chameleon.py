@@ -35,7 +35,7 @@ from torch import nn
 
 from runtime.errors import UserError
 from runtime.models.kv_cache import StaticKVCache
-from runtime.models.layers import RMSNorm, SwiGLU, attend
+from runtime.models.layers import RMSNorm, SwiGLU, attend, prefix_mask, run_prefix
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,22 @@ class ChameleonConfig:
     @property
     def grid_size(self) -> int:
         return self.row_width or int(round(self.block_size ** 0.5))
+
+
+class RotateHalfRope:
+    """Chameleon's 1-D rotary embedding (rotate-half layout): (cos, sin), each (..., head_dim) fp32,
+    for positions (T,) or (B, T). The frequencies stay fp32 whatever the model's dtype and move to
+    the positions' device on first use."""
+
+    def __init__(self, head_dim: int, base: float) -> None:
+        self.inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+
+    def __call__(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.inv_freq.device != positions.device:
+            self.inv_freq = self.inv_freq.to(positions.device)
+        angles = positions[..., None].float() * self.inv_freq
+        emb = torch.cat((angles, angles), dim=-1)
+        return emb.cos(), emb.sin()
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -162,17 +178,18 @@ class ChameleonTarget(nn.Module):
         self.norm = RMSNorm(config.dim, config.norm_eps)
         self.lm_head = nn.Linear(config.dim, config.full_vocab_size, bias=False)
         self.register_buffer("image_token_ids", image_token_ids.to(torch.long).clone(), persistent=False)
-        inv_freq = 1.0 / (config.rope_base ** (torch.arange(0, config.head_dim, 2, dtype=torch.float) / config.head_dim))
-        self._inv_freq = inv_freq  # plain attribute: stays fp32 under .to(bf16) (moved to the device on use)
+        self.rope = RotateHalfRope(config.head_dim, config.rope_base)
         self.tok_embeddings = RowTable(config.vocab_size, config.dim)
         self.output = RowHead(config.vocab_size, config.dim)
         # the decoder applies `constrain` to its logits when set (Lumina's row-end tokens)
         self.constrain = self._row_ends if config.newline >= 0 else None
+        # (2, V) fp32: the logits at a row end (only the row-end token) and what is added elsewhere
+        # (-inf on it); a plain attribute, so it stays fp32 like the logits and is made once
+        self._row_rule: torch.Tensor | None = None
         if config.newline >= 0:
             forced = torch.full((config.vocab_size,), float("-inf"))
             forced[config.newline] = 0.0
-            self.register_buffer("_forced_row", forced, persistent=False)
-            self.register_buffer("_banned_row", torch.where(forced == 0, float("-inf"), 0.0), persistent=False)
+            self._row_rule = torch.stack([forced, torch.where(forced == 0, float("-inf"), 0.0)])
         self.refresh_image_rows()
 
     # -- construction ------------------------------------------------------------------------
@@ -218,14 +235,6 @@ class ChameleonTarget(nn.Module):
     def max_position(self) -> int:
         return self.config.max_position
 
-    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(cos, sin), each (..., head_dim), fp32, for positions (T,) or (B, T) (rotate-half layout)."""
-        if self._inv_freq.device != positions.device:
-            self._inv_freq = self._inv_freq.to(positions.device)
-        angles = positions[..., None].float() * self._inv_freq
-        emb = torch.cat((angles, angles), dim=-1)
-        return emb.cos(), emb.sin()
-
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(..., dim) -> (..., vocab_size) fp32 logits of the image tokens."""
         return self.output(hidden).float()
@@ -252,8 +261,10 @@ class ChameleonTarget(nn.Module):
     def _row_ends(self, logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         """Lumina-mGPT's rule: at image index i with (i + 1) % row_width == 0 only the row-end
         token; elsewhere anything but it. logits (B, T, V), index (B, T) -> (B, T, V)."""
+        if self._row_rule.device != logits.device:
+            self._row_rule = self._row_rule.to(logits.device)
         row_end = ((index + 1) % self.config.row_width == 0)[..., None]
-        return torch.where(row_end, self._forced_row.to(logits.dtype), logits + self._banned_row.to(logits.dtype))
+        return torch.where(row_end, self._row_rule[0], logits + self._row_rule[1])
 
     def new_cache(self, batch: int, capacity: int, device: torch.device | str,
                   dtype: torch.dtype | None = None) -> StaticKVCache:
@@ -261,31 +272,12 @@ class ChameleonTarget(nn.Module):
         return StaticKVCache(cfg.n_layer, batch, cfg.kv_heads, cfg.head_dim, capacity, device,
                              dtype or self.embed_tokens.weight.dtype)
 
-    @staticmethod
-    def _prefix_mask(cond_mask: torch.Tensor, s: int) -> torch.Tensor:
-        """Causal (B, s, s) mask without the padded prompt columns, diagonal kept."""
-        cls = cond_mask.size(1)
-        eye = torch.eye(s, dtype=torch.bool, device=cond_mask.device)
-        causal = torch.ones(s, s, dtype=torch.bool, device=cond_mask.device).tril()
-        cols = torch.ones(cond_mask.size(0), s, dtype=torch.bool, device=cond_mask.device)
-        cols[:, :cls] = cond_mask
-        return (causal[None] & cols[:, None, :]) | eye[None]
-
     def prefill(self, cond: torch.Tensor, cache: StaticKVCache,
                 cond_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Run the prompt (B, L) (mask (B, L)) into an empty cache; returns hidden (B, L, dim)."""
-        length = cond.size(1)
-        if length != self.config.cls_token_num:
-            raise ValueError(f"prompt length {length} != the decoder's {self.config.cls_token_num} (for_prompts)")
-        x = self.embed_tokens(cond)
-        if cond_mask is None:
-            block = torch.ones(length, length, dtype=torch.bool, device=x.device).tril()
-        else:
-            block = self._prefix_mask(cond_mask, length)
-            cache.prefix_valid[:, :length] = cond_mask
-        hidden = self.forward_cached(x, torch.arange(length, device=x.device), block, cache)
-        cache.advance(length)
-        return hidden
+        if cond.size(1) != self.config.cls_token_num:
+            raise ValueError(f"prompt length {cond.size(1)} != the decoder's {self.config.cls_token_num} (for_prompts)")
+        return run_prefix(self, self.embed_tokens(cond), cache, cond_mask)
 
     def forward_cached(self, x: torch.Tensor, positions: torch.Tensor, block_mask: torch.Tensor,
                        cache: StaticKVCache, offset: int = 0) -> torch.Tensor:
@@ -305,7 +297,7 @@ class ChameleonTarget(nn.Module):
         length = cond.size(1)
         x = torch.cat([self.embed_tokens(cond), self.tok_embeddings(idx[:, :-1])], dim=1)
         s = x.size(1)
-        mask = None if cond_mask is None else self._prefix_mask(cond_mask, s)[:, None]
+        mask = None if cond_mask is None else prefix_mask(cond_mask, s)[:, None]
         rope = self.rope(torch.arange(s, device=x.device))
         for i, layer in enumerate(self.layers):
             x = layer(x, rope, layer=i, cache=None, slots=None, mask=mask)

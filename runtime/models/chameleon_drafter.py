@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from runtime.errors import UserError
-from runtime.models.chameleon import ChameleonConfig, ChameleonLayer, RowTable
+from runtime.models.chameleon import ChameleonConfig, ChameleonLayer, RotateHalfRope, RowTable
 from runtime.models.kv_cache import StaticKVCache
 
 ROPE_EXTRA = 64  # positions past the target's last one (drafts overshooting the image)
@@ -81,8 +81,7 @@ class ChameleonDrafter(nn.Module):
         self.layers = nn.ModuleList(ChameleonLayer(layer_cfg) for _ in range(config.num_hidden_layers))
         self.register_buffer("image_token_ids", image_token_ids.to(torch.long).clone(), persistent=False)
         self.image_embed = RowTable(len(image_token_ids), config.hidden_size)
-        self._inv_freq = 1.0 / (config.rope_base ** (torch.arange(0, config.head_dim, 2, dtype=torch.float)
-                                                      / config.head_dim))
+        self.rope = RotateHalfRope(config.head_dim, config.rope_base)
         self.max_position = max_position + ROPE_EXTRA
         self.refresh_image_rows()
 
@@ -92,11 +91,7 @@ class ChameleonDrafter(nn.Module):
 
     def rope_rows(self, positions: torch.Tensor) -> torch.Tensor:
         """(..., head_dim, 2): cos and sin (rotate-half layout) of positions (T,) or (B, T), fp32."""
-        if self._inv_freq.device != positions.device:
-            self._inv_freq = self._inv_freq.to(positions.device)
-        angles = positions.clamp(max=self.max_position - 1)[..., None].float() * self._inv_freq
-        emb = torch.cat((angles, angles), dim=-1)
-        return torch.stack((emb.cos(), emb.sin()), dim=-1)
+        return torch.stack(self.rope(positions.clamp(max=self.max_position - 1)), dim=-1)
 
     def new_cache(self, batch: int, capacity: int, device: torch.device | str,
                   dtype: torch.dtype | None = None) -> StaticKVCache:

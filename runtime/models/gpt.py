@@ -17,7 +17,7 @@ from torch import nn
 
 from runtime.models.configs import GPTConfig
 from runtime.models.kv_cache import StaticKVCache
-from runtime.models.layers import RMSNorm, SwiGLU, attend
+from runtime.models.layers import RMSNorm, SwiGLU, attend, prefix_mask, run_prefix
 from runtime.models.rope import apply_rope, rope_table_2d, rotation_table
 
 # Zero RoPE rows after the last image token: room for draft tokens that overshoot the image.
@@ -189,20 +189,11 @@ class Transformer(nn.Module):
         freqs = self.rope_rows(torch.arange(s, device=x.device))
         mask = None
         if cond_mask is not None:
-            mask = self._prefix_mask(cond_mask, s)[:, None]
+            mask = prefix_mask(cond_mask, s)[:, None]
         for i, layer in enumerate(self.layers):
             x = layer(x, freqs, layer=i, cache=None, slots=None, mask=mask)
         hidden = self.norm(x)
         return self.logits(hidden)[:, cls - 1:], hidden
-
-    def _prefix_mask(self, cond_mask: torch.Tensor, s: int) -> torch.Tensor:
-        """Causal (B, s, s) mask with padded caption columns removed and the diagonal forced."""
-        cls = cond_mask.size(1)
-        eye = torch.eye(s, dtype=torch.bool, device=cond_mask.device)
-        causal = torch.ones(s, s, dtype=torch.bool, device=cond_mask.device).tril()
-        cols = torch.ones(cond_mask.size(0), s, dtype=torch.bool, device=cond_mask.device)
-        cols[:, :cls] = cond_mask
-        return (causal[None] & cols[:, None, :]) | eye[None]
 
     # -- inference -------------------------------------------------------------------------
     def new_cache(self, batch: int, capacity: int, device: torch.device | str,
@@ -214,17 +205,7 @@ class Transformer(nn.Module):
     def prefill(self, cond: torch.Tensor, cache: StaticKVCache,
                 cond_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Run the condition positions 0..cls-1 into an empty cache; returns hidden (B, cls, dim)."""
-        cls = self.config.cls_token_num
-        x = self.embed_condition(cond)
-        if cond_mask is None:
-            block = torch.ones(cls, cls, dtype=torch.bool, device=x.device).tril()
-        else:
-            block = self._prefix_mask(cond_mask, cls)
-            cache.prefix_valid[:, :cls] = cond_mask
-        positions = torch.arange(cls, device=x.device)
-        hidden = self.forward_cached(x, positions, block, cache)
-        cache.advance(cls)
-        return hidden
+        return run_prefix(self, self.embed_condition(cond), cache, cond_mask)
 
     def forward_cached(self, x: torch.Tensor, positions: torch.Tensor, block_mask: torch.Tensor,
                        cache: StaticKVCache, offset: int = 0) -> torch.Tensor:

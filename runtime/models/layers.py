@@ -63,6 +63,31 @@ class RMSNorm(nn.Module):
         return normed.type_as(x) * self.weight
 
 
+def prefix_mask(cond_mask: torch.Tensor, s: int) -> torch.Tensor:
+    """Causal (B, s, s) mask of a sequence starting with a left-padded condition (B, cls): padded
+    condition columns removed, the diagonal kept (a padded query sees itself, so no row is empty)."""
+    cls = cond_mask.size(1)
+    eye = torch.eye(s, dtype=torch.bool, device=cond_mask.device)
+    causal = torch.ones(s, s, dtype=torch.bool, device=cond_mask.device).tril()
+    cols = torch.ones(cond_mask.size(0), s, dtype=torch.bool, device=cond_mask.device)
+    cols[:, :cls] = cond_mask
+    return (causal[None] & cols[:, None, :]) | eye[None]
+
+
+def run_prefix(model: Any, x: torch.Tensor, cache: StaticKVCache, cond_mask: torch.Tensor | None) -> torch.Tensor:
+    """Prefill: the condition's embeddings x (B, cls, dim) at positions 0..cls-1 into an empty
+    cache through `model.forward_cached`, padded positions marked invalid; returns hidden (B, cls, dim)."""
+    cls = x.size(1)
+    if cond_mask is None:
+        block = torch.ones(cls, cls, dtype=torch.bool, device=x.device).tril()
+    else:
+        block = prefix_mask(cond_mask, cls)
+        cache.prefix_valid[:, :cls] = cond_mask
+    hidden = model.forward_cached(x, torch.arange(cls, device=x.device), block, cache)
+    cache.advance(cls)
+    return hidden
+
+
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layer: int,
            cache: StaticKVCache | None, slots: torch.Tensor | None,
            mask: torch.Tensor | None) -> torch.Tensor:
