@@ -366,7 +366,14 @@ def _sampled_stages(tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor, tree
     output is distributed exactly as M, within TVD `shift` of p. Stage s proposes from q
     without the earlier siblings, q_s = q masked / W_s with W_s = 1 - sum_{t<s} q(x_t), whose
     normalisers are computed for every stage at once; the loop over ranks only carries the
-    residual r <- norm(max(r - q_s, 0)). Returns per-node acceptance probabilities (B, N+1),
+    residual r <- norm(max(r - q_s, 0)), unnormalised: R_{s+1} = max(R_s - Z_s q / W_s, 0)
+    with Z_s = sum R_s (= Z_s r_{s+1} times a positive constant), so a stage is one fused
+    multiply-subtract, a clamp and a sum, and t_s(x) = R_s(x) / Z_s is divided once at the
+    end. q is not masked at the earlier siblings x_t: a stage s that can be reached had x_t
+    rejected, so t_t(x_t) < q_t(x_t) and R_s(x_t) is already 0, which subtracting more leaves
+    0 (a certain x_t ends the parent's stages, so later ones are never read). The bonus rows
+    are the unnormalised R (a race `argmax(r / E)` and the zero-mass test do not depend on
+    the scale). Returns per-node acceptance probabilities (B, N+1),
     per-node shifts (B, N+1: the parent's) and a function giving the bonus rows (B, V) of the
     given parents (B,) after all their children were rejected.
     """
@@ -381,16 +388,21 @@ def _sampled_stages(tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor, tree
     shift = None
     if relax.active:
         r, shift = relaxed_mixture(r, qm, relax)
-    t_x, last = [], []
+    t_x, z, last = [], [], []  # R_s(x_s), Z_s (s >= 1), the bonus rows
     for s, n in enumerate(lay.rows):
         r, qm, x = r[:, :n], qm[:, :n], xs[:, :n, s, None]
         t_x.append(r.gather(2, x).squeeze(2))
-        res = (r - qm / left[:, :n, s, None]).clamp(min=0.0)
-        r = res / res.sum(-1, keepdim=True).clamp(min=_EPS)
-        last.append(r[:, lay.rows[s + 1] if s + 1 < len(lay.rows) else 0:])  # parents whose last child this is
+        if s == 0:  # R_0 = r sums to 1
+            r = torch.addcdiv(r, qm, left[:, :n, :1], value=-1.0).clamp(min=0.0)
+        else:
+            r = torch.addcmul(r, qm, z[-1][:, :n] / left[:, :n, s, None], value=-1.0).clamp(min=0.0)
         if s + 1 < len(lay.rows):
-            qm = qm.scatter(2, x, 0.0)
+            z.append(r.sum(-1, keepdim=True))
+        last.append(r[:, lay.rows[s + 1] if s + 1 < len(lay.rows) else 0:])  # parents whose last child this is
     t_all = torch.cat(t_x, 1)  # (B, sum(rows)) in stage-major order
+    if z:  # t_s(x_s) = R_s(x_s) / Z_s
+        z_all = torch.cat([z_s[:, :n, 0] for z_s, n in zip(z, lay.rows[1:])], 1).clamp(min=_EPS)
+        t_all = torch.cat([t_all[:, :rows0], t_all[:, rows0:] / z_all], 1)
     q_all = torch.cat([qs_x[:, :n, s] for s, n in enumerate(lay.rows)], 1)
     # min(1, t/q); a sample outside the proposal's support (q exhausted) is never accepted
     a = (t_all.minimum(q_all) / q_all.clamp(min=torch.finfo(q_all.dtype).tiny))[:, lay.node_slot]

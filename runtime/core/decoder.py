@@ -257,23 +257,25 @@ class Decoder:
     def _timer(self):
         return self.timer if self.timer is not None else _NullTimer()
 
-    def dist(self, logits: torch.Tensor, depth: torch.Tensor | int | None = None) -> torch.Tensor:
+    def dist(self, logits: torch.Tensor, depth: torch.Tensor | int | None = None, *, draft: bool = False,
+             log: bool = False) -> torch.Tensor:
         """(rows, T, V) logits -> (B, T, V) processed distribution (CFG, temperature, top-k/p).
 
         depth: tree depth of the T nodes these logits follow ((T,) or per image (B, T) tensor,
         or an int for all); the token they predict has image index count + depth, which
         decides whether `cfg_interval` has switched guidance off. None = the prefill (guidance
-        always on).
+        always on). draft: the drafter's logits, mixed by the fused CFG (`apply_cfg`); log:
+        the log of the distribution (`probabilities`).
         """
         off = None
         if depth is not None and self.params.uses_cfg and self.params.cfg_interval >= 0:
             index = (self.count[:, None] + depth).expand(self.batch, logits.size(1))
             off = cfg_off_mask(index, self.params.cfg_interval)
-        mixed = apply_cfg(logits, self.params.cfg, off)
+        mixed = apply_cfg(logits, self.params.cfg, off, fused=draft)
         if self.constrain is not None:  # tokens the model's layout fixes or forbids at an image index
             index = (self.count[:, None] + depth if depth is not None else torch.zeros_like(self.count)[:, None])
             mixed = self.constrain(mixed, index.expand(mixed.size(0), mixed.size(1)))
-        return probabilities(mixed, self.params)
+        return probabilities(mixed, self.params, log=log)
 
     def pick(self, probs: torch.Tensor, streams: torch.Tensor | None = None) -> torch.Tensor:
         """One token per row of (B, ..., V): argmax (greedy) or a sample (image i's stream;

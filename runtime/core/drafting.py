@@ -46,6 +46,18 @@ _SMALLEST_NORMAL = 1.1754944e-38
 _LOG_FLOOR = -80.0
 
 
+# ddd: the score of a stopped image's candidates, below any real one and finite (so a score's
+# next float below, `_below_negative`, stays a number)
+_STOPPED = -1e38
+
+
+def _below_negative(score: torch.Tensor) -> torch.Tensor:
+    """The next float below each score, for scores that are negative normal floats (EAGLE-2's
+    scores below the root: `child_scores` of the root is one): one integer add on the bits,
+    which for a negative float steps away from zero."""
+    return (score.view(torch.int32) + 1).view(torch.float32)
+
+
 def child_scores(parent: torch.Tensor, logq: torch.Tensor, neg_inf: torch.Tensor | None = None) -> torch.Tensor:
     """EAGLE-2 score of children: parent score + log q, strictly below the parent's score.
 
@@ -198,8 +210,9 @@ class DrafterPolicy(DraftPolicy):
         self.dcache.advance(count)
         return root
 
-    def _dist(self, out: torch.Tensor, depth: torch.Tensor | int) -> torch.Tensor:
-        return self.loop.dist(self.loop.target.logits(out), depth)
+    def _dist(self, out: torch.Tensor, depth: torch.Tensor | int, log: bool = False) -> torch.Tensor:
+        """The drafts' distribution (its log with `log`) after drafter outputs `out` (rows, T, dim)."""
+        return self.loop.dist(self.loop.target.logits(out), depth, draft=True, log=log)
 
     def _root_level(self) -> None:
         """Level 0: the drafter over the accepted block; the root's q (its children's proposal)."""
@@ -255,13 +268,18 @@ class StaticTreePolicy(DrafterPolicy):
         self.level_offsets = torch.arange(tree.max_depth, device=device)
         return tree
 
-    def _draft_tree(self) -> None:
+    def draft(self) -> None:
+        """Every level in one step; the drafter outputs of a level are its children's parent
+        hidden states, kept in locals (the buffer serves the per-level segments of
+        --dynamic-depth)."""
+        root = self._level0()
+        self.loop.q[:, 0] = self._dist(root[:, None], 0)[:, 0]
         noise = None if self.loop.params.greedy else self._noise()
-        ctx = self._tree_context()
+        ctx, prev = self._tree_context(), root[:, None]
         for d in range(1, self.tree.max_depth + 1):
             self._pick(d, noise)
             if d < self.tree.max_depth:
-                self._forward(d, ctx)
+                prev = self._forward(d, ctx, prev)
 
     def _tree_context(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The drafter's RoPE rows (rows, D, ...) of every depth, and the cache slots (rows, N)
@@ -294,25 +312,31 @@ class StaticTreePolicy(DrafterPolicy):
         else:
             loop.tokens[:, start:end] = cand[:, self.level_parent[d - 1], tree.rank[start:end]]
 
-    def _forward(self, d: int, ctx: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> None:
-        """Level d's nodes through the drafter: their q (the next level's proposals). `ctx`:
-        `_tree_context()` (built here when a level runs as its own segment)."""
+    def _forward(self, d: int, ctx: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                 prev: torch.Tensor | None = None) -> torch.Tensor:
+        """Level d's nodes through the drafter: their q (the next level's proposals); returns
+        their drafter outputs (rows, width, dim). `ctx`: `_tree_context()` (built here when a
+        level runs as its own segment); `prev`: the outputs of level d - 1 (the parents), else
+        read from (and this level's written to) `draft_hidden`."""
         loop, tree = self.loop, self.tree
         start, end = self.levels[d - 1]
         rot, slots, mask = ctx if ctx is not None else self._tree_context()
         span = self.parent_range[d - 1]
+        # parents' rows: absolute node ids in the buffer, ids relative to level d - 1 in prev
+        source, first = (self.draft_hidden, 0) if prev is None else (prev, 0 if d == 1 else self.levels[d - 2][0])
         if span is None:
-            hid = self.draft_hidden[:, tree.parent[start:end]]
+            hid = source[:, tree.parent[start:end] - first] if prev is None else prev[:, self.level_parent[d - 1]]
         else:  # parents a..b-1, each with the same number of children, in order
-            a, b = span
-            hid = self.draft_hidden[:, a:b, None].expand(-1, -1, (end - start) // (b - a), -1).flatten(1, 2)
+            a, b = span[0] - first, span[1] - first
+            hid = source[:, a:b, None].expand(-1, -1, (end - start) // (b - a), -1).flatten(1, 2)
         width = end - start
         out = loop.drafter.forward_block(loop.expand_rows(loop.tokens[:, start:end]), hid,
                                          rot[:, d - 1:d].expand(-1, width, *rot.shape[2:]),
                                          slots[:, start - 1:end - 1], mask[:, :, start - 1:end - 1], self.dcache)
-        if d + 1 < tree.max_depth:  # the deepest forwarded level's outputs are never a parent's hidden
+        if prev is None and d + 1 < tree.max_depth:  # the deepest forwarded level is nobody's parent
             self.draft_hidden[:, start:end] = out
         loop.q[:, start:end] = self._dist(out, d)
+        return out
 
     def allocate(self, committed: int) -> None:
         super().allocate(committed)
@@ -400,6 +424,7 @@ class DynamicTreePolicy(DrafterPolicy):
     """
 
     kind = "dynamic"
+    needs_q = False  # drafts are deterministic; the root's log q stays a local of the draft
 
     def build_tree(self, device: torch.device) -> TreeBuffers:
         spec, b = self.loop.spec, self.loop.batch
@@ -424,13 +449,17 @@ class DynamicTreePolicy(DrafterPolicy):
         earlier = torch.ones(n1, n1, dtype=torch.bool, device=dev).tril(-1)
         earlier[:, 0] = False  # the root shares parent id 0 with its children but is no sibling
         self.n_cand = k + e * k * k
-        # a candidate's parent is another candidate's id, or n_cand for the root's children:
-        # `_select` maps ids to tree nodes through one table whose last entry is the root
+        # Candidate c's parent is frontier c // k: the frontier ids of every expansion, after a
+        # first column for the root's children (id n_cand, which `_select` maps to the root).
+        # Frontier ids are kept local to their block; `fid_offset` makes them candidate ids.
+        bases = [0] + [k + (level - 1) * k * k for level in range(1, e)]
         self._tree_consts = tree_constants(n1, self.tree.max_depth, dev)
         self._c = {
             "neg_inf": torch.full((), float("-inf"), device=dev),
             "zero_long": torch.zeros(b, 1, dtype=torch.long, device=dev),
-            "no_parent": torch.full((b, k), self.n_cand, dtype=torch.long, device=dev),
+            "no_parent": torch.full((b, 1), self.n_cand, dtype=torch.long, device=dev),
+            "fid_offset": torch.tensor([0] + [base for base in bases for _ in range(k)], device=dev),
+            "node_of": torch.zeros(b, self.n_cand + 1, dtype=torch.long, device=dev),
             "arange_k": torch.arange(k, device=dev).expand(b, k),
             # a frontier's ancestor mask over the draft slots is kept additive (0 / -inf), so the
             # drafter's attention mask takes it as is
@@ -442,7 +471,11 @@ class DynamicTreePolicy(DrafterPolicy):
         # candidates (root's top-k, then k*k per expansion) and the frontier between segments
         self.cand_tok = torch.zeros(b, self.n_cand, dtype=torch.long, device=dev)
         self.cand_score = torch.zeros(b, self.n_cand, device=dev)
-        self.cand_parent = torch.full((b, self.n_cand), self.n_cand, dtype=torch.long, device=dev)
+        self.cand_fid = torch.full((b, 1 + e * k), self.n_cand, dtype=torch.long, device=dev)
+        # EAGLE-2 scores are log q: filters or a layout rule give -inf, floored to stay finite
+        params = loop.params
+        self._floor_logq = loop.constrain is not None or (
+            not params.greedy and (params.top_k > 0 or params.top_p < 1.0))
         # the frontier between segments (ddd); `anc` also serves within one
         self.fr = {"tok": torch.zeros(b, k, dtype=torch.long, device=dev), "score": torch.zeros(b, k, device=dev),
                    "ids": torch.zeros(b, k, dtype=torch.long, device=dev),
@@ -469,8 +502,8 @@ class DynamicTreePolicy(DrafterPolicy):
         if len(self._spans) == 1:
             return [self.draft]
         (first, last), rest = self._spans[0], self._spans[1:]
-        return ([lambda: self._store(first, self._segment(first, last, start=True))]
-                + [lambda a=a, z=z: self._store(a, self._segment(a, z)) for a, z in rest])
+        return ([lambda: self._run_segment(first, last, start=True)]
+                + [lambda a=a, z=z: self._run_segment(a, z) for a, z in rest])
 
     def finish(self) -> Callable[[], None] | None:  # type: ignore[override]
         return None if len(self._spans) == 1 else self._select
@@ -478,29 +511,23 @@ class DynamicTreePolicy(DrafterPolicy):
     def drafted_levels(self) -> torch.Tensor | None:
         return self.drafted if self.loop.spec.ddd_checks else None
 
-    def _draft_tree(self) -> None:
-        """EAGLE-2 in one step: every expansion, then the selection, all in locals."""
-        blocks = self._segment(0, self.loop.spec.expansions, root=True)
-        self._select(*(torch.cat(b, 1) for b in blocks))
-
     def draft(self) -> None:
-        if len(self._spans) == 1:
-            super().draft()
+        if len(self._spans) == 1:  # EAGLE-2 in one step: every expansion, then the selection, in locals
+            blocks, _ = self._segment(0, self.loop.spec.expansions, start=True)
+            self._select(*(torch.cat(b, 1) for b in blocks))
             return
         for seg in self.segments():
             seg()
         self._select()
 
-    def _segment(self, first: int, last: int, start: bool = False, root: bool = False
-                 ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
-        """Expansions first+1..last, returning their candidate blocks (tokens, scores, parent
-        ids); `start`/`root` begin with the root's top-k (`start` runs the drafter's level 0
-        first). The frontier lives in locals within a segment and in `self.fr` between
-        segments (ddd)."""
+    def _segment(self, first: int, last: int, start: bool = False
+                 ) -> tuple[tuple[list[torch.Tensor], ...], dict[str, torch.Tensor]]:
+        """Expansions first+1..last, returning their candidate blocks (tokens, scores, frontier
+        ids) and the last frontier; `start` begins with the drafter's level 0 and the root's
+        top-k. The frontier lives in locals within a segment and in `self.fr` between segments
+        (ddd, `_run_segment`)."""
         k, checks = self.loop.spec.top_k_draft, self.loop.spec.ddd_checks
         if start:
-            self._root_level()
-        if start or root:
             fr, blocks = self._root()
         else:
             fr = dict(self.fr)
@@ -517,32 +544,46 @@ class DynamicTreePolicy(DrafterPolicy):
                 dst.append(src)
         if last in checks:  # DDD's heuristic: log of the beam's summed path probability
             self.alive &= torch.logsumexp(fr["score"], dim=-1) >= self.threshold
-        if checks and last < self.loop.spec.expansions:  # the next segment starts from here
+        return blocks, fr
+
+    def _run_segment(self, first: int, last: int, start: bool = False) -> None:
+        """ddd: one segment, its candidate blocks stored, then its frontier kept for the next
+        (in that order: a block may be a view of the stored frontier it expanded)."""
+        blocks, fr = self._segment(first, last, start)
+        self._store(first, blocks)
+        if last < self.loop.spec.expansions:
             for name in ("ids", "tok", "score", "hidden"):
                 self.fr[name].copy_(fr[name])
             self.fr["anc"][:, :, : fr["anc"].size(-1)] = fr["anc"]
-        return blocks
 
     def _store(self, first: int, blocks: tuple[list[torch.Tensor], ...]) -> None:
         """ddd: a segment's candidate blocks into the candidate buffers (its levels' slots)."""
         k = self.loop.spec.top_k_draft
         at = 0 if first == 0 else k + first * k * k  # the root block, or level first + 1
-        for dst, src in zip((self.cand_tok, self.cand_score, self.cand_parent), blocks):
+        fid_at = 0 if first == 0 else 1 + first * k
+        for dst, src, i in zip((self.cand_tok, self.cand_score, self.cand_fid), blocks, (at, at, fid_at)):
             part = torch.cat(src, 1)
-            dst[:, at: at + part.size(1)] = part
+            dst[:, i: i + part.size(1)] = part
+
+    def _log_q(self, out: torch.Tensor, depth: int) -> torch.Tensor:
+        """log q (B, T, V) after drafter outputs out (rows, T, dim): one log_softmax, floored
+        only where filters or a layout rule can make it -inf."""
+        lq = self._dist(out, depth, log=True)
+        return lq.clamp(min=_LOG_FLOOR) if self._floor_logq else lq
 
     def _root(self) -> tuple[dict[str, torch.Tensor], tuple[list[torch.Tensor], ...]]:
-        """The root's top-k: the first frontier and the first candidate block."""
+        """The drafter's level 0 and the root's top-k: the first frontier and the first
+        candidate block."""
         loop, c, k = self.loop, self._c, self.loop.spec.top_k_draft
-        logq = torch.log(loop.q[:, 0]).clamp(min=_LOG_FLOOR)  # log 0 = -inf -> the floor
-        top = torch.topk(logq, k)  # (B, k)
+        root = self._level0()  # (rows, dim)
+        top = torch.topk(self._log_q(root[:, None], 0)[:, 0], k)  # (B, k)
         score = torch.minimum(top.values, c["root_below"])  # = child_scores(0, top.values): one op
         if loop.spec.ddd_checks:  # stale expansions of the last iteration must not be selected
             self.cand_score[:, k:] = float("-inf")
             self.alive.fill_(True)
             self.drafted.fill_(1)
         fr = {"ids": c["arange_k"], "tok": top.indices, "score": score,
-              "hidden": self.draft_hidden[:, :1].expand(loop.rows, k, -1), "anc": c["eye_k"]}
+              "hidden": root[:, None].expand(-1, k, -1), "anc": c["eye_k"]}
         return fr, ([top.indices], [score], [c["no_parent"]])
 
     def _expand(self, level: int, fr: dict[str, torch.Tensor], ctx: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
@@ -554,52 +595,48 @@ class DynamicTreePolicy(DrafterPolicy):
         the drafter cache's `mask_columns(E*k)`."""
         loop, c, b, checks = self.loop, self._c, self.loop.batch, self.loop.spec.ddd_checks
         k = loop.spec.top_k_draft
-        base = k + (level - 1) * k * k
         anc = fr["anc"]
         rot_all, slots_all, columns = ctx
         mask = self.dcache.additive_mask_from(columns, slots_all.size(1), loop.expand_rows(anc))
         out = loop.drafter.forward_block(loop.expand_rows(fr["tok"]), fr["hidden"],
                                          rot_all[:, level - 1:level].expand(-1, k, *rot_all.shape[2:]),
                                          slots_all[:, (level - 1) * k: level * k], mask, self.dcache)
-        lq = torch.log(self._dist(out, level)).clamp(min=_LOG_FLOOR)  # (B, k, V)
-        ch = torch.topk(lq, k, dim=-1)  # (B, k, k)
-        scores = child_scores(fr["score"][..., None], ch.values, c["neg_inf"]).reshape(b, -1)
+        ch = torch.topk(self._log_q(out, level), k, dim=-1)  # (B, k, k)
+        parent = fr["score"][..., None]
+        scores = torch.minimum(parent + ch.values, _below_negative(parent)).reshape(b, -1)
         if checks and level > checks[0]:  # an image that stopped adds nothing
             self.drafted += self.alive.long()
-            scores = torch.where(self.alive[:, None], scores, float("-inf"))
+            scores = torch.where(self.alive[:, None], scores, _STOPPED)
         elif checks:
             self.drafted += 1
         ch_tok = ch.indices.reshape(b, -1)
-        best = torch.topk(scores, k).indices  # (B, k) local ids in this block
-        parent_local = best // k
-        nxt = {"ids": base + best, "tok": ch_tok.gather(1, best), "score": scores.gather(1, best),
+        best = torch.topk(scores, k)  # (B, k): the next frontier, local ids in this block
+        parent_local = best.indices // k
+        nxt = {"ids": best.indices, "tok": ch_tok.gather(1, best.indices), "score": best.values,
                "hidden": out.gather(1, loop.expand_rows(parent_local)[..., None].expand(-1, -1, out.size(-1))),
                "anc": torch.cat([anc.gather(1, parent_local[..., None].expand(-1, -1, anc.size(-1))), c["eye_k"]],
                                 dim=2)}
-        return nxt, (ch_tok, scores, fr["ids"].repeat_interleave(k, dim=1))
+        return nxt, (ch_tok, scores, fr["ids"])
 
     def _select(self, tok: torch.Tensor | None = None, score: torch.Tensor | None = None,
-                par: torch.Tensor | None = None) -> None:
+                fid: torch.Tensor | None = None) -> None:
         """Keep the best total_tokens - 1 candidates (parents before children) as the tree;
         candidates (B, n_cand) given, or read from the buffers (ddd)."""
-        loop, c, b, dev = self.loop, self._c, self.loop.batch, self.loop.device
+        loop, c, k = self.loop, self._c, self.loop.spec.top_k_draft
         if tok is None:
-            tok, score, par = self.cand_tok, self.cand_score, self.cand_parent
+            tok, score, fid = self.cand_tok, self.cand_score, self.cand_fid
         n1 = self.tree.size
         sel = torch.topk(score, n1 - 1).indices.sort().values  # parents before children
         # node of each candidate id (n_cand: the root, node 0); a kept node's parent is kept
-        node_of = torch.zeros(b, self.n_cand + 1, dtype=torch.long, device=dev)
-        node_of.scatter_(1, sel, c["arange_nodes"])
-        parent = torch.cat([c["zero_long"], node_of.gather(1, par.gather(1, sel))], 1)
-        # selected in candidate order, so a parent's children come in rank order
-        sib = (parent[:, :, None] == parent[:, None, :]) & c["earlier"]
-        built = buffers_from_parents(parent, sib.sum(-1), self.tree.max_depth, self.tree.max_children,
-                                     earlier_sibling=sib, consts=self._tree_consts)
+        node_of = c["node_of"].scatter(1, sel, c["arange_nodes"])
+        par_id = (fid + c["fid_offset"]).gather(1, sel // k)  # candidate c's parent: frontier c // k
+        # the tree's buffers are filled in place: each op writes its result there (no copies)
         t = self.tree
-        for dst, src in ((t.parent, built.parent), (t.depth, built.depth), (t.rank, built.rank),
-                         (t.ancestor_mask, built.ancestor_mask), (t.children, built.children),
-                         (t.path_table, built.path_table), (t.earlier_sibling, built.earlier_sibling)):
-            dst.copy_(src)
+        parent = torch.cat([c["zero_long"], node_of.gather(1, par_id)], 1, out=t.parent)
+        # selected in candidate order, so a parent's children come in rank order
+        sib = torch.logical_and(parent[:, :, None] == parent[:, None, :], c["earlier"], out=t.earlier_sibling)
+        buffers_from_parents(parent, torch.sum(sib, -1, out=t.rank), t.max_depth, t.max_children,
+                             earlier_sibling=sib, consts=self._tree_consts, out=t)
         loop.tokens[:, 1:] = tok.gather(1, sel)
 
 

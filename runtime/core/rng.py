@@ -67,6 +67,7 @@ class CounterRNG:
         self.seed = torch.full((streams,), seed, dtype=torch.long, device=device)
         self.key = splitmix64(self.seed)
         self.counter = torch.zeros(streams, dtype=torch.long, device=device)
+        self._half = torch.full((), 0.5 / (1 << 23), device=device)
 
     def reset(self, seed: int | torch.Tensor) -> None:
         """Restart at `seed` (an int, or (S,) seeds, one per stream) in place (buffers keep
@@ -101,7 +102,7 @@ class CounterRNG:
             self.counter.add_(per)
         else:
             self.counter.index_add_(0, streams, torch.full_like(streams, per))
-        return ((_shr(bits, 41).float() + 0.5) * (1.0 / (1 << 23))).view(shape)
+        return _to_uniform(bits, self._half).view(shape)
 
     def gumbel(self, *shape: int, streams: torch.Tensor | None = None) -> torch.Tensor:
         return gumbel_from_uniform(self.uniform(*shape, streams=streams))
@@ -124,8 +125,14 @@ class CounterRNG:
             stream_key = stream_key.view(-1, *([1] * (index.dim() - 1)))
         else:
             stream_key = stream_key[0]
-        bits = splitmix64(stream_key ^ index)
-        return (_shr(bits, 41).float() + 0.5) * (1.0 / (1 << 23))
+        return _to_uniform(splitmix64(stream_key ^ index), self._half)
+
+
+def _to_uniform(bits: torch.Tensor, half: torch.Tensor) -> torch.Tensor:
+    """(k + 0.5) / 2^23 for k the top 23 bits, float32: one add that scales k on the way
+    (every step exact in float32, so this equals converting, adding and scaling apart).
+    half: the 0-d float32 0.5 / 2^23."""
+    return torch.add(half, _shr(bits, 41), alpha=1.0 / (1 << 23))
 
 
 def exponential_from_uniform(u: torch.Tensor) -> torch.Tensor:

@@ -35,17 +35,20 @@ class SamplingParams:
         return self.cfg > 1.0
 
 
-def apply_cfg(logits: torch.Tensor, cfg: float, cfg_off: torch.Tensor | None = None) -> torch.Tensor:
+def apply_cfg(logits: torch.Tensor, cfg: float, cfg_off: torch.Tensor | None = None,
+              fused: bool = False) -> torch.Tensor:
     """Rows are [cond (B), uncond (B)] -> uncond + cfg * (cond - uncond), (B, ..., V).
 
     With cfg <= 1 the batch is not doubled and logits are returned unchanged. cfg_off: (T,)
     or per image (B, T) bool over the positions of logits (2B, T, V); where True the
-    conditional logits are returned as they are (LlamaGen's `cfg_interval`).
+    conditional logits are returned as they are (LlamaGen's `cfg_interval`). fused: one
+    `lerp` kernel instead of three; it rounds differently, so only drafts use it (the target
+    mixes as LlamaGen does).
     """
     if cfg <= 1.0:
         return logits
     cond, uncond = logits.chunk(2, dim=0)
-    mixed = uncond + (cond - uncond) * cfg
+    mixed = torch.lerp(uncond, cond, cfg) if fused else uncond + (cond - uncond) * cfg
     if cfg_off is None:
         return mixed
     return torch.where(cfg_off[..., None], cond, mixed)
@@ -61,14 +64,17 @@ def cfg_off_mask(next_index: torch.Tensor, cfg_interval: int) -> torch.Tensor | 
     return next_index >= cfg_interval + 2
 
 
-def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Target/drafter distribution over the vocabulary (..., V) after temperature/top-k/top-p.
+def probabilities(logits: torch.Tensor, params: SamplingParams, log: bool = False) -> torch.Tensor:
+    """Target/drafter distribution over the vocabulary (..., V) after temperature/top-k/top-p;
+    with `log`, its log (one log_softmax: finite wherever the filters keep a token, -inf where
+    they drop one).
 
     Greedy decoding uses the plain softmax (argmax is unchanged by the filters).
     """
     logits = logits.float()
+    normalise = torch.log_softmax if log else torch.softmax
     if params.greedy:
-        return torch.softmax(logits, dim=-1)
+        return normalise(logits, dim=-1)
     if params.temperature != 1.0:  # x / 1 == x: no kernel for the common case
         logits = logits / max(params.temperature, 1e-5)
     if params.top_k > 0:
@@ -82,7 +88,7 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         drop_sorted = (cum - torch.softmax(sorted_logits, dim=-1)) > params.top_p
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
-    return torch.softmax(logits, dim=-1)
+    return normalise(logits, dim=-1)
 
 
 def sample(probs: torch.Tensor, rng: CounterRNG) -> torch.Tensor:

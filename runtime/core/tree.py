@@ -305,14 +305,17 @@ def tree_constants(n: int, max_depth: int, device: torch.device | str) -> TreeCo
 
 def buffers_from_parents(parent: torch.Tensor, rank: torch.Tensor, max_depth: int, max_children: int,
                          earlier_sibling: torch.Tensor | None = None,
-                         consts: TreeConstants | None = None) -> TreeBuffers:
+                         consts: TreeConstants | None = None, out: TreeBuffers | None = None) -> TreeBuffers:
     """Build every buffer from parent pointers with fixed-shape device ops (no host sync).
 
     parent: (N+1,) long with parent[0] == 0 and parent[i] < i; rank: (N+1,) rank among
     siblings (< max_children, distinct per parent). Both may carry a leading batch dim B
     (one tree per image; every buffer then has it too). Works on any device and under capture.
     earlier_sibling: the (..., N+1, N+1) buffer if the caller has it (built here otherwise);
-    consts: `tree_constants(N+1, max_depth)` if the caller keeps them.
+    consts: `tree_constants(N+1, max_depth)` if the caller keeps them. out: batched buffers of
+    the same shapes to write depth, ancestor mask, children and path table into (each op writes
+    its result there, no copies; EAGLE-2 refills its tree in place every iteration); parent,
+    rank and earlier_sibling are then taken to be out's own.
 
     The ancestor mask is the reachability of "self or parent" within max_depth steps, by
     repeated squaring (ceil(log2 max_depth) matrix products instead of max_depth walks up):
@@ -332,18 +335,25 @@ def buffers_from_parents(parent: torch.Tensor, rank: torch.Tensor, max_depth: in
     while span < max_depth:
         reach = torch.bmm(reach, reach).clamp(max=1.0)
         span *= 2
-    anc = reach > 0
-    depth = anc.sum(-1) - 1
+    into = {} if out is None else {name: getattr(out, name) for name in ("ancestor_mask", "depth", "path_table")}
+    anc = torch.gt(reach, 0, **({"out": into["ancestor_mask"]} if into else {}))
+    depth = torch.sub(anc.sum(-1), 1, **({"out": into["depth"]} if into else {}))
     # path_table[i, d] = the ancestor of i at depth d (each depth has one), i itself past depth(i)
     at_depth = (depth[..., None] == levels) * c.ar_float[:, None]  # (B, N+1, D+1): j at column depth(j)
     found = torch.bmm(reach, at_depth).long()  # reach is 0/1, as anc
-    path_table = torch.where(levels > depth[..., None], ar[:, None], found)
+    path_table = torch.where(levels > depth[..., None], ar[:, None], found,
+                             **({"out": into["path_table"]} if into else {}))
     # children[parent, rank] = node, for every node but the root
-    flat = torch.full((b, n * max_children), -1, dtype=torch.long, device=parent.device)
+    if out is None:
+        flat = torch.full((b, n * max_children), -1, dtype=torch.long, device=parent.device)
+    else:
+        flat = out.children.view(b, n * max_children).fill_(-1)
     flat.scatter_(1, parent[:, 1:] * max_children + rank[:, 1:], ar[1:].expand(b, n - 1))
     children = flat.view(b, n, max_children)
-    out = [parent, depth, rank, anc, children, path_table]
+    if out is not None:
+        return out
+    bufs = [parent, depth, rank, anc, children, path_table]
     if single:
-        out = [t[0] for t in out]
+        bufs = [t[0] for t in bufs]
         earlier_sibling = earlier_sibling[0] if earlier_sibling is not None else None
-    return TreeBuffers(*out, max_depth, max_children, earlier_sibling=earlier_sibling)
+    return TreeBuffers(*bufs, max_depth, max_children, earlier_sibling=earlier_sibling)

@@ -18,7 +18,7 @@ from torch import nn
 from runtime.models.configs import DrafterConfig
 from runtime.models.gpt import ROPE_EXTRA_ROWS
 from runtime.models.kv_cache import StaticKVCache
-from runtime.models.layers import RMSNorm, SwiGLU, attach_fused_linear, attend
+from runtime.models.layers import RMSNorm, SwiGLU, add_linear, attach_fused_linear, attend
 from runtime.models.rope import apply_rope, rope_table_1d, rope_table_2d, rotation_table
 
 
@@ -34,30 +34,33 @@ class DrafterAttention(nn.Module):
                                                         "v_proj": self.kv_heads * self.head_dim}, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(self.n_head * self.head_dim, h, bias=False)
 
-    def forward(self, x: torch.Tensor, freqs: torch.Tensor, **attn_kw) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, freqs: torch.Tensor, residual: torch.Tensor, **attn_kw) -> torch.Tensor:
+        """residual + attention(x): the residual add rides on the output projection's matmul."""
         b, t, _ = x.shape
         heads = self.n_head + self.kv_heads
         qk, v = self.qkv.whole(x).split([heads * self.head_dim, self.kv_heads * self.head_dim], dim=-1)
         q, k = apply_rope(qk.view(b, t, heads, self.head_dim), freqs).split([self.n_head, self.kv_heads], dim=2)
         v = v.view(b, t, self.kv_heads, self.head_dim)
         out = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **attn_kw)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+        return add_linear(residual, out.transpose(1, 2).reshape(b, t, -1), self.o_proj)
 
 
 class DrafterLayer(nn.Module):
     def __init__(self, cfg: DrafterConfig, index: int) -> None:
         super().__init__()
+        # the drafter's arithmetic is its own (no reference to match bit for bit), so it takes
+        # the fewer-kernel forms: fused norms, gate/up in one matmul, residual adds in the matmuls
         if index != 0:  # EAGLE drops the input norm of the first layer: fc output goes straight in
-            self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+            self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, fused=True)
         self.self_attn = DrafterAttention(cfg)
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size,
                           names=("gate_proj", "up_proj", "down_proj"), fused=True)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, fused=True)
 
     def forward(self, x: torch.Tensor, freqs: torch.Tensor, **attn_kw) -> torch.Tensor:
         h_in = self.input_layernorm(x) if hasattr(self, "input_layernorm") else x
-        h = x + self.self_attn(h_in, freqs, **attn_kw)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        h = self.self_attn(h_in, freqs, residual=x, **attn_kw)
+        return self.mlp(self.post_attention_layernorm(h), residual=h)
 
 
 class Drafter(nn.Module):

@@ -50,17 +50,39 @@ def use_attention_kernel(name: str) -> Iterator[None]:
 
 
 class RMSNorm(nn.Module):
-    """y = x * rsqrt(mean(x^2) + eps), computed in fp32, cast back, then scaled by `weight`."""
+    """y = x * rsqrt(mean(x^2) + eps), computed in fp32, cast back, then scaled by `weight`.
 
-    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+    `fused`: the same function in four kernels instead of six, as
+    sqrt(D) * x / hypot(||x||, sqrt(D * eps)) (one norm, one hypot, one addcdiv, then the
+    weight). It rounds differently, so only the drafter uses it; the target computes LlamaGen's
+    arithmetic bit for bit.
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-5, fused: bool = False) -> None:
         super().__init__()
-        self.eps = eps
+        self.eps, self.fused, self.scale = eps, fused, dim**0.5
         self.weight = nn.Parameter(torch.ones(dim))
+        if fused:  # fp32 constants, kept out of the state dict
+            self.register_buffer("_floor", torch.tensor((dim * eps) ** 0.5), persistent=False)
+            self.register_buffer("_zero", torch.zeros(()), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xf = x.float()
-        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.fused:
+            norm = torch.hypot(torch.linalg.vector_norm(xf, dim=-1, keepdim=True), self._floor)
+            normed = torch.addcdiv(self._zero, xf, norm, value=self.scale)
+        else:
+            normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return normed.type_as(x) * self.weight
+
+
+def add_linear(x: torch.Tensor, inp: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
+    """x + linear(inp) as one matmul that accumulates into x (addmm), for a bias-free
+    `linear`; x (..., out), inp (..., in). Rounds as a fused add does, so the drafter uses it
+    and the target keeps LlamaGen's separate add."""
+    lead = x.shape[:-1]
+    out = torch.addmm(x.reshape(-1, x.size(-1)), inp.reshape(-1, inp.size(-1)), linear.weight.t())
+    return out.view(*lead, x.size(-1))
 
 
 def prefix_mask(cond_mask: torch.Tensor, s: int) -> torch.Tensor:
@@ -187,10 +209,14 @@ class SwiGLU(nn.Module):
             setattr(self, up, nn.Linear(dim, hidden, bias=False))
         setattr(self, down, nn.Linear(hidden, dim, bias=False))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """The MLP of x; with `residual`, residual + MLP(x), the add riding on the down
+        projection's matmul (`add_linear`)."""
         gate_name, up_name, down_name = self.names
         if self.fused:
             gate, up = self.gate_up(x)
         else:
             gate, up = getattr(self, gate_name)(x), getattr(self, up_name)(x)
+        if residual is not None:
+            return add_linear(residual, F.silu(gate) * up, getattr(self, down_name))
         return getattr(self, down_name)(F.silu(gate) * up)
