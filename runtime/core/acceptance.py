@@ -99,11 +99,12 @@ def relaxed_target(r: torch.Tensor, x: torch.Tensor, relax: Relaxation) -> tuple
     return r_t, c
 
 
-def _parent_dists(p: torch.Tensor, tree: TreeBuffers) -> torch.Tensor:
-    """(B, N+1, V): the distribution each node's token is judged against (its parent's)."""
+def _parent_dists(p: torch.Tensor, tree: TreeBuffers, rows: torch.Tensor) -> torch.Tensor:
+    """(B, N+1, V): the distribution each node's token is judged against (its parent's);
+    rows: arange(B)."""
     if not tree.batched:
         return p[:, tree.parent]
-    return p[torch.arange(p.size(0), device=p.device)[:, None], tree.parent]
+    return p[rows[:, None], tree.parent]
 
 
 def _per_node(weights: torch.Tensor, x: torch.Tensor, tree: TreeBuffers) -> torch.Tensor:
@@ -154,18 +155,17 @@ def accept_greedy(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers,
     Guarantee (exact): the output equals AR greedy decoding token for token.
     """
     b, n1 = tokens.shape
-    par = _parent_dists(p, tree)  # (B, N+1, V)
     rows = torch.arange(b, device=p.device)
+    par = _parent_dists(p, tree, rows)  # (B, N+1, V)
     best_tok = par.argmax(-1)
     ok = tokens == best_tok
-    mass_used = torch.zeros_like(tokens, dtype=p.dtype)
     if relax.active:
         flat = par.reshape(b * n1, -1)
         x = tokens.reshape(-1)
         _, c = relaxed_target(flat, x, relax)
         px = flat.gather(1, x[:, None]).squeeze(1)
         relaxed_ok = (px + c >= flat.max(-1).values).view(b, n1)
-        mass_used = torch.where(ok, torch.zeros_like(mass_used), c.view(b, n1))
+        mass_used = c.view(b, n1).masked_fill(ok, 0.0)
         ok = ok | relaxed_ok
     ok[:, 0] = True
     w = _walk(ok.to(p.dtype), tree, rows, tree.walk_weights())

@@ -430,11 +430,13 @@ class DynamicTreePolicy(DrafterPolicy):
         spec, b = self.loop.spec, self.loop.batch
         k, d, n1 = spec.top_k_draft, spec.expansions + 1, spec.total_tokens
         zeros = lambda: torch.zeros(b, n1, dtype=torch.long, device=device)  # noqa: E731
+        square = lambda: torch.zeros(b, n1, n1, device=device)  # noqa: E731
+        walk = (square(), square(), torch.ones(b, n1, dtype=torch.long, device=device))
         return TreeBuffers(zeros(), zeros(), zeros(),
                            torch.eye(n1, dtype=torch.bool, device=device).expand(b, n1, n1).clone(),
                            torch.full((b, n1, k), -1, dtype=torch.long, device=device),
                            torch.zeros(b, n1, d + 1, dtype=torch.long, device=device), d, k,
-                           earlier_sibling=torch.zeros(b, n1, n1, dtype=torch.bool, device=device))
+                           earlier_sibling=walk[1], walk=walk)
 
     def draft_slots(self) -> int:
         # every level expands all top_k frontier nodes, whatever the tree keeps

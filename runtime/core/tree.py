@@ -151,6 +151,11 @@ class TreeBuffers:
     # Static trees only (None for dynamic ones): the layout of sibling stages over parents
     # sorted by child count, see `StageLayout`.
     stages: "StageLayout | None" = None
+    # Batched trees refilled in place every iteration (EAGLE-2): the acceptance walk's float
+    # buffers (ancestor mask, earlier_sibling, depth + 1), which `buffers_from_parents(out=)`
+    # fills as it builds the rest, so acceptance converts nothing. earlier_sibling is then
+    # this tuple's float buffer itself.
+    walk: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     def __post_init__(self) -> None:
         if not self.children_at:
@@ -167,6 +172,8 @@ class TreeBuffers:
         A shared tree's are built with it and kept (its buffers never change); a batched
         tree's buffers are refilled in place every iteration, so they are built on each call.
         """
+        if self.walk is not None:
+            return self.walk
         if self.batched:
             return self.ancestor_mask.float(), self.earlier_sibling.float(), self.depth + 1
         if getattr(self, "_walk", None) is None:
@@ -331,13 +338,18 @@ def buffers_from_parents(parent: torch.Tensor, rank: torch.Tensor, max_depth: in
     ar, levels = c.ar, c.levels
     # reach[i, j] = 1 if j is i or i's parent; squared until it spans max_depth steps
     reach = ((parent[..., None] == ar) | c.eye).float()
+    walk = out.walk if out is not None else None
     span = 1
     while span < max_depth:
-        reach = torch.bmm(reach, reach).clamp(max=1.0)
         span *= 2
+        last = walk is not None and span >= max_depth  # the float ancestor mask the walk reads
+        reach = torch.clamp(torch.bmm(reach, reach), max=1.0, **({"out": walk[0]} if last else {}))
+    if walk is not None and max_depth <= 1:
+        walk[0].copy_(reach)
     into = {} if out is None else {name: getattr(out, name) for name in ("ancestor_mask", "depth", "path_table")}
     anc = torch.gt(reach, 0, **({"out": into["ancestor_mask"]} if into else {}))
-    depth = torch.sub(anc.sum(-1), 1, **({"out": into["depth"]} if into else {}))
+    depth1 = anc.sum(-1) if walk is None else torch.sum(anc, -1, out=walk[2])
+    depth = torch.sub(depth1, 1, **({"out": into["depth"]} if into else {}))
     # path_table[i, d] = the ancestor of i at depth d (each depth has one), i itself past depth(i)
     at_depth = (depth[..., None] == levels) * c.ar_float[:, None]  # (B, N+1, D+1): j at column depth(j)
     found = torch.bmm(reach, at_depth).long()  # reach is 0/1, as anc

@@ -56,8 +56,8 @@ class StaticKVCache:
 
     def block_slots(self, block_len: int, offset: int = 0) -> torch.Tensor:
         """Slots of a block of `block_len` new tokens per row, (batch, block_len):
-        length + offset + arange(block_len)."""
-        return self.length[:, None] + offset + self.slot_ids[:block_len]
+        length + offset + arange(block_len), one add (the offset rides on the slice)."""
+        return self.length[:, None] + self.slot_ids[offset: offset + block_len]
 
     def mask_columns(self, width: int) -> torch.Tensor:
         """(batch, capacity) long: each slot's column in a [committed | block of `width` | beyond]
