@@ -214,18 +214,12 @@ class DrafterPolicy(DraftPolicy):
         """The drafts' distribution (its log with `log`) after drafter outputs `out` (rows, T, dim)."""
         return self.loop.dist(self.loop.target.logits(out), depth, draft=True, log=log)
 
-    def _root_level(self) -> None:
-        """Level 0: the drafter over the accepted block; the root's q (its children's proposal)."""
+    def _root_level(self) -> torch.Tensor:
+        """Level 0: the drafter over the accepted block and the root's q (its children's
+        proposal); returns the root's drafter output (rows, dim)."""
         root = self._level0()
-        self.draft_hidden[:, 0] = root
         self.loop.q[:, 0] = self._dist(root[:, None], 0)[:, 0]
-
-    def draft(self) -> None:
-        self._root_level()
-        self._draft_tree()
-
-    def _draft_tree(self) -> None:
-        raise NotImplementedError
+        return root
 
 
 class StaticTreePolicy(DrafterPolicy):
@@ -272,8 +266,7 @@ class StaticTreePolicy(DrafterPolicy):
         """Every level in one step; the drafter outputs of a level are its children's parent
         hidden states, kept in locals (the buffer serves the per-level segments of
         --dynamic-depth)."""
-        root = self._level0()
-        self.loop.q[:, 0] = self._dist(root[:, None], 0)[:, 0]
+        root = self._root_level()
         noise = None if self.loop.params.greedy else self._noise()
         ctx, prev = self._tree_context(), root[:, None]
         for d in range(1, self.tree.max_depth + 1):
@@ -323,12 +316,13 @@ class StaticTreePolicy(DrafterPolicy):
         rot, slots, mask = ctx if ctx is not None else self._tree_context()
         span = self.parent_range[d - 1]
         # parents' rows: absolute node ids in the buffer, ids relative to level d - 1 in prev
-        source, first = (self.draft_hidden, 0) if prev is None else (prev, 0 if d == 1 else self.levels[d - 2][0])
         if span is None:
-            hid = source[:, tree.parent[start:end] - first] if prev is None else prev[:, self.level_parent[d - 1]]
+            hid = self.draft_hidden[:, tree.parent[start:end]] if prev is None else prev[:, self.level_parent[d - 1]]
         else:  # parents a..b-1, each with the same number of children, in order
+            first = 0 if prev is None or d == 1 else self.levels[d - 2][0]
             a, b = span[0] - first, span[1] - first
-            hid = source[:, a:b, None].expand(-1, -1, (end - start) // (b - a), -1).flatten(1, 2)
+            hid = (self.draft_hidden if prev is None else prev)[:, a:b, None].expand(
+                -1, -1, (end - start) // (b - a), -1).flatten(1, 2)
         width = end - start
         out = loop.drafter.forward_block(loop.expand_rows(loop.tokens[:, start:end]), hid,
                                          rot[:, d - 1:d].expand(-1, width, *rot.shape[2:]),
@@ -384,7 +378,7 @@ class StaticTreePolicy(DrafterPolicy):
         return max(segments_run - 1, 1)
 
     def _first_level(self) -> None:
-        self._root_level()
+        self.draft_hidden[:, 0] = self._root_level()
         if self.noise is not None:
             self.noise.copy_(self._noise())
         self._pick_scored(1)

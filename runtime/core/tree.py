@@ -339,22 +339,25 @@ def buffers_from_parents(parent: torch.Tensor, rank: torch.Tensor, max_depth: in
     # reach[i, j] = 1 if j is i or i's parent; squared until it spans max_depth steps
     reach = ((parent[..., None] == ar) | c.eye).float()
     walk = out.walk if out is not None else None
+
+    def into(buffer: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        """`out=` for an op whose result goes to `buffer` (none without `out`)."""
+        return {} if buffer is None else {"out": buffer}
+
     span = 1
     while span < max_depth:
         span *= 2
         last = walk is not None and span >= max_depth  # the float ancestor mask the walk reads
-        reach = torch.clamp(torch.bmm(reach, reach), max=1.0, **({"out": walk[0]} if last else {}))
+        reach = torch.clamp(torch.bmm(reach, reach), max=1.0, **into(walk[0] if last else None))
     if walk is not None and max_depth <= 1:
         walk[0].copy_(reach)
-    into = {} if out is None else {name: getattr(out, name) for name in ("ancestor_mask", "depth", "path_table")}
-    anc = torch.gt(reach, 0, **({"out": into["ancestor_mask"]} if into else {}))
-    depth1 = anc.sum(-1) if walk is None else torch.sum(anc, -1, out=walk[2])
-    depth = torch.sub(depth1, 1, **({"out": into["depth"]} if into else {}))
+    anc = torch.gt(reach, 0, **into(out and out.ancestor_mask))
+    depth1 = torch.sum(anc, -1, **into(walk and walk[2]))
+    depth = torch.sub(depth1, 1, **into(out and out.depth))
     # path_table[i, d] = the ancestor of i at depth d (each depth has one), i itself past depth(i)
     at_depth = (depth[..., None] == levels) * c.ar_float[:, None]  # (B, N+1, D+1): j at column depth(j)
     found = torch.bmm(reach, at_depth).long()  # reach is 0/1, as anc
-    path_table = torch.where(levels > depth[..., None], ar[:, None], found,
-                             **({"out": into["path_table"]} if into else {}))
+    path_table = torch.where(levels > depth[..., None], ar[:, None], found, **into(out and out.path_table))
     # children[parent, rank] = node, for every node but the root
     if out is None:
         flat = torch.full((b, n * max_children), -1, dtype=torch.long, device=parent.device)
