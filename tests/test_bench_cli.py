@@ -3,27 +3,17 @@
 import json
 
 import pytest
-import torch
-
 from runtime.bench.schema import load_bench
-from runtime.models.configs import VQ_CONFIGS, DrafterConfig, gpt_config
+from runtime.models.configs import DrafterConfig
 from runtime.models.drafter import Drafter
-from runtime.models.gpt import Transformer
 from runtime.models.loading import save_drafter_folder
-from runtime.models.vq import VQModel
+from tests.tiny_models import save_tiny_official
 
 
 @pytest.fixture(scope="module")
 def tiny_official(tmp_path_factory):
     d = tmp_path_factory.mktemp("bench_ckpt")
-    torch.manual_seed(0)
-    cfg = gpt_config("GPT-tiny", image_size=64, vocab_size=16384)
-    gpt = Transformer(cfg)
-    gpt.init_weights()
-    torch.nn.init.normal_(gpt.output.weight, std=0.02)
-    torch.save({"model": gpt.state_dict()}, d / "gpt.pt")
-    torch.save({"model": VQModel(VQ_CONFIGS["VQ-16"]).state_dict()}, d / "vq.pt")
-    dcfg = DrafterConfig.for_target(cfg)
+    dcfg = DrafterConfig.for_target(save_tiny_official(d).config)
     save_drafter_folder(d / "drafter", dcfg, Drafter(dcfg))
     return d
 

@@ -93,18 +93,10 @@ def test_bench_profile_is_refused_with_a_shape(run_cli, tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def tiny_ckpts(tmp_path_factory) -> Path:
     """GPT-tiny (4x4 tokens at 64 px) and a VQ-16 in LlamaGen's layout: a bench in seconds."""
-    import torch
-
-    from runtime.models.configs import VQ_CONFIGS, gpt_config
-    from runtime.models.gpt import Transformer
-    from runtime.models.vq import VQModel
+    from tests.tiny_models import save_tiny_official
 
     d = tmp_path_factory.mktemp("tiny")
-    torch.manual_seed(0)
-    gpt = Transformer(gpt_config("GPT-tiny", image_size=64, vocab_size=16384))
-    gpt.init_weights()
-    torch.save({"model": gpt.state_dict()}, d / "c2i_tiny_64.pt")
-    torch.save({"model": VQModel(VQ_CONFIGS["VQ-16"]).state_dict()}, d / "vq_ds16_c2i.pt")
+    save_tiny_official(d, "c2i_tiny_64.pt", "vq_ds16_c2i.pt")
     return d
 
 

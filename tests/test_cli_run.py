@@ -7,21 +7,14 @@ import numpy as np
 import pytest
 import torch
 
-from runtime.models.configs import VQ_CONFIGS, gpt_config
-from runtime.models.gpt import Transformer
-from runtime.models.vq import VQModel
+from tests.tiny_models import save_tiny_official
 
 
 @pytest.fixture(scope="module")
 def official_ckpts(tmp_path_factory):
     """GPT-tiny (4x4 tokens at 64 px) and VQ-16, saved as LlamaGen saves them ({"model": sd})."""
     d = tmp_path_factory.mktemp("ckpt")
-    torch.manual_seed(0)
-    gpt = Transformer(gpt_config("GPT-tiny", image_size=64, vocab_size=16384))
-    gpt.init_weights()
-    torch.nn.init.normal_(gpt.output.weight, std=0.02)
-    torch.save({"model": gpt.state_dict(), "steps": 1}, d / "c2i_tiny.pt")
-    torch.save({"model": VQModel(VQ_CONFIGS["VQ-16"]).state_dict()}, d / "vq_ds16_c2i.pt")
+    save_tiny_official(d, "c2i_tiny.pt", "vq_ds16_c2i.pt", steps=1)
     return d
 
 

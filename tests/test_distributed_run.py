@@ -7,22 +7,14 @@ import sys
 
 import numpy as np
 import pytest
-import torch
 
-from runtime.models.configs import VQ_CONFIGS, gpt_config
-from runtime.models.gpt import Transformer
-from runtime.models.vq import VQModel
+from tests.tiny_models import save_tiny_official
 
 
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory):
     d = tmp_path_factory.mktemp("dist_ckpt")
-    torch.manual_seed(0)
-    gpt = Transformer(gpt_config("GPT-tiny", image_size=64, vocab_size=16384))
-    gpt.init_weights()
-    torch.nn.init.normal_(gpt.output.weight, std=0.02)
-    torch.save({"model": gpt.state_dict()}, d / "gpt.pt")
-    torch.save({"model": VQModel(VQ_CONFIGS["VQ-16"]).state_dict()}, d / "vq.pt")
+    save_tiny_official(d)
     return d
 
 

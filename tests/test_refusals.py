@@ -14,26 +14,20 @@ import pytest
 import torch
 
 from runtime.errors import UserError
-from runtime.models.configs import VQ_CONFIGS, gpt_config
+from runtime.models.configs import gpt_config
 from runtime.models.gpt import Transformer
-from runtime.models.vq import VQModel
+from tests.tiny_models import save_tiny_official
 
 
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory) -> Path:
     """GPT-tiny (4x4 tokens at 64 px) and VQ-16 in LlamaGen's layout, plus broken variants."""
     d = tmp_path_factory.mktemp("ckpt")
-    torch.manual_seed(0)
-    gpt = Transformer(gpt_config("GPT-tiny", image_size=64, vocab_size=16384))
-    gpt.init_weights()
-    torch.nn.init.normal_(gpt.output.weight, std=0.02)
-    state = gpt.state_dict()
-    torch.save({"model": state}, d / "c2i_tiny.pt")
+    state = save_tiny_official(d, "c2i_tiny.pt", "vq_ds16_c2i.pt").state_dict()
     nan = dict(state, **{"output.weight": state["output.weight"].clone().fill_(float("nan"))})
     torch.save({"model": nan}, d / "nan.pt")
     torch.save({"model": dict(state, **{"norm.weight": state["norm.weight"].to(torch.int32)})}, d / "int32.pt")
     torch.save({"model": dict(state, **{"norm.weight": state["norm.weight"] > 0})}, d / "bool.pt")
-    torch.save({"model": VQModel(VQ_CONFIGS["VQ-16"]).state_dict()}, d / "vq_ds16_c2i.pt")
     t2i = Transformer(gpt_config("GPT-tiny", model_type="t2i", image_size=64, vocab_size=16384))
     t2i.init_weights()
     torch.save({"model": t2i.state_dict()}, d / "t2i_tiny.pt")

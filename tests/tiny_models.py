@@ -8,9 +8,26 @@ from __future__ import annotations
 
 import torch
 
-from runtime.models.configs import DrafterConfig, gpt_config
+from pathlib import Path
+from typing import Any
+
+from runtime.models.configs import VQ_CONFIGS, DrafterConfig, gpt_config
 from runtime.models.drafter import Drafter
 from runtime.models.gpt import Transformer
+from runtime.models.vq import VQModel
+
+
+def save_tiny_official(folder: Path, gpt_name: str = "gpt.pt", vq_name: str = "vq.pt", **extra: Any) -> Transformer:
+    """GPT-tiny (4x4 tokens at 64 px, vocab 16384) and a VQ-16 saved as LlamaGen saves them
+    ({"model": state dict, **extra}) in `folder`; returns the GPT (seeded, so every caller gets
+    the same weights)."""
+    torch.manual_seed(0)
+    gpt = Transformer(gpt_config("GPT-tiny", image_size=64, vocab_size=16384))
+    gpt.init_weights()
+    torch.nn.init.normal_(gpt.output.weight, std=0.02)
+    torch.save({"model": gpt.state_dict(), **extra}, folder / gpt_name)
+    torch.save({"model": VQModel(VQ_CONFIGS["VQ-16"]).state_dict()}, folder / vq_name)
+    return gpt
 
 
 def tiny_pair(*, model_type: str = "c2i", vocab: int = 8, grid: int = 4, seed: int = 0,
