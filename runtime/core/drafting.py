@@ -457,9 +457,8 @@ class DynamicTreePolicy(DrafterPolicy):
             "fid_offset": torch.tensor([0] + [base for base in bases for _ in range(k)], device=dev),
             "node_of": torch.zeros(b, self.n_cand + 1, dtype=torch.long, device=dev),
             "arange_k": torch.arange(k, device=dev).expand(b, k),
-            # a frontier's ancestor mask over the draft slots is kept additive (0 / -inf), so the
-            # drafter's attention mask takes it as is
-            "eye_k": self.dcache.additive(torch.eye(k, dtype=torch.bool, device=dev)).expand(b, k, k),
+            # drafted node j sees itself only, as an additive block mask over the draft slots
+            "eye_all": self.dcache.additive(torch.eye(e * k, dtype=torch.bool, device=dev)),
             "arange_nodes": torch.arange(1, n1, device=dev).expand(b, n1 - 1), "earlier": earlier,
         }
         zero = torch.zeros((), device=dev)
@@ -472,11 +471,12 @@ class DynamicTreePolicy(DrafterPolicy):
         params = loop.params
         self._floor_logq = loop.constrain is not None or (
             not params.greedy and (params.top_k > 0 or params.top_p < 1.0))
-        # the frontier between segments (ddd); `anc` also serves within one
+        # the frontier between segments (ddd)
         self.fr = {"tok": torch.zeros(b, k, dtype=torch.long, device=dev), "score": torch.zeros(b, k, device=dev),
                    "ids": torch.zeros(b, k, dtype=torch.long, device=dev),
                    "hidden": torch.zeros(loop.rows, k, loop.drafter.config.hidden_size, device=dev, dtype=loop.dtype),
-                   "anc": torch.zeros(b, k, e * k, device=dev, dtype=self.dcache.k_all.dtype)}
+                   "mask": torch.zeros(loop.rows, 1, k, self.dcache.capacity, device=dev,
+                                       dtype=self.dcache.k_all.dtype)}
         self.alive = torch.ones(b, dtype=torch.bool, device=dev)  # ddd: still drafting
         # a tensor, so a captured step reads it at replay (runtime tune varies it in place)
         self.threshold = torch.full((), float(spec.ddd_threshold), device=dev)
@@ -517,23 +517,23 @@ class DynamicTreePolicy(DrafterPolicy):
         self._select()
 
     def _segment(self, first: int, last: int, start: bool = False
-                 ) -> tuple[tuple[list[torch.Tensor], ...], dict[str, torch.Tensor]]:
+                 ) -> tuple[tuple[list[torch.Tensor], ...], dict[str, torch.Tensor] | None]:
         """Expansions first+1..last, returning their candidate blocks (tokens, scores, frontier
-        ids) and the last frontier; `start` begins with the drafter's level 0 and the root's
+        ids) and the last frontier (None after the last expansion); `start` begins with the drafter's level 0 and the root's
         top-k. The frontier lives in locals within a segment and in `self.fr` between segments
         (ddd, `_run_segment`)."""
         k, checks = self.loop.spec.top_k_draft, self.loop.spec.ddd_checks
+        # RoPE rows, slots and "sees itself" masks of every drafted node, once (the drafter
+        # cache length does not move while the tree is drafted)
+        dc, e = self.dcache, self.loop.spec.expansions
+        root = self._level0() if start else None  # (rows, dim); advances the drafter cache
+        own = dc.additive_mask_from(dc.mask_columns(e * k), e * k, self._c["eye_all"])  # (rows, 1, E*k, cap)
+        ctx = (self.loop.drafter.rope_rows(dc.length[:, None] + self.level_offsets), dc.block_slots(e * k), own)
         if start:
-            fr, blocks = self._root()
+            fr, blocks = self._root(root, own)
         else:
             fr = dict(self.fr)
-            fr["anc"] = fr["anc"][:, :, : (first + 1) * k]
             blocks = ([], [], [])
-        # RoPE rows, slots and mask columns of every expansion, once (the drafter cache length
-        # does not move while the tree is drafted)
-        dc, k_slots = self.dcache, self.loop.spec.expansions * k
-        ctx = (self.loop.drafter.rope_rows(dc.length[:, None] + self.level_offsets), dc.block_slots(k_slots),
-               dc.mask_columns(k_slots))
         for level in range(first + 1, last + 1):
             fr, block = self._expand(level, fr, ctx)
             for dst, src in zip(blocks, block):
@@ -548,9 +548,8 @@ class DynamicTreePolicy(DrafterPolicy):
         blocks, fr = self._segment(first, last, start)
         self._store(first, blocks)
         if last < self.loop.spec.expansions:
-            for name in ("ids", "tok", "score", "hidden"):
+            for name in ("ids", "tok", "score", "hidden", "mask"):
                 self.fr[name].copy_(fr[name])
-            self.fr["anc"][:, :, : fr["anc"].size(-1)] = fr["anc"]
 
     def _store(self, first: int, blocks: tuple[list[torch.Tensor], ...]) -> None:
         """ddd: a segment's candidate blocks into the candidate buffers (its levels' slots)."""
@@ -567,11 +566,12 @@ class DynamicTreePolicy(DrafterPolicy):
         lq = self._dist(out, depth, log=True)
         return lq.clamp(min=_LOG_FLOOR) if self._floor_logq else lq
 
-    def _root(self) -> tuple[dict[str, torch.Tensor], tuple[list[torch.Tensor], ...]]:
-        """The drafter's level 0 and the root's top-k: the first frontier and the first
-        candidate block."""
+    def _root(self, root: torch.Tensor, own: torch.Tensor
+              ) -> tuple[dict[str, torch.Tensor], tuple[list[torch.Tensor], ...]]:
+        """The root's top-k after the drafter's level 0 (root: its output (rows, dim)): the
+        first frontier and the first candidate block. own: the drafted nodes' "sees itself"
+        masks (rows, 1, E*k, cap)."""
         loop, c, k = self.loop, self._c, self.loop.spec.top_k_draft
-        root = self._level0()  # (rows, dim)
         top = torch.topk(self._log_q(root[:, None], 0)[:, 0], k)  # (B, k)
         score = torch.minimum(top.values, c["root_below"])  # = child_scores(0, top.values): one op
         if loop.spec.ddd_checks:  # stale expansions of the last iteration must not be selected
@@ -579,24 +579,23 @@ class DynamicTreePolicy(DrafterPolicy):
             self.alive.fill_(True)
             self.drafted.fill_(1)
         fr = {"ids": c["arange_k"], "tok": top.indices, "score": score,
-              "hidden": root[:, None].expand(-1, k, -1), "anc": c["eye_k"]}
+              "hidden": root[:, None].expand(-1, k, -1), "mask": own[:, :, :k]}
         return fr, ([top.indices], [score], [c["no_parent"]])
 
     def _expand(self, level: int, fr: dict[str, torch.Tensor], ctx: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
-                ) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """One EAGLE-2 expansion: the frontier (its additive ancestor mask fr["anc"] (B, k, level*k) over
-        the draft slots so far) through the drafter, its k*k children scored; returns the best
-        k of them as the next frontier, and the children as a candidate block. ctx: the RoPE
-        rows (rows, E, ...) of every expansion, the slots (rows, E*k) of every drafted node and
-        the drafter cache's `mask_columns(E*k)`."""
-        loop, c, b, checks = self.loop, self._c, self.loop.batch, self.loop.spec.ddd_checks
+                ) -> tuple[dict[str, torch.Tensor] | None, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """One EAGLE-2 expansion: the frontier (its attention mask fr["mask"] (rows, 1, k, cap):
+        the committed slots, its ancestors' slots and its own) through the drafter, its k*k
+        children scored; returns the best k of them as the next frontier (None after the last
+        expansion, whose frontier nothing reads), and the children as a candidate block.
+        ctx: the RoPE rows (rows, E, ...) of every expansion, the slots (rows, E*k) of every
+        drafted node and their "sees itself" masks (rows, 1, E*k, cap)."""
+        loop, b, checks = self.loop, self.loop.batch, self.loop.spec.ddd_checks
         k = loop.spec.top_k_draft
-        anc = fr["anc"]
-        rot_all, slots_all, columns = ctx
-        mask = self.dcache.additive_mask_from(columns, slots_all.size(1), loop.expand_rows(anc))
+        rot_all, slots_all, own = ctx
         out = loop.drafter.forward_block(loop.expand_rows(fr["tok"]), fr["hidden"],
                                          rot_all[:, level - 1:level].expand(-1, k, *rot_all.shape[2:]),
-                                         slots_all[:, (level - 1) * k: level * k], mask, self.dcache)
+                                         slots_all[:, (level - 1) * k: level * k], fr["mask"], self.dcache)
         ch = torch.topk(self._log_q(out, level), k, dim=-1)  # (B, k, k)
         parent = fr["score"][..., None]
         scores = torch.minimum(parent + ch.values, _below_negative(parent)).reshape(b, -1)
@@ -606,12 +605,16 @@ class DynamicTreePolicy(DrafterPolicy):
         elif checks:
             self.drafted += 1
         ch_tok = ch.indices.reshape(b, -1)
+        if level == loop.spec.expansions:
+            return None, (ch_tok, scores, fr["ids"])
         best = torch.topk(scores, k)  # (B, k): the next frontier, local ids in this block
-        parent_local = best.indices // k
+        parent_rows = loop.expand_rows(best.indices // k)  # (rows, k): each one's parent in the frontier
+        mask = fr["mask"]
+        # a child sees what its parent saw, and itself
+        seen = mask.gather(2, parent_rows[:, None, :, None].expand(-1, 1, -1, mask.size(-1)))
         nxt = {"ids": best.indices, "tok": ch_tok.gather(1, best.indices), "score": best.values,
-               "hidden": out.gather(1, loop.expand_rows(parent_local)[..., None].expand(-1, -1, out.size(-1))),
-               "anc": torch.cat([anc.gather(1, parent_local[..., None].expand(-1, -1, anc.size(-1))), c["eye_k"]],
-                                dim=2)}
+               "hidden": out.gather(1, parent_rows[..., None].expand(-1, -1, out.size(-1))),
+               "mask": torch.maximum(seen, own[:, :, level * k: (level + 1) * k])}
         return nxt, (ch_tok, scores, fr["ids"])
 
     def _select(self, tok: torch.Tensor | None = None, score: torch.Tensor | None = None,
