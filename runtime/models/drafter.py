@@ -39,7 +39,7 @@ class DrafterAttention(nn.Module):
         b, t, _ = x.shape
         heads = self.n_head + self.kv_heads
         qk, v = self.qkv.whole(x).split([heads * self.head_dim, self.kv_heads * self.head_dim], dim=-1)
-        q, k = apply_rope(qk.view(b, t, heads, self.head_dim), freqs).split([self.n_head, self.kv_heads], dim=2)
+        q, k = apply_rope(qk.view(b, t, heads, self.head_dim), freqs, fused=True).split([self.n_head, self.kv_heads], dim=2)
         v = v.view(b, t, self.kv_heads, self.head_dim)
         out = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **attn_kw)
         return add_linear(residual, out.transpose(1, 2).reshape(b, t, -1), self.o_proj)

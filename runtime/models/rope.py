@@ -38,17 +38,22 @@ def rotation_table(table: torch.Tensor) -> torch.Tensor:
     return torch.stack([torch.stack([cos, cos], -1), torch.stack([-sin, sin], -1)], -2)
 
 
-def apply_rope(x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
+def apply_rope(x: torch.Tensor, rot: torch.Tensor, fused: bool = False) -> torch.Tensor:
     """Rotate interleaved pairs (x[2m], x[2m+1]) of `x` (B, S, H, D) by `rot` rows (S, D/2, 2, 2)
     of `rotation_table`, or per row by (B, S, D/2, 2, 2).
 
     x * (cos, cos) + swap(x) * (-sin, sin) is LlamaGen's (x0 cos - x1 sin, x1 cos + x0 sin)
     bit for bit (a + (-b) == a - b in IEEE arithmetic) in four kernels instead of seven.
-    Computed in fp32 and cast back to x's dtype, as LlamaGen does.
+    Computed in fp32 and cast back to x's dtype, as LlamaGen does. `fused` (the drafter):
+    the second product and the sum as one addcmul, three kernels; it may round differently
+    (a fused multiply-add), so the target keeps the four.
     """
     xs = x.float().reshape(*x.shape[:-1], -1, 2)
     f = rot[None, :, None] if rot.dim() == 4 else rot[:, :, None]
-    out = xs * f[..., 0, :] + xs.flip(-1) * f[..., 1, :]
+    if fused:
+        out = torch.addcmul(xs * f[..., 0, :], xs.flip(-1), f[..., 1, :])
+    else:
+        out = xs * f[..., 0, :] + xs.flip(-1) * f[..., 1, :]
     return out.flatten(3).type_as(x)
 
 
