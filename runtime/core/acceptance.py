@@ -208,7 +208,8 @@ def relaxed_mixture(r: torch.Tensor, q: torch.Tensor, relax: Relaxation,
 
 
 def accept_sampling(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers, rng: CounterRNG,
-                    q: torch.Tensor | None = None, relax: Relaxation = Relaxation()) -> Accepted:
+                    q: torch.Tensor | None = None, relax: Relaxation = Relaxation(),
+                    uniforms: torch.Tensor | None = None) -> Accepted:
     """Multi-draft recursive rejection sampling over the tree, every parent at once.
 
     The rule. At a node with target r its children are tried in rank order. Child x, drawn
@@ -263,8 +264,9 @@ def accept_sampling(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers, rn
     """
     b, n1 = tokens.shape
     v = p.size(-1)
-    # one draw per node (its acceptance test) and one noise row for the bonus
-    noise = rng.uniform(b, n1 + v)
+    # one draw per node (its acceptance test) and one noise row for the bonus; `uniforms`
+    # (B, N+1+V): these numbers, drawn already (with the drafts' noise, in the draft step)
+    noise = rng.uniform(b, n1 + v) if uniforms is None else uniforms
     u, expo = noise[:, :n1], exponential_from_uniform(noise[:, n1:])
     t, rows = tree.per_image(b), torch.arange(b, device=p.device)
     weights = tree.walk_weights()

@@ -410,7 +410,8 @@ class Decoder:
         elif self.params.greedy:
             acc = accept_greedy(tokens, p, tree, self.relax)
         else:
-            acc = accept_sampling(tokens, p, tree, self.rng, q=q, relax=self.relax)
+            acc = accept_sampling(tokens, p, tree, self.rng, q=q, relax=self.relax,
+                                  uniforms=self.policy.accept_uniforms())
         path, bonus = acc.path, acc.bonus  # (B, M), (B,)
         if path.size(1) < self.max_depth + 1:  # a prefix tree: pad as path_table does (repeat the last)
             path = torch.cat([path, path[:, -1:].expand(-1, self.max_depth + 1 - path.size(1))], 1)

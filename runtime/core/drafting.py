@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
+from runtime.core.rng import exponential_from_uniform
 from runtime.core.tree import (StaticTree, TreeBuffers, buffers_from_parents, load_tree, static_buffers,
                                tree_constants)
 
@@ -137,6 +138,11 @@ class DraftPolicy:
 
     def drafted_levels(self) -> torch.Tensor | None:
         """(B,) long tree levels drafted this iteration when it varies per image, else None."""
+        return None
+
+    def accept_uniforms(self) -> torch.Tensor | None:
+        """(B, N+1+V) uniforms the draft drew for the sampled acceptance of this iteration
+        (what `accept_sampling` would draw next), or None: acceptance draws its own."""
         return None
 
 
@@ -285,9 +291,20 @@ class StaticTreePolicy(DrafterPolicy):
 
     def _noise(self) -> torch.Tensor:
         """Sampled drafts: the exponential noise of every level in one draw (rows = nodes with
-        children-to-be, i.e. all nodes above the deepest level), one RNG call per step."""
-        loop = self.loop
-        return loop.rng.exponential(loop.batch, self.levels[-1][0], loop.vocab)
+        children-to-be, i.e. all nodes above the deepest level), one RNG call per step.
+
+        Drafted in one step (no --dynamic-depth), the same draw also takes the acceptance's
+        uniforms (`accept_uniforms`): the stream's counter runs on from the drafts' numbers
+        to the acceptance's, so one draw of both lengths gives each the numbers it would
+        draw alone, in one RNG call per iteration instead of two."""
+        loop, parents = self.loop, self.levels[-1][0]
+        if self.draws is None:
+            return loop.rng.exponential(loop.batch, parents, loop.vocab)
+        loop.rng.uniform(*self.draws.shape, out=self.draws)
+        return exponential_from_uniform(self.draws[:, : parents * loop.vocab].view(loop.batch, parents, loop.vocab))
+
+    def accept_uniforms(self) -> torch.Tensor | None:
+        return None if self.draws is None else self.draws[:, self.levels[-1][0] * self.loop.vocab:]
 
     def _pick(self, d: int, noise: torch.Tensor | None) -> None:
         """Level d's tokens: each parent's top-k (greedy) or k samples without replacement."""
@@ -335,6 +352,11 @@ class StaticTreePolicy(DrafterPolicy):
     def allocate(self, committed: int) -> None:
         super().allocate(committed)
         self.tree_mask = self.dcache.additive(self.tree_seen)
+        loop = self.loop
+        # sampled drafts in one step: the drafts' and the acceptance's uniforms (`_noise`)
+        one_step = loop.spec.dynamic_depth is None and loop.group is None and not loop.params.greedy
+        self.draws = torch.zeros(loop.batch, self.levels[-1][0] * loop.vocab + self.tree.size + loop.vocab,
+                                 device=loop.device) if one_step else None
         if self.loop.spec.dynamic_depth is None:
             return
         loop = self.loop  # --dynamic-depth state

@@ -85,9 +85,10 @@ class CounterRNG:
         self.key.index_copy_(0, streams, splitmix64(seeds))
         self.counter.index_fill_(0, streams, 0)
 
-    def uniform(self, *shape: int, streams: torch.Tensor | None = None) -> torch.Tensor:
+    def uniform(self, *shape: int, streams: torch.Tensor | None = None, out: torch.Tensor | None = None
+                ) -> torch.Tensor:
         """Uniforms of `shape`; with `streams` (long ids), from those streams only (leading dim
-        = len(streams))."""
+        = len(streams)). out: a contiguous float32 tensor of `shape` to write them into."""
         n = 1
         for s in shape:
             n *= s
@@ -102,7 +103,7 @@ class CounterRNG:
             self.counter.add_(per)
         else:
             self.counter.index_add_(0, streams, torch.full_like(streams, per))
-        return _to_uniform(bits, self._half).view(shape)
+        return _to_uniform(bits, self._half, None if out is None else out.view(bits.shape)).view(shape)
 
     def gumbel(self, *shape: int, streams: torch.Tensor | None = None) -> torch.Tensor:
         return gumbel_from_uniform(self.uniform(*shape, streams=streams))
@@ -128,11 +129,13 @@ class CounterRNG:
         return _to_uniform(splitmix64(stream_key ^ index), self._half)
 
 
-def _to_uniform(bits: torch.Tensor, half: torch.Tensor) -> torch.Tensor:
+def _to_uniform(bits: torch.Tensor, half: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """(k + 0.5) / 2^23 for k the top 23 bits, float32: one add that scales k on the way
     (every step exact in float32, so this equals converting, adding and scaling apart).
-    half: the 0-d float32 0.5 / 2^23."""
-    return torch.add(half, _shr(bits, 41), alpha=1.0 / (1 << 23))
+    half: the 0-d float32 0.5 / 2^23; out: where to write them (bits' shape)."""
+    if out is None:
+        return torch.add(half, _shr(bits, 41), alpha=1.0 / (1 << 23))
+    return torch.add(half, _shr(bits, 41), alpha=1.0 / (1 << 23), out=out)
 
 
 def exponential_from_uniform(u: torch.Tensor) -> torch.Tensor:
