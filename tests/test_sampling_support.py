@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from runtime.core.acceptance import accept_sampling
-from runtime.core.rng import CounterRNG, _MASK64, _MUL1, _MUL2, _GOLDEN, splitmix64
+from runtime.core.rng import CounterRNG, _MASK64, _MUL1, _MUL2, _GOLDEN, _to_uniform, splitmix64
 from runtime.core.sampling import sample, sample_without_replacement
 from runtime.core.tree import load_tree, static_buffers
 
@@ -41,6 +41,18 @@ def _counter_for_max_bits(rng: CounterRNG) -> int:
 def test_splitmix_inverse_is_exact():
     for v in (0, 1, 12345, (1 << 63) + 7):
         assert int(splitmix64(torch.tensor(_signed(_splitmix64_inverse(v))))) & _MASK64 == v
+
+
+def test_uniforms_skip_the_final_mix_without_changing_a_number():
+    """`uniform` reads only splitmix64's top 23 bits, which its last xor-shift leaves alone."""
+    rng = CounterRNG("cpu", seed=11)
+    rng.counter.fill_(-(1 << 40))
+    ids = rng.counter[:, None] + torch.arange(1 << 17)
+    want = _to_uniform(splitmix64(rng.key[:, None] ^ ids), rng._half)
+    assert torch.equal(rng.uniform(1 << 17), want[0])
+    out = torch.empty(1, 1000)
+    assert torch.equal(rng.uniform(1, 1000, out=out), out)
+    assert int(rng.counter) == -(1 << 40) + (1 << 17) + 1000
 
 
 def test_largest_uniform_is_below_one_and_its_gumbel_finite():
