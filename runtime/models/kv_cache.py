@@ -11,8 +11,8 @@ just verified) sit after `length` and are invisible to later blocks until compac
 Keys (and values) of all layers live in one buffer (n_layer, batch, kv_heads, capacity,
 head_dim); each layer writes its own view with `index_put_`, which a compiler
 (torch.compile) updates in place (measured: no copy of the buffer per write). One buffer
-makes the commit two index ops per cache whatever the depth of the model, instead of two
-per layer.
+(keys and values together, `kv_all`) makes the commit two index ops per cache whatever the
+depth of the model, instead of two per layer and tensor.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ import torch
 class StaticKVCache:
     """Keys and values for `n_layer` layers.
 
-    k_all, v_all: (n_layer, batch, kv_heads, capacity, head_dim), model dtype.
+    kv_all: (2, n_layer, batch, kv_heads, capacity, head_dim), model dtype: keys, then values.
+    k_all, v_all: its views kv_all[0], kv_all[1].
     k, v: lists of the n_layer views k_all[i], v_all[i] (batch, kv_heads, capacity, head_dim).
     length: (batch,) int64 on the device; committed slots of each row (rows of a batch of
         images grow independently: each image accepts its own number of tokens).
@@ -34,8 +35,9 @@ class StaticKVCache:
     def __init__(self, n_layer: int, batch: int, kv_heads: int, head_dim: int, capacity: int,
                  device: torch.device | str, dtype: torch.dtype) -> None:
         shape = (batch, kv_heads, capacity, head_dim)
-        self.k_all = torch.zeros((n_layer, *shape), device=device, dtype=dtype)
-        self.v_all = torch.zeros((n_layer, *shape), device=device, dtype=dtype)
+        # keys and values in one buffer, so the commit moves both with one index op
+        self.kv_all = torch.zeros((2, n_layer, *shape), device=device, dtype=dtype)
+        self.k_all, self.v_all = self.kv_all[0], self.kv_all[1]
         self.k = [self.k_all[i] for i in range(n_layer)]
         self.v = [self.v_all[i] for i in range(n_layer)]
         self.length = torch.zeros(batch, device=device, dtype=torch.long)
@@ -117,8 +119,7 @@ class StaticKVCache:
         """
         src = self.length[:, None] + path
         dst = self.length[:, None] + self.slot_ids[: path.size(1)]
-        for buf in (self.k_all, self.v_all):
-            buf[:, self.row_ids, :, dst] = buf[:, self.row_ids, :, src]  # gathered before the write
+        self.kv_all[:, :, self.row_ids, :, dst] = self.kv_all[:, :, self.row_ids, :, src]  # gathered before the write
         self.length.add_(count)
 
     def reset_rows(self, rows: torch.Tensor) -> None:
