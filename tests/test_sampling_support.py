@@ -138,3 +138,15 @@ def test_relaxed_rules_never_return_a_token_of_target_probability_zero():
             ok = greedy.count > d
             px = p[torch.arange(b), tree.parent[node]].gather(1, tokens[torch.arange(b), node][:, None]).squeeze(1)
             assert (px[ok] > 0).all()
+
+
+def test_race_picks_what_argmax_of_p_over_exponential_picks():
+    """race = argmin(p / log u) is argmax(p / E) bit for bit, zeros, ties and u near 1 included."""
+    g = torch.Generator().manual_seed(5)
+    p = torch.rand(4096, 64, generator=g)
+    p[p < 0.3] = 0.0
+    p[:, 7] = p[:, 3]  # exact ties
+    u = torch.rand(4096, 64, generator=g).clamp(1e-7, 1 - 2**-24)
+    u[:, :4] = 1 - 2**-24
+    from runtime.core.rng import exponential_from_uniform, race
+    assert torch.equal(race(p, u), torch.argmax(p / exponential_from_uniform(u), dim=-1))

@@ -36,7 +36,7 @@ import torch
 
 import torch.nn.functional as F
 
-from runtime.core.rng import CounterRNG, exponential_from_uniform
+from runtime.core.rng import CounterRNG, race
 from runtime.core.tree import TreeBuffers
 
 _EPS = 1e-12
@@ -267,7 +267,7 @@ def accept_sampling(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers, rn
     # one draw per node (its acceptance test) and one noise row for the bonus; `uniforms`
     # (B, N+1+V): these numbers, drawn already (with the drafts' noise, in the draft step)
     noise = rng.uniform(b, n1 + v) if uniforms is None else uniforms
-    u, expo = noise[:, :n1], exponential_from_uniform(noise[:, n1:])
+    u, bonus_u = noise[:, :n1], noise[:, n1:]
     t, rows = tree.per_image(b), torch.arange(b, device=p.device)
     weights = tree.walk_weights()
     if q is None:
@@ -304,7 +304,7 @@ def accept_sampling(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers, rn
     else:
         r = bonus_rows(best, rows)
     r = torch.where(r.sum(-1, keepdim=True) > 0, r, p_best)
-    bonus = torch.argmax(r / expo, dim=-1)  # exponential race (see sampling.sample)
+    bonus = race(r, bonus_u)
     relax_mass = (shift * w.on_path).sum(-1) if relax.active else torch.zeros_like(bonus, dtype=p.dtype)
     return Accepted(path, count, bonus, relax_mass)
 
@@ -511,7 +511,7 @@ def accept_grouped(tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor, tree:
     b, n1 = tokens.shape
     v = p.size(-1)
     noise = rng.uniform(b, n1 + v)
-    u, expo = noise[:, :n1], exponential_from_uniform(noise[:, n1:])
+    u, bonus_u = noise[:, :n1], noise[:, n1:]
     flat_p, flat_q = p.reshape(b * n1, v), q.reshape(b * n1, v)
     child = tree.children[:, 0]  # (N+1,) -1 at the leaf
     x = tokens[:, child.clamp(min=0)].reshape(b * n1, 1)
@@ -527,7 +527,7 @@ def accept_grouped(tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor, tree:
     p_best = p[rows, best]
     res = (p_best - q[rows, best]).clamp(min=0.0) * (child[best] >= 0)[:, None]
     r = torch.where(res.sum(-1, keepdim=True) > 0, res, p_best)
-    bonus = torch.argmax(r / expo, dim=-1)  # exponential race (see sampling.sample)
+    bonus = race(r, bonus_u)
     bound_node = bound_par[:, tree.parent] * (tree.depth > 0)[None]
     mass = (bound_node * w.on_path).sum(-1) + bound_par[rows, best]
     return Accepted(path, count, bonus, mass)

@@ -282,7 +282,7 @@ class Decoder:
         `streams`: the images of a subset's rows)."""
         if self.params.greedy:
             return probs.argmax(-1)
-        return torch.argmax(probs / self.rng.exponential(*probs.shape, streams=streams), dim=-1)  # see `sample`
+        return self.rng.race(probs, streams=streams)  # see `sample`
 
     def expand_rows(self, t: torch.Tensor) -> torch.Tensor:
         """Per-image (B, ...) -> per model row (rows, ...): the cond and uncond rows share it."""

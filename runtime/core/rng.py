@@ -111,6 +111,10 @@ class CounterRNG:
     def gumbel(self, *shape: int, streams: torch.Tensor | None = None) -> torch.Tensor:
         return gumbel_from_uniform(self.uniform(*shape, streams=streams))
 
+    def race(self, weights: torch.Tensor, streams: torch.Tensor | None = None) -> torch.Tensor:
+        """One sample per row of weights (..., V) by `race`, from uniforms of its shape."""
+        return race(weights, self.uniform(*weights.shape, streams=streams))
+
     def exponential(self, *shape: int, streams: torch.Tensor | None = None) -> torch.Tensor:
         """Standard exponential noise E = -log(u), positive and finite: top-k of p / E is
         Gumbel-top-k of p (k draws without replacement), -log(E) being Gumbel noise."""
@@ -146,6 +150,15 @@ def exponential_from_uniform(u: torch.Tensor) -> torch.Tensor:
     float32 so that a device whose log rounds log(1 - 2^-24) to 0 still yields a positive
     number (and finite Gumbel noise below)."""
     return (-torch.log(u)).clamp(min=1.1754944e-38)
+
+
+def race(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The exponential race argmax(w / E), E = exponential_from_uniform(u), over the last dim:
+    a sample of index i with probability w_i / sum(w) (w >= 0, not all 0). Computed as
+    argmin(w / -E) with -E = log(u) capped below 0: bit for bit the negated scores (IEEE
+    negation and division are sign-symmetric), so the same index, in four kernels instead
+    of five."""
+    return torch.argmin(weights / torch.log(u).clamp(max=-1.1754944e-38), dim=-1)
 
 
 def gumbel_from_uniform(u: torch.Tensor) -> torch.Tensor:

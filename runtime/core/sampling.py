@@ -96,7 +96,7 @@ def sample(probs: torch.Tensor, rng: CounterRNG) -> torch.Tensor:
 
     The exponential race argmax(p / E) (= Gumbel-max argmax(log p - log E)): a token of
     probability 0 scores 0 and any positive one scores above it, E being positive and finite."""
-    return torch.argmax(probs / rng.exponential(*probs.shape), dim=-1)
+    return rng.race(probs)
 
 
 def sample_without_replacement(probs: torch.Tensor, k: int, rng: CounterRNG) -> torch.Tensor:
