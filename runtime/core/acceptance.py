@@ -279,10 +279,10 @@ def accept_sampling(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers, rn
         a, shift, bonus_rows = _sampled_stages(tokens, p, q, tree, relax)
     elif relax.active:
         k = tree.max_children
-        child = torch.where(t.children >= 0, t.children, n1)  # (B, N+1, K)
+        child = torch.remainder(t.children, n1 + 1)  # (B, N+1, K): a missing child (-1) -> n1
         xs = tokens_pad.gather(1, child.reshape(b, -1)).view(b, n1, k)
         a_pk, shift_pk, bonus_rows = _deterministic_stages(xs, p, relax)
-        slot = t.parent * k + t.rank
+        slot = torch.add(t.rank, t.parent, alpha=k)  # parent * k + rank
         a, shift = a_pk.reshape(b, -1).gather(1, slot), shift_pk.reshape(b, -1).gather(1, slot)
     else:  # exact deterministic drafts: closed form
         px = p.reshape(b, -1).gather(1, t.parent * v + tokens)  # (B, N+1) r(x) at the parent
@@ -335,11 +335,15 @@ def _deterministic_stages(xs: torch.Tensor, p: torch.Tensor, relax: Relaxation
     b, n_par, k = xs.shape
     v = p.size(-1)
     p_pad = F.pad(p, (0, 1))  # token V (no child) has mass 0
+    near = relax.padded[xs]  # (B, P, K, kn)
     # siblings first, then each sibling's neighbour list in rank order
-    flat = torch.cat([xs, relax.padded[xs].flatten(-2)], -1)  # (B, P, K + K * kn)
+    flat = torch.cat([xs, near.flatten(-2)], -1)  # (B, P, K + K * kn)
     ranked, order = flat.sort(dim=-1, stable=True)  # equal tokens keep flat order: the first wins
-    repeat = F.pad(ranked[..., 1:] == ranked[..., :-1], (1, 0))
-    mass = p_pad.gather(-1, flat).masked_fill(torch.zeros_like(repeat).scatter_(-1, order, repeat), 0.0)
+    # masses in sorted order, a repeat's zeroed, then put back in flat order (order is a
+    # permutation, so the scatter overwrites every entry)
+    sorted_mass = p_pad.gather(-1, ranked)
+    sorted_mass[..., 1:].masked_fill_(ranked[..., 1:] == ranked[..., :-1], 0.0)
+    mass = sorted_mass.scatter(-1, order, sorted_mass)
     px, nbm = mass[..., :k], mass[..., k:].view(b, n_par, k, -1)
     if relax.kind == "delta":
         nbm = nbm * (px > 0)[..., None]  # a draft of probability 0 gets no budget
@@ -352,7 +356,7 @@ def _deterministic_stages(xs: torch.Tensor, p: torch.Tensor, relax: Relaxation
     z = (1.0 - (taken.cumsum(-1) - taken)).clamp(min=_EPS)  # mass before each stage
     accept = (taken / z).clamp(max=1.0)
     # after every stage rejected: the drafts and the moved neighbours are gone from p
-    gone = torch.cat([xs, torch.where(moved > 0, relax.padded[xs], v).flatten(-2)], -1)
+    gone = torch.cat([xs, torch.where(moved > 0, near, v).flatten(-2)], -1)
     rest = p_pad.scatter(-1, gone, 0.0)
     return accept, c / z, lambda best, rows: rest[rows, best, :v]
 
