@@ -474,11 +474,9 @@ class DynamicTreePolicy(DrafterPolicy):
         self._tree_consts = tree_constants(n1, self.tree.max_depth, dev)
         self._c = {
             "neg_inf": torch.full((), float("-inf"), device=dev),
-            "zero_long": torch.zeros(b, 1, dtype=torch.long, device=dev),
-            "no_parent": torch.full((b, 1), self.n_cand, dtype=torch.long, device=dev),
+            "stopped": torch.full((), _STOPPED, device=dev),
             "fid_offset": torch.tensor([0] + [base for base in bases for _ in range(k)], device=dev),
             "node_of": torch.zeros(b, self.n_cand + 1, dtype=torch.long, device=dev),
-            "arange_k": torch.arange(k, device=dev).expand(b, k),
             # drafted node j sees itself only, as an additive block mask over the draft slots
             "eye_all": self.dcache.additive(torch.eye(e * k, dtype=torch.bool, device=dev)),
             "arange_nodes": torch.arange(1, n1, device=dev).expand(b, n1 - 1), "earlier": earlier,
@@ -488,14 +486,18 @@ class DynamicTreePolicy(DrafterPolicy):
         # candidates (root's top-k, then k*k per expansion) and the frontier between segments
         self.cand_tok = torch.zeros(b, self.n_cand, dtype=torch.long, device=dev)
         self.cand_score = torch.zeros(b, self.n_cand, device=dev)
+        # frontier ids: column 0 the root's children (their parent, id n_cand, is the root),
+        # then expansion 1's frontier (the root's top-k: 0..k-1, fixed), then each expansion's
+        # best k, written by its top-k
         self.cand_fid = torch.full((b, 1 + e * k), self.n_cand, dtype=torch.long, device=dev)
+        self.cand_fid[:, 1: 1 + k] = torch.arange(k, device=dev)
+        self.fr_score = torch.zeros(b, max(e - 1, 1), k, device=dev)  # each frontier's scores
         # EAGLE-2 scores are log q: filters or a layout rule give -inf, floored to stay finite
         params = loop.params
         self._floor_logq = loop.constrain is not None or (
             not params.greedy and (params.top_k > 0 or params.top_p < 1.0))
         # the frontier between segments (ddd)
         self.fr = {"tok": torch.zeros(b, k, dtype=torch.long, device=dev), "score": torch.zeros(b, k, device=dev),
-                   "ids": torch.zeros(b, k, dtype=torch.long, device=dev),
                    "hidden": torch.zeros(loop.rows, k, loop.drafter.config.hidden_size, device=dev, dtype=loop.dtype),
                    "mask": torch.zeros(loop.rows, 1, k, self.dcache.capacity, device=dev,
                                        dtype=self.dcache.k_all.dtype)}
@@ -530,20 +532,19 @@ class DynamicTreePolicy(DrafterPolicy):
         return self.drafted if self.loop.spec.ddd_checks else None
 
     def draft(self) -> None:
-        if len(self._spans) == 1:  # EAGLE-2 in one step: every expansion, then the selection, in locals
-            blocks, _ = self._segment(0, self.loop.spec.expansions, start=True)
-            self._select(*(torch.cat(b, 1) for b in blocks))
-            return
-        for seg in self.segments():
-            seg()
+        if len(self._spans) == 1:  # EAGLE-2 in one step: every expansion, then the selection
+            self._segment(0, self.loop.spec.expansions, start=True)
+        else:
+            for seg in self.segments():
+                seg()
         self._select()
 
-    def _segment(self, first: int, last: int, start: bool = False
-                 ) -> tuple[tuple[list[torch.Tensor], ...], dict[str, torch.Tensor] | None]:
-        """Expansions first+1..last, returning their candidate blocks (tokens, scores, frontier
-        ids) and the last frontier (None after the last expansion); `start` begins with the drafter's level 0 and the root's
-        top-k. The frontier lives in locals within a segment and in `self.fr` between segments
-        (ddd, `_run_segment`)."""
+    def _segment(self, first: int, last: int, start: bool = False) -> dict[str, torch.Tensor] | None:
+        """Expansions first+1..last, their candidate blocks (tokens, scores, frontier ids)
+        written into the candidate buffers by the ops that make them; returns the last frontier
+        (None after the last expansion). `start` begins with the drafter's level 0 and the
+        root's top-k. The frontier lives in locals within a segment and in `self.fr` between
+        segments (ddd, `_run_segment`)."""
         k, checks = self.loop.spec.top_k_draft, self.loop.spec.ddd_checks
         # RoPE rows, slots and "sees itself" masks of every drafted node, once (the drafter
         # cache length does not move while the tree is drafted)
@@ -551,36 +552,28 @@ class DynamicTreePolicy(DrafterPolicy):
         root = self._level0() if start else None  # (rows, dim); advances the drafter cache
         own = dc.additive_mask_from(dc.mask_columns(e * k), e * k, self._c["eye_all"])  # (rows, 1, E*k, cap)
         ctx = (self.loop.drafter.rope_rows(dc.length[:, None] + self.level_offsets), dc.block_slots(e * k), own)
-        if start:
-            fr, blocks = self._root(root, own)
-        else:
-            fr = dict(self.fr)
-            blocks = ([], [], [])
+        fr = self._root(root, own) if root is not None else dict(self.fr)
         for level in range(first + 1, last + 1):
-            fr, block = self._expand(level, fr, ctx)
-            for dst, src in zip(blocks, block):
-                dst.append(src)
+            fr = self._expand(level, fr, ctx)
         if last in checks:  # DDD's heuristic: log of the beam's summed path probability
             self.alive &= torch.logsumexp(fr["score"], dim=-1) >= self.threshold
-        return blocks, fr
+        return fr
 
     def _run_segment(self, first: int, last: int, start: bool = False) -> None:
-        """ddd: one segment, its candidate blocks stored, then its frontier kept for the next
-        (in that order: a block may be a view of the stored frontier it expanded)."""
-        blocks, fr = self._segment(first, last, start)
-        self._store(first, blocks)
-        if last < self.loop.spec.expansions:
-            for name in ("ids", "tok", "score", "hidden", "mask"):
+        """ddd: one segment, then its frontier kept for the next."""
+        fr = self._segment(first, last, start)
+        if fr is not None:
+            for name in ("tok", "score", "hidden", "mask"):
                 self.fr[name].copy_(fr[name])
 
-    def _store(self, first: int, blocks: tuple[list[torch.Tensor], ...]) -> None:
-        """ddd: a segment's candidate blocks into the candidate buffers (its levels' slots)."""
+    def _block(self, level: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views of expansion `level`'s candidate block (B, k, k) in `cand_tok`, `cand_score`
+        (level 0: the root's top-k, (B, k))."""
         k = self.loop.spec.top_k_draft
-        at = 0 if first == 0 else k + first * k * k  # the root block, or level first + 1
-        fid_at = 0 if first == 0 else 1 + first * k
-        for dst, src, i in zip((self.cand_tok, self.cand_score, self.cand_fid), blocks, (at, at, fid_at)):
-            part = torch.cat(src, 1)
-            dst[:, i: i + part.size(1)] = part
+        if level == 0:
+            return self.cand_tok[:, :k], self.cand_score[:, :k]
+        at = k + (level - 1) * k * k
+        return tuple(buf[:, at: at + k * k].view(-1, k, k) for buf in (self.cand_tok, self.cand_score))
 
     def _log_q(self, out: torch.Tensor, depth: int) -> torch.Tensor:
         """log q (B, T, V) after drafter outputs out (rows, T, dim): one log_softmax, floored
@@ -588,64 +581,63 @@ class DynamicTreePolicy(DrafterPolicy):
         lq = self._dist(out, depth, log=True)
         return lq.clamp(min=_LOG_FLOOR) if self._floor_logq else lq
 
-    def _root(self, root: torch.Tensor, own: torch.Tensor
-              ) -> tuple[dict[str, torch.Tensor], tuple[list[torch.Tensor], ...]]:
-        """The root's top-k after the drafter's level 0 (root: its output (rows, dim)): the
-        first frontier and the first candidate block. own: the drafted nodes' "sees itself"
-        masks (rows, 1, E*k, cap)."""
+    def _root(self, root: torch.Tensor, own: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The root's top-k after the drafter's level 0 (root: its output (rows, dim)), written
+        as the first candidate block; returns the first frontier. own: the drafted nodes'
+        "sees itself" masks (rows, 1, E*k, cap)."""
         loop, c, k = self.loop, self._c, self.loop.spec.top_k_draft
-        top = torch.topk(self._log_q(root[:, None], 0)[:, 0], k)  # (B, k)
-        score = torch.minimum(top.values, c["root_below"])  # = child_scores(0, top.values): one op
         if loop.spec.ddd_checks:  # stale expansions of the last iteration must not be selected
             self.cand_score[:, k:] = float("-inf")
             self.alive.fill_(True)
             self.drafted.fill_(1)
-        fr = {"ids": c["arange_k"], "tok": top.indices, "score": score,
-              "hidden": root[:, None].expand(-1, k, -1), "mask": own[:, :, :k]}
-        return fr, ([top.indices], [score], [c["no_parent"]])
+        tok, score = self._block(0)
+        torch.topk(self._log_q(root[:, None], 0)[:, 0], k, out=(score, tok))  # (B, k)
+        torch.minimum(score, c["root_below"], out=score)  # = child_scores(0, top.values): one op
+        return {"tok": tok, "score": score,
+                "hidden": root[:, None].expand(-1, k, -1), "mask": own[:, :, :k]}
 
     def _expand(self, level: int, fr: dict[str, torch.Tensor], ctx: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
-                ) -> tuple[dict[str, torch.Tensor] | None, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+                ) -> dict[str, torch.Tensor] | None:
         """One EAGLE-2 expansion: the frontier (its attention mask fr["mask"] (rows, 1, k, cap):
         the committed slots, its ancestors' slots and its own) through the drafter, its k*k
-        children scored; returns the best k of them as the next frontier (None after the last
-        expansion, whose frontier nothing reads), and the children as a candidate block.
-        ctx: the RoPE rows (rows, E, ...) of every expansion, the slots (rows, E*k) of every
-        drafted node and their "sees itself" masks (rows, 1, E*k, cap)."""
+        children scored into the candidate block of `level`; returns the best k of them as the
+        next frontier (None after the last expansion, whose frontier nothing reads; its ids go
+        straight into `cand_fid`). ctx: the RoPE rows (rows, E, ...) of every expansion, the
+        slots (rows, E*k) of every drafted node and their "sees itself" masks (rows, 1, E*k, cap)."""
         loop, b, checks = self.loop, self.loop.batch, self.loop.spec.ddd_checks
         k = loop.spec.top_k_draft
         rot_all, slots_all, own = ctx
         out = loop.drafter.forward_block(loop.expand_rows(fr["tok"]), fr["hidden"],
                                          rot_all[:, level - 1:level].expand(-1, k, *rot_all.shape[2:]),
                                          slots_all[:, (level - 1) * k: level * k], fr["mask"], self.dcache)
-        ch = torch.topk(self._log_q(out, level), k, dim=-1)  # (B, k, k)
+        tok, score = self._block(level)  # (B, k, k) views
+        torch.topk(self._log_q(out, level), k, dim=-1, out=(score, tok))
         parent = fr["score"][..., None]
-        scores = torch.minimum(parent + ch.values, _below_negative(parent)).reshape(b, -1)
+        torch.minimum(parent + score, _below_negative(parent), out=score)
+        scores, ch_tok = score.view(b, -1), tok.view(b, -1)
         if checks and level > checks[0]:  # an image that stopped adds nothing
             self.drafted += self.alive.long()
-            scores = torch.where(self.alive[:, None], scores, _STOPPED)
+            torch.where(self.alive[:, None], scores, self._c["stopped"], out=scores)
         elif checks:
             self.drafted += 1
-        ch_tok = ch.indices.reshape(b, -1)
         if level == loop.spec.expansions:
-            return None, (ch_tok, scores, fr["ids"])
-        best = torch.topk(scores, k)  # (B, k): the next frontier, local ids in this block
-        parent_rows = loop.expand_rows(best.indices // k)  # (rows, k): each one's parent in the frontier
+            return None
+        # the next frontier: local ids in this block, which are also the next block's frontier ids
+        best_score = self.fr_score[:, level - 1]
+        ids = self.cand_fid[:, 1 + level * k: 1 + (level + 1) * k]
+        torch.topk(scores, k, out=(best_score, ids))  # (B, k)
+        parent_rows = loop.expand_rows(ids // k)  # (rows, k): each one's parent in the frontier
         mask = fr["mask"]
         # a child sees what its parent saw, and itself
         seen = mask.gather(2, parent_rows[:, None, :, None].expand(-1, 1, -1, mask.size(-1)))
-        nxt = {"ids": best.indices, "tok": ch_tok.gather(1, best.indices), "score": best.values,
-               "hidden": out.gather(1, parent_rows[..., None].expand(-1, -1, out.size(-1))),
-               "mask": torch.maximum(seen, own[:, :, level * k: (level + 1) * k])}
-        return nxt, (ch_tok, scores, fr["ids"])
+        return {"tok": ch_tok.gather(1, ids), "score": best_score,
+                "hidden": out.gather(1, parent_rows[..., None].expand(-1, -1, out.size(-1))),
+                "mask": torch.maximum(seen, own[:, :, level * k: (level + 1) * k])}
 
-    def _select(self, tok: torch.Tensor | None = None, score: torch.Tensor | None = None,
-                fid: torch.Tensor | None = None) -> None:
-        """Keep the best total_tokens - 1 candidates (parents before children) as the tree;
-        candidates (B, n_cand) given, or read from the buffers (ddd)."""
+    def _select(self) -> None:
+        """Keep the best total_tokens - 1 candidates (parents before children) as the tree."""
         loop, c, k = self.loop, self._c, self.loop.spec.top_k_draft
-        if tok is None:
-            tok, score, fid = self.cand_tok, self.cand_score, self.cand_fid
+        tok, score, fid = self.cand_tok, self.cand_score, self.cand_fid
         n1 = self.tree.size
         sel = torch.topk(score, n1 - 1).indices.sort().values  # parents before children
         # node of each candidate id (n_cand: the root, node 0); a kept node's parent is kept
@@ -653,12 +645,13 @@ class DynamicTreePolicy(DrafterPolicy):
         par_id = (fid + c["fid_offset"]).gather(1, sel // k)  # candidate c's parent: frontier c // k
         # the tree's buffers are filled in place: each op writes its result there (no copies)
         t = self.tree
-        parent = torch.cat([c["zero_long"], node_of.gather(1, par_id)], 1, out=t.parent)
+        torch.gather(node_of, 1, par_id, out=t.parent[:, 1:])  # t.parent[:, 0] stays 0 (the root)
+        parent = t.parent
         # selected in candidate order, so a parent's children come in rank order
         sib = torch.logical_and(parent[:, :, None] == parent[:, None, :], c["earlier"], out=t.earlier_sibling)
         buffers_from_parents(parent, torch.sum(sib, -1, out=t.rank), t.max_depth, t.max_children,
                              earlier_sibling=sib, consts=self._tree_consts, out=t)
-        loop.tokens[:, 1:] = tok.gather(1, sel)
+        torch.gather(tok, 1, sel, out=loop.tokens[:, 1:])
 
 
 def make_policy(loop: "Decoder") -> DraftPolicy:

@@ -293,7 +293,7 @@ class TreeConstants:
     built once by a caller that rebuilds its tree every iteration (EAGLE-2), so a captured
     step does not make them again.
 
-    ar (N+1,) long 0..N, ar_float the same as float32; eye (N+1, N+1) bool; levels (D+1,)
+    ar (N+1,) long 0..N, ar_float the same as float32; eye (N+1, N+1) float32; levels (D+1,)
     long 0..D.
     """
 
@@ -306,7 +306,7 @@ class TreeConstants:
 def tree_constants(n: int, max_depth: int, device: torch.device | str) -> TreeConstants:
     """`TreeConstants` for trees of n nodes (root included) and depth max_depth."""
     ar = torch.arange(n, device=device)
-    return TreeConstants(ar, ar.float(), torch.eye(n, dtype=torch.bool, device=device),
+    return TreeConstants(ar, ar.float(), torch.eye(n, device=device),
                          torch.arange(max_depth + 1, device=device))
 
 
@@ -337,7 +337,7 @@ def buffers_from_parents(parent: torch.Tensor, rank: torch.Tensor, max_depth: in
     c = consts if consts is not None else tree_constants(n, max_depth, parent.device)
     ar, levels = c.ar, c.levels
     # reach[i, j] = 1 if j is i or i's parent; squared until it spans max_depth steps
-    reach = ((parent[..., None] == ar) | c.eye).float()
+    reach = c.eye.expand(b, n, n).scatter(-1, parent[..., None], 1.0)
     walk = out.walk if out is not None else None
 
     def into(buffer: torch.Tensor | None) -> dict[str, torch.Tensor]:
@@ -363,7 +363,7 @@ def buffers_from_parents(parent: torch.Tensor, rank: torch.Tensor, max_depth: in
         flat = torch.full((b, n * max_children), -1, dtype=torch.long, device=parent.device)
     else:
         flat = out.children.view(b, n * max_children).fill_(-1)
-    flat.scatter_(1, parent[:, 1:] * max_children + rank[:, 1:], ar[1:].expand(b, n - 1))
+    flat.scatter_(1, torch.add(rank[:, 1:], parent[:, 1:], alpha=max_children), ar[1:].expand(b, n - 1))
     children = flat.view(b, n, max_children)
     if out is not None:
         return out
