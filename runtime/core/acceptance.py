@@ -143,6 +143,11 @@ def _walk(won: torch.Tensor, tree: TreeBuffers, rows: torch.Tensor, weights: tup
     return _Walk(best, depth1[rows, best], tree.path_table[rows, best], anc[rows, best])
 
 
+def _path_sum(x: torch.Tensor, w: _Walk) -> torch.Tensor:
+    """(B,): x (B, N+1) float summed over the accepted path (best and its ancestors), one bmm."""
+    return torch.bmm(x[:, None, :], w.on_path[:, :, None].to(x.dtype)).view(-1)
+
+
 def accept_greedy(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers,
                   relax: Relaxation = Relaxation()) -> Accepted:
     """Greedy verification.
@@ -170,7 +175,7 @@ def accept_greedy(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers,
     ok[:, 0] = True
     w = _walk(ok.to(p.dtype), tree, rows, tree.walk_weights())
     bonus = p[rows, w.best].argmax(-1)
-    relax_mass = (mass_used * w.on_path).sum(-1) if relax.active else torch.zeros_like(bonus, dtype=p.dtype)
+    relax_mass = _path_sum(mass_used, w) if relax.active else torch.zeros_like(bonus, dtype=p.dtype)
     return Accepted(w.path, w.count, bonus, relax_mass)
 
 
@@ -209,7 +214,7 @@ def relaxed_mixture(r: torch.Tensor, q: torch.Tensor, relax: Relaxation,
 
 def accept_sampling(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers, rng: CounterRNG,
                     q: torch.Tensor | None = None, relax: Relaxation = Relaxation(),
-                    uniforms: torch.Tensor | None = None) -> Accepted:
+                    uniforms: torch.Tensor | None = None, rows: torch.Tensor | None = None) -> Accepted:
     """Multi-draft recursive rejection sampling over the tree, every parent at once.
 
     The rule. At a node with target r its children are tried in rank order. Child x, drawn
@@ -268,7 +273,8 @@ def accept_sampling(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers, rn
     # (B, N+1+V): these numbers, drawn already (with the drafts' noise, in the draft step)
     noise = rng.uniform(b, n1 + v) if uniforms is None else uniforms
     u, bonus_u = noise[:, :n1], noise[:, n1:]
-    t, rows = tree.per_image(b), torch.arange(b, device=p.device)
+    t = tree.per_image(b)
+    rows = torch.arange(b, device=p.device) if rows is None else rows  # the caller's arange(B), if it keeps one
     weights = tree.walk_weights()
     if q is None:
         tokens_pad = torch.cat([tokens, torch.full_like(tokens[:, :1], v)], 1)  # node n1 = "no child"
@@ -305,7 +311,7 @@ def accept_sampling(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers, rn
         r = bonus_rows(best, rows)
     r = torch.where(r.sum(-1, keepdim=True) > 0, r, p_best)
     bonus = race(r, bonus_u)
-    relax_mass = (shift * w.on_path).sum(-1) if relax.active else torch.zeros_like(bonus, dtype=p.dtype)
+    relax_mass = _path_sum(shift, w) if relax.active else torch.zeros_like(bonus, dtype=p.dtype)
     return Accepted(path, count, bonus, relax_mass)
 
 
@@ -354,7 +360,7 @@ def _deterministic_stages(xs: torch.Tensor, p: torch.Tensor, relax: Relaxation
     c = moved.sum(-1)
     taken = px + c  # (B, P, K): what stage s removes from the parent's mass, unnormalised
     z = (1.0 - (taken.cumsum(-1) - taken)).clamp(min=_EPS)  # mass before each stage
-    accept = (taken / z).clamp(max=1.0)
+    accept = taken / z  # <= 1 but for rounding, which a test u < accept (u < 1) does not notice
     # after every stage rejected: the drafts and the moved neighbours are gone from p
     gone = torch.cat([xs, torch.where(moved > 0, near, v).flatten(-2)], -1)
     rest = p_pad.scatter(-1, gone, 0.0)
@@ -533,5 +539,5 @@ def accept_grouped(tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor, tree:
     r = torch.where(res.sum(-1, keepdim=True) > 0, res, p_best)
     bonus = race(r, bonus_u)
     bound_node = bound_par[:, tree.parent] * (tree.depth > 0)[None]
-    mass = (bound_node * w.on_path).sum(-1) + bound_par[rows, best]
+    mass = _path_sum(bound_node, w) + bound_par[rows, best]
     return Accepted(path, count, bonus, mass)

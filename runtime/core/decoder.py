@@ -198,6 +198,12 @@ class Decoder:
         self.nonfinite = torch.full((len(MODEL_PARTS), b), NO_POSITION, dtype=torch.long, device=dev)
         self.no_position = torch.tensor(NO_POSITION, device=dev)
         self.block_ids = torch.arange(m, device=dev)
+        # the accept step's results, written in place: each image's new tokens (accepted drafts,
+        # then the bonus) and accepted node count (0 once done); the drafter policies read them
+        # as their pending block. `live_now`: what `live()` last wrote.
+        self.block = torch.zeros(b, m, dtype=torch.long, device=dev)
+        self.accepted = torch.ones(b, dtype=torch.long, device=dev)
+        self.live_now = torch.ones(b, dtype=torch.long, device=dev)
         self.image_ids = torch.arange(b, device=dev)
         per_image = self.rows // b
         # model rows of each image, and a condition-sized cache to prefill one image in
@@ -290,8 +296,9 @@ class Decoder:
         return t[None].expand(2, *t.shape).flatten(0, 1) if self.params.uses_cfg else t
 
     def live(self) -> torch.Tensor:
-        """(B,) long: 1 for images still generating, 0 for those done (their advances are 0)."""
-        return (self.count < self.num_tokens).long()
+        """(B,) long: 1 for images still generating, 0 for those done (their advances are 0).
+        Written into `live_now` (one kernel, no conversion): the same tensor every call."""
+        return torch.lt(self.count, self.num_tokens, out=self.live_now)
 
     def state_bytes(self) -> int:
         """Bytes of the decode state (KV caches, p/q/hidden buffers): what grows with the batch."""
@@ -411,11 +418,11 @@ class Decoder:
             acc = accept_greedy(tokens, p, tree, self.relax)
         else:
             acc = accept_sampling(tokens, p, tree, self.rng, q=q, relax=self.relax,
-                                  uniforms=self.policy.accept_uniforms())
+                                  uniforms=self.policy.accept_uniforms(), rows=self.image_ids)
         path, bonus = acc.path, acc.bonus  # (B, M), (B,)
         if path.size(1) < self.max_depth + 1:  # a prefix tree: pad as path_table does (repeat the last)
             path = torch.cat([path, path[:, -1:].expand(-1, self.max_depth + 1 - path.size(1))], 1)
-        n = acc.count * live  # a done image accepts nothing
+        n = torch.mul(acc.count, live, out=self.accepted)  # a done image accepts nothing
         self.cache.commit(self.expand_rows(path), self.expand_rows(n))
         if self.variable_depth:
             levels = self.policy.drafted_levels()
@@ -427,13 +434,13 @@ class Decoder:
             self.node_hits.scatter_add_(1, path[:, 1:], (self.block_ids[1:m] < n[:, None]).long())
         # new tokens after the root: accepted drafts, then the bonus at index n-1
         block = torch.cat([self.tokens.gather(1, path[:, 1:]), bonus[:, None]], 1)
-        block = block.scatter(1, (acc.count - 1)[:, None], bonus[:, None])
+        block = torch.scatter(block, 1, (acc.count - 1)[:, None], bonus[:, None], out=self.block)
         self.out.scatter_(1, self.count[:, None] + self.block_ids[:m], block)
         self.count.add_(n)
         self.tokens[:, 0] = bonus
         self.count_hist.scatter_add_(1, n[:, None], live[:, None])
         if self.relax.active or self.group is not None:
-            self.relax_mass.add_(acc.relax_mass * live)
+            self.relax_mass.addcmul_(acc.relax_mass, live)
         self.policy.committed(path, n, block)
 
     def _accept_ar(self, live: torch.Tensor) -> None:

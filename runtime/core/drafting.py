@@ -168,9 +168,9 @@ class DrafterPolicy(DraftPolicy):
         # condition positions 0..cls-2 of one image, run before its slot takes them
         self.start_dcache = drafter.new_cache(rows // loop.batch, loop.cls - 1, dev) if loop.cls > 1 else None
         self.draft_hidden = torch.zeros(rows, loop.n1, drafter.config.hidden_size, device=dev, dtype=loop.dtype)
-        self.pend_tokens = torch.zeros(loop.batch, m, dtype=torch.long, device=dev)
+        # the pending block's tokens and counts are the loop's accept results themselves
+        self.pend_tokens, self.pend_count = loop.block, loop.accepted
         self.pend_hidden = torch.zeros(rows, m, loop.target.config.dim, device=dev, dtype=loop.dtype)
-        self.pend_count = torch.ones(loop.batch, dtype=torch.long, device=dev)
         # the pending block's causal mask, additive once (not per draft)
         self.causal_m = self.dcache.additive(torch.ones(m, m, dtype=torch.bool, device=dev).tril())
 
@@ -181,7 +181,7 @@ class DrafterPolicy(DraftPolicy):
             c1, tmp = loop.cls - 1, self.start_dcache
             tmp.reset()
             if cond_mask is not None:
-                tmp.prefix_valid.copy_(cond_mask[:, :c1])
+                tmp.mark_prefix(cond_mask[:, :c1])
             zeros = torch.zeros(rows.numel(), c1, dtype=torch.long, device=loop.device)
             loop.drafter.forward_cached(zeros, hidden[:, :c1], torch.arange(c1, device=loop.device),
                                         torch.ones(c1, c1, dtype=torch.bool, device=loop.device).tril(), tmp)
@@ -190,7 +190,7 @@ class DrafterPolicy(DraftPolicy):
         else:
             self.dcache.reset_rows(rows)
         if cond_mask is not None:
-            self.dcache.prefix_valid[rows, : loop.cls] = cond_mask
+            self.dcache.mark_prefix(cond_mask, rows)
         self.pend_tokens[i] = 0
         self.pend_tokens[i, :1] = first
         self.pend_hidden[rows] = 0
@@ -198,11 +198,11 @@ class DrafterPolicy(DraftPolicy):
         self.pend_count[i] = 1
 
     def committed(self, path: torch.Tensor, n: torch.Tensor, block: torch.Tensor) -> None:
+        # pend_tokens / pend_count are block / n already (0 for a done image: its drafter
+        # cache stops advancing); the hidden states that predicted them:
         loop = self.loop
-        self.pend_tokens.copy_(block)
         rows_path = loop.expand_rows(path)
-        self.pend_hidden.copy_(loop.hidden.gather(1, rows_path[..., None].expand(-1, -1, loop.hidden.size(-1))))
-        self.pend_count.copy_(n)  # 0 for a done image: its drafter cache stops advancing
+        torch.gather(loop.hidden, 1, rows_path[..., None].expand(-1, -1, loop.hidden.size(-1)), out=self.pend_hidden)
 
     def _level0(self) -> torch.Tensor:
         """Drafter over the last accepted block; returns the root's drafter output (rows, dim)."""

@@ -20,6 +20,10 @@ from __future__ import annotations
 import torch
 
 
+# the slot key of a padded condition position: past any column of a mask table
+PADDED = 1 << 40
+
+
 class StaticKVCache:
     """Keys and values for `n_layer` layers.
 
@@ -28,7 +32,10 @@ class StaticKVCache:
     k, v: lists of the n_layer views k_all[i], v_all[i] (batch, kv_heads, capacity, head_dim).
     length: (batch,) int64 on the device; committed slots of each row (rows of a batch of
         images grow independently: each image accepts its own number of tokens).
-    prefix_valid: (batch, capacity) bool; False only on padded condition positions (t2i
+    slot_key: (batch, capacity) long; slot + 1, or `PADDED` on a padded condition position
+        (`mark_prefix`; `prefix_valid` reads it as bool): what `mask_columns` offsets by
+        the length, so a padded slot lands in the "beyond" column with no extra kernel.
+    prefix_valid: (batch, capacity) bool, read-only; False only on padded condition positions (t2i
         captions are left-padded). Slots >= length are masked by `length`, not by this.
     """
 
@@ -41,9 +48,9 @@ class StaticKVCache:
         self.k = [self.k_all[i] for i in range(n_layer)]
         self.v = [self.v_all[i] for i in range(n_layer)]
         self.length = torch.zeros(batch, device=device, dtype=torch.long)
-        self.prefix_valid = torch.ones(batch, capacity, device=device, dtype=torch.bool)
         self.slot_ids = torch.arange(capacity, device=device)
         self.slot_ids_1 = self.slot_ids + 1
+        self.slot_key = self.slot_ids_1.repeat(batch, 1)
         # the two values of an additive mask, made here: a captured step must not allocate constants
         self._zero = torch.zeros((), device=device, dtype=dtype)
         self._neg_inf = torch.full((), float("-inf"), device=device, dtype=dtype)
@@ -54,7 +61,23 @@ class StaticKVCache:
     def reset(self) -> None:
         """Empty the cache in place (keeps buffers, so captured graphs stay valid)."""
         self.length.zero_()
-        self.prefix_valid.fill_(True)
+        self.slot_key.copy_(self.slot_ids_1.expand_as(self.slot_key))
+
+    @property
+    def prefix_valid(self) -> torch.Tensor:
+        """(batch, capacity) bool: False on padded condition positions (`mark_prefix`)."""
+        return self.slot_key != PADDED
+
+    def mark_prefix(self, valid: torch.Tensor, rows: torch.Tensor | None = None) -> None:
+        """Mark the first valid.size(1) slots of `rows` (long ids; all rows if None) as valid
+        prefix positions or not: valid (len(rows) or batch, w) bool (a caption's left padding
+        is False). Between steps, not inside a captured one."""
+        w = valid.size(1)
+        key = torch.where(valid, self.slot_ids_1[:w], PADDED)
+        if rows is None:
+            self.slot_key[:, :w] = key
+        else:
+            self.slot_key[rows, :w] = key
 
     def block_slots(self, block_len: int, offset: int = 0) -> torch.Tensor:
         """Slots of a block of `block_len` new tokens per row, (batch, block_len):
@@ -64,10 +87,10 @@ class StaticKVCache:
     def mask_columns(self, width: int) -> torch.Tensor:
         """(batch, capacity) long: each slot's column in a [committed | block of `width` | beyond]
         table, for `additive_mask_from`. A padded condition slot (prefix_valid False, always
-        committed) reads the "beyond" column. Depends only on `length`, so a caller that
-        builds several masks against one length (the levels of a draft) computes it once."""
-        col = (self.slot_ids_1 - self.length[:, None]).clamp(0, width + 1)
-        return torch.where(self.prefix_valid, col, width + 1)
+        committed) reads the "beyond" column: its key `PADDED` clamps there. Depends only on
+        `length`, so a caller that builds several masks against one length (the levels of a
+        draft) computes it once."""
+        return (self.slot_key - self.length[:, None]).clamp(0, width + 1)
 
     def additive_mask_from(self, columns: torch.Tensor, width: int, block_mask: torch.Tensor) -> torch.Tensor:
         """Additive mask (batch, 1, T, capacity) in the cache dtype: 0 where a query sees a slot,
@@ -125,7 +148,7 @@ class StaticKVCache:
     def reset_rows(self, rows: torch.Tensor) -> None:
         """Empty `rows` (long ids) only."""
         self.length.index_fill_(0, rows, 0)
-        self.prefix_valid.index_fill_(0, rows, True)
+        self.slot_key[rows] = self.slot_ids_1
 
     def load_rows(self, rows: torch.Tensor, src: "StaticKVCache") -> None:
         """Make `rows` (long ids) hold exactly what `src` (len(rows) rows, same layers) holds:
@@ -135,8 +158,8 @@ class StaticKVCache:
         for buf, part in ((self.k_all, src.k_all), (self.v_all, src.v_all)):
             buf[:, rows, :, :n] = part
         self.length.index_copy_(0, rows, src.length)
-        self.prefix_valid.index_fill_(0, rows, True)
-        self.prefix_valid[rows, :n] = src.prefix_valid
+        self.slot_key[rows] = self.slot_ids_1
+        self.slot_key[rows, :n] = src.slot_key
 
     def advance(self, count: int | torch.Tensor) -> None:
         """Commit the first `count` slots (an int, or (batch,) per row) of the last block as

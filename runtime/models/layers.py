@@ -104,7 +104,7 @@ def run_prefix(model: Any, x: torch.Tensor, cache: StaticKVCache, cond_mask: tor
         block = torch.ones(cls, cls, dtype=torch.bool, device=x.device).tril()
     else:
         block = prefix_mask(cond_mask, cls)
-        cache.prefix_valid[:, :cls] = cond_mask
+        cache.mark_prefix(cond_mask)
     hidden = model.forward_cached(x, torch.arange(cls, device=x.device), block, cache)
     cache.advance(cls)
     return hidden
