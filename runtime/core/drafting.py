@@ -357,9 +357,9 @@ class StaticTreePolicy(DrafterPolicy):
         one_step = loop.spec.dynamic_depth is None and loop.group is None and not loop.params.greedy
         self.draws = torch.zeros(loop.batch, self.levels[-1][0] * loop.vocab + self.tree.size + loop.vocab,
                                  device=loop.device) if one_step else None
-        if self.loop.spec.dynamic_depth is None:
+        if loop.spec.dynamic_depth is None:
             return
-        loop = self.loop  # --dynamic-depth state
+        # --dynamic-depth state
         self.path_prob = torch.ones(loop.batch, self.tree.size, device=loop.device)
         self.confident = torch.ones(loop.batch, dtype=torch.bool, device=loop.device)
         self.noise = None if loop.params.greedy else torch.zeros(

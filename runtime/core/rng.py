@@ -136,6 +136,10 @@ class CounterRNG:
         return _to_uniform(splitmix64(stream_key ^ index, final=False), self._half)
 
 
+# the smallest normal float32: the floor of exponential noise (and its negation's ceiling)
+_SMALLEST_NORMAL = 1.1754944e-38
+
+
 def _to_uniform(bits: torch.Tensor, half: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """(k + 0.5) / 2^23 for k the top 23 bits, float32: one add that scales k on the way
     (every step exact in float32, so this equals converting, adding and scaling apart).
@@ -149,7 +153,7 @@ def exponential_from_uniform(u: torch.Tensor) -> torch.Tensor:
     """Standard exponential noise -log(u) for u in (0, 1), floored at the smallest normal
     float32 so that a device whose log rounds log(1 - 2^-24) to 0 still yields a positive
     number (and finite Gumbel noise below)."""
-    return (-torch.log(u)).clamp(min=1.1754944e-38)
+    return (-torch.log(u)).clamp(min=_SMALLEST_NORMAL)
 
 
 def race(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -158,7 +162,7 @@ def race(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     argmin(w / -E) with -E = log(u) capped below 0: bit for bit the negated scores (IEEE
     negation and division are sign-symmetric), so the same index, in four kernels instead
     of five."""
-    return torch.argmin(weights / torch.log(u).clamp(max=-1.1754944e-38), dim=-1)
+    return torch.argmin(weights / torch.log(u).clamp(max=-_SMALLEST_NORMAL), dim=-1)
 
 
 def gumbel_from_uniform(u: torch.Tensor) -> torch.Tensor:
