@@ -14,6 +14,7 @@ FLAG_METHODS: dict[str, frozenset[str]] = {
     "lantern_k": frozenset({"lantern", "lantern++", "sjd"}),
     "lantern_delta": frozenset({"lantern", "sjd"}),
     "lantern_lambda": frozenset({"lantern++", "sjd"}),
+    "relax_rule": frozenset({"lantern", "lantern++", "sjd"}),
     **{k: frozenset({"sjd"}) for k in ("window", "init", "coupling", "proactive", "accept",
                                        "group_window", "group_gap", "group_dist")},
     **{k: frozenset({"ddd"}) for k in ("ddd_threshold", "ddd_check_every", "ddd_min_depth", "ddd_max_depth")},

@@ -186,7 +186,7 @@ def check_vocab_fits_codebook(vocab: int, codebook: int, source: str) -> None:
 
 # types of method options given as text (`--methods sjd:coupling=maximal` in runtime bench)
 OPTION_TYPES: dict[str, type] = {"tree": str, "depth": int, "top_k_draft": int, "total_tokens": int,
-                                 "lantern_k": int, "lantern_delta": float, "lantern_lambda": float,
+                                 "lantern_k": int, "lantern_delta": float, "lantern_lambda": float, "relax_rule": str,
                                  "window": int, "init": str, "coupling": str, "proactive": str, "accept": str,
                                  "group_window": int, "group_gap": float, "group_dist": float,
                                  "ddd_threshold": float, "ddd_check_every": int, "ddd_min_depth": int,
@@ -253,6 +253,9 @@ def resolve_spec(method: str | None, flags: dict[str, Any], profile: Any, recomm
             raise UserError("sjd takes one relaxation: --lantern-delta (additive) or --lantern-lambda "
                             "(multiplicative), not both")
         values["relax"] = {"lantern_delta": "delta", "lantern_lambda": "lambda"}[given[0]] if given else "none"
+        if not given and flags.get("relax_rule") is not None:
+            raise UserError("--relax-rule does nothing for exact sjd; give --lantern-delta or --lantern-lambda "
+                            "too, or drop it")
         if values["accept"] != "grouped":
             for key in ("group_window", "group_gap", "group_dist"):
                 if flags.get(key) is not None:

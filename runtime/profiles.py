@@ -33,6 +33,7 @@ PROFILE_PACKAGE = "profiles"
 DTYPE_NAMES: tuple[str, ...] = ("bf16", "fp16", "fp32")
 HPU_MODES: tuple[str, ...] = ("lazy", "eager")
 METHOD_NAMES: tuple[str, ...] = ("ar", "sd", "eagle2", "ddd", "lantern", "lantern++")
+RELAX_RULES: tuple[str, ...] = ("paper", "bounded")  # as runtime.core.methods (this module imports no torch)
 _NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
 
 
@@ -96,6 +97,7 @@ class MethodSettings(_Section):
     lantern_k: _integer(1) = None
     lantern_lambda: _real(1.0) = None
     lantern_delta: _real(0.0, 1.0) = None
+    relax_rule: _choice(RELAX_RULES) = None
     temperature: _real(0.0, low_open=True) = None
     top_k: _integer(0) = None
     top_p: _real(0.0, 1.0, low_open=True) = None

@@ -46,8 +46,8 @@ def first_token_tvd(siblings: int, relax: Relaxation, sampled: bool, seed: int):
 def test_relaxed_target_moves_exactly_c_within_the_bound(seed):
     r = dist(seed, 2.0)[None].repeat(V, 1)
     x = torch.arange(V)
-    for relax, bound in [(Relaxation("delta", delta=0.1, neighbours=NEIGHBOURS), torch.full((V,), 0.1)),
-                         (Relaxation("lambda", lam=3.0, neighbours=NEIGHBOURS), 2.0 * r[0])]:
+    for relax, bound in [(Relaxation("delta", rule="bounded", delta=0.1, neighbours=NEIGHBOURS), torch.full((V,), 0.1)),
+                         (Relaxation("lambda", rule="bounded", lam=3.0, neighbours=NEIGHBOURS), 2.0 * r[0])]:
         r_t, c = relaxed_target(r, x, relax)
         torch.testing.assert_close(r_t.sum(-1), torch.ones(V))
         torch.testing.assert_close(0.5 * (r_t - r).abs().sum(-1), c)
@@ -59,7 +59,7 @@ def test_relaxed_target_moves_exactly_c_within_the_bound(seed):
 def test_mixture_of_a_one_hot_proposal_is_the_per_draft_target():
     r = dist(3, 2.0)[None].repeat(V, 1)
     x = torch.arange(V)
-    relax = Relaxation("lambda", lam=4.0, neighbours=NEIGHBOURS)
+    relax = Relaxation("lambda", rule="bounded", lam=4.0, neighbours=NEIGHBOURS)
     m, tvd = relaxed_mixture(r, torch.eye(V), relax)
     r_t, c = relaxed_target(r, x, relax)
     torch.testing.assert_close(m, r_t)
@@ -116,7 +116,7 @@ def test_exact_acceptance_is_lossless_over_two_tree_levels():
 def test_lantern_additive_bound_holds_and_is_active(sampled):
     worst = 0.0
     for seed in range(3):
-        relax = Relaxation("delta", delta=0.1, neighbours=NEIGHBOURS)
+        relax = Relaxation("delta", rule="bounded", delta=0.1, neighbours=NEIGHBOURS)
         tvd, *_ = first_token_tvd(3, relax, sampled, seed)
         assert tvd <= 0.1 + NOISE
         worst = max(worst, tvd)
@@ -127,7 +127,7 @@ def test_lantern_additive_bound_holds_and_is_active(sampled):
 def test_lantern_pp_multiplicative_bound_holds_and_is_active(sampled):
     lam, worst = 2.0, 0.0
     for seed in range(3):
-        tvd, p0, q0, children = first_token_tvd(1, Relaxation("lambda", lam=lam, neighbours=NEIGHBOURS),
+        tvd, p0, q0, children = first_token_tvd(1, Relaxation("lambda", rule="bounded", lam=lam, neighbours=NEIGHBOURS),
                                                 sampled, seed)
         # one stage: TVD <= (lambda-1) p(x) for a fixed draft, (lambda-1) E_q[p(x)] when sampled
         bound = (lam - 1) * ((q0 * p0).sum() if sampled else p0[children[0]])
@@ -144,7 +144,7 @@ def test_greedy_exact_follows_argmax_and_relaxed_accepts_near_ties():
     assert int(exact.count) == 1 and int(exact.bonus) == 0
     nb = torch.arange(V).roll(-1)[:, None].repeat(1, 3)  # neighbour of 1 is 2
     nb[1, 0] = 2
-    relaxed = accept_greedy(tokens, p, tree, Relaxation("lambda", lam=2.0, neighbours=nb))
+    relaxed = accept_greedy(tokens, p, tree, Relaxation("lambda", rule="bounded", lam=2.0, neighbours=nb))
     # 0.35 + 0.25 (neighbour 2; 0.25 <= (2-1)*0.35) >= 0.40: accepted, then 0 is the argmax
     assert int(relaxed.count) == 3 and relaxed.path[0].tolist() == [0, 1, 2]
     assert float(relaxed.relax_mass) == pytest.approx(0.25)
@@ -159,7 +159,7 @@ def test_a_sibling_draft_is_never_moved_onto_another():
     tree = static_buffers(validate_paths("t", [(0,), (1,)]))
     P = p0.expand(B, tree.size, V)
     tokens = torch.tensor([0, 0, 1]).expand(B, -1)
-    res = accept_sampling(tokens, P, tree, CounterRNG("cpu", 3), relax=Relaxation("lambda", lam=2.0, neighbours=nb))
+    res = accept_sampling(tokens, P, tree, CounterRNG("cpu", 3), relax=Relaxation("lambda", rule="bounded", lam=2.0, neighbours=nb))
     first = torch.where(res.count >= 2, tokens[torch.arange(B), res.path[:, 1]], res.bonus)
     emp = torch.bincount(first, minlength=V).float() / B
     other = 0.45 / (V - 2)
@@ -171,7 +171,7 @@ def test_a_sibling_draft_is_never_moved_onto_another():
 def test_sampled_siblings_output_exactly_the_relaxed_mixture(kind):
     # a relaxed parent's target is relaxed once, for its first proposal; its sampled children
     # are then judged exactly, so the first output token follows the mixture M itself
-    relax = Relaxation(kind, delta=0.1, lam=3.0, neighbours=NEIGHBOURS)
+    relax = Relaxation(kind, rule="bounded", delta=0.1, lam=3.0, neighbours=NEIGHBOURS)
     for seed in range(2):
         tvd_to_p, p0, q0, _ = first_token_tvd(3, relax, True, seed)
         mix, shift = relaxed_mixture(p0[None], q0[None], relax)

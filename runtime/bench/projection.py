@@ -91,7 +91,7 @@ def random_neighbours(shape: ModelShape, spec: MethodSpec, seed: int = 0) -> tor
     from runtime.core.proximity import neighbour_table
 
     g = torch.Generator().manual_seed(seed)
-    table, _ = neighbour_table(torch.randn(shape.vocab_size, 8, generator=g), min(spec.lantern_k, shape.vocab_size - 1))
+    table, _ = neighbour_table(torch.randn(shape.vocab_size, 8, generator=g), min(spec.lantern_k + 1, shape.vocab_size - 1))
     return table
 
 

@@ -53,7 +53,7 @@ REPORT_HTML = "report.html"
 PLOTS_DIR = "plots"
 TABLES_DIR = "tables"  # every table as CSV
 # Lower is better for these quality metrics; higher for the rest (accuracy, CLIP score).
-LOWER_IS_BETTER = frozenset({"fd", "fid"})
+LOWER_IS_BETTER = frozenset({"fd", "fid", "step tvd"})
 
 
 # --------------------------------------------------------------------------------------------
@@ -623,18 +623,29 @@ def plot_sweep(bench: BenchFile) -> Rendered | None:
     return _png(fig)
 
 
+def _quality_values(run: RunResult) -> dict[str, float]:
+    """A run's quality metrics and, where measured, its step TVD (`step tvd`, 0 for ar)."""
+    out = dict(run.quality.metrics) if run.quality.measured else {}
+    if run.stats.step_tvd is not None:
+        out["step tvd"] = run.stats.step_tvd
+    elif run.method == "ar":
+        out["step tvd"] = 0.0
+    return out
+
+
 def plot_speed_quality(bench: BenchFile) -> Rendered | None:
-    """One panel per quality metric: speedup (x) against the metric (y), one line per swept
+    """One panel per quality metric (and the measured step TVD): speedup (x) against the metric (y), one line per swept
     method and other setting (its points ordered by the swept parameter), ar as a reference
     point. None without a sweep that has speedups and quality."""
     swept = sweep_methods(bench.result)
     runs = [r for r in bench.result.runs if r.method in swept or r.method == "ar"]
-    runs = [r for r in runs if r.quality.measured and r.speedup_vs_ar is not None]
+    values = {id(r): _quality_values(r) for r in runs}
+    runs = [r for r in runs if values[id(r)] and r.speedup_vs_ar is not None]
     if not any(r.method in swept for r in runs):
         return None
     metrics: list[str] = []
     for run in runs:
-        metrics.extend(m for m in run.quality.metrics if m not in metrics)
+        metrics.extend(m for m in values[id(run)] if m not in metrics)
     fig = _new_figure(4.2 * len(metrics) + 1.5, 3.6)
     axes = fig.subplots(1, len(metrics), squeeze=False)[0]
     swept_runs = [r for r in runs if r.method in swept]
@@ -642,10 +653,10 @@ def plot_speed_quality(bench: BenchFile) -> Rendered | None:
     lines = found[1] if found else [(m, [(0.0, r) for r in swept_runs if r.method == m]) for m in swept]
     for ax, metric in zip(axes, metrics):
         for r in runs:
-            if r.method == "ar" and metric in r.quality.metrics:
-                ax.scatter([r.speedup_vs_ar], [r.quality.metrics[metric]], marker="s", color="black", label="ar")
+            if r.method == "ar" and metric in values[id(r)]:
+                ax.scatter([r.speedup_vs_ar], [values[id(r)][metric]], marker="s", color="black", label="ar")
         for label, points in lines:
-            mine = [(r.speedup_vs_ar, r.quality.metrics[metric]) for _, r in points if metric in r.quality.metrics]
+            mine = [(r.speedup_vs_ar, values[id(r)][metric]) for _, r in points if metric in values[id(r)]]
             if mine:
                 ax.plot(*zip(*mine), marker="o", markersize=4, label=label)
         better = "lower is better" if metric in LOWER_IS_BETTER else "higher is better"
@@ -763,6 +774,18 @@ def _device_section(bench: BenchFile, slug: str) -> list[Block]:
         curve = plot_batch_scaling(result.runs)
         if curve is not None:
             blocks.append(_figure(f"{slug}-batch", curve, f"Throughput against batch size, {bench.label}"))
+    measured = [r for r in result.runs if r.stats.step_tvd is not None]
+    if measured:
+        blocks.append(Paragraph(
+            "What each acceptance rule does to the law: the mean total variation between a step's output "
+            "distribution and the target's, at the first drafted position of every iteration of an untimed "
+            "pass (`runtime.core.law`: exact for deterministic drafts, for exact and bounded sampled drafts; "
+            "estimated for the paper rule's sampled drafts), beside the bound the relaxation is stated with "
+            "at the same steps (delta, or (lambda - 1) times the drafts' target mass; 0 = exact)."
+        ))
+        blocks.append(Table(["method", "params", "step TVD", "stated bound", "steps"],
+                            [[r.method, r.params.label(), _sig(r.stats.step_tvd),
+                              _sig(r.stats.step_tvd_bound or 0.0), str(r.stats.law_steps)] for r in measured]))
     relaxed = [r for r in result.runs if r.stats.mean_relaxation_mass]
     if relaxed:
         blocks.append(Paragraph(

@@ -103,7 +103,7 @@ def bench(loaded: LoadedModel, backend: Any, profile: Any, plan: Sequence[Planne
           command_line: Sequence[str], interleave: bool = True, batch_size: int = 1,
           progress: Callable[[str, int, int], None] | None = None,
           on_images: Callable[[int, np.ndarray], None] | None = None,
-          trace_dir: Path | None = None) -> schema.BenchResult:
+          trace_dir: Path | None = None, measure_law: bool = True) -> schema.BenchResult:
     """Run every planned method on the same workload and return a validated BenchResult.
 
     interleave=True (the default) warms every method up first, then times repeat r of every
@@ -117,6 +117,9 @@ def bench(loaded: LoadedModel, backend: Any, profile: Any, plan: Sequence[Planne
     trace_dir: where `NN.json.gz`, a gzipped torch.profiler Chrome trace of run NN, is written: one
     extra, untimed pass over the first decode batch (its first `batch_size` images) after the run's
     timed repeats, so tracing never touches a timing (a whole workload's trace runs to GBs).
+    measure_law: measure what each drafting method's acceptance rule does to the law (step TVD,
+    `runtime.core.law`) during its first warm-up pass, or in one extra untimed pass after its
+    timed repeats when there is no warm-up; never during a timed pass.
     """
     started = datetime.now(timezone.utc)
     t0 = time.perf_counter()
@@ -134,12 +137,20 @@ def bench(loaded: LoadedModel, backend: Any, profile: Any, plan: Sequence[Planne
     last: list[Any] = [None] * len(specs)
     phase_runs: list[list[dict[str, dict[str, float]]]] = [[] for _ in specs]
     state: list[int | None] = [None] * len(specs)
+    law: list[dict[str, Any] | None] = [None] * len(specs)
 
-    def one_pass(i: int, decoder: Any, timed: bool) -> None:
+    def one_pass(i: int, decoder: Any, timed: bool, counted: bool = True) -> None:
         nonlocal done
         if timed:
             backend.reset_peak_memory()
-        out = run_generation(loaded, specs[i], conditions, seed=seed, backend=backend, decoder=decoder)
+        measure = measure_law and not timed and law[i] is None and specs[i].drafting != "none"
+        decoder.measure_law = measure
+        try:
+            out = run_generation(loaded, specs[i], conditions, seed=seed, backend=backend, decoder=decoder)
+        finally:
+            decoder.measure_law = False
+        if measure:
+            law[i] = out.stats
         if timed:
             latencies[i].append(out.total_s)
             per_image[i].append(out.image_seconds)
@@ -148,9 +159,16 @@ def bench(loaded: LoadedModel, backend: Any, profile: Any, plan: Sequence[Planne
                 peaks[i].append(int(peak))
             last[i] = out
             phase_runs[i].append(out.phases)
+        if not counted:
+            return
         done += 1
         if progress is not None:
             progress(_label(specs[i], batches[i]), done, total_steps)
+
+    def law_pass(i: int, decoder: Any) -> None:
+        """The law measured in an extra untimed pass, where no warm-up pass measured it."""
+        if measure_law and law[i] is None and specs[i].drafting != "none":
+            one_pass(i, decoder, timed=False, counted=False)
 
     def traced_pass(i: int, decoder: Any) -> None:
         if trace_dir is not None:
@@ -172,6 +190,7 @@ def bench(loaded: LoadedModel, backend: Any, profile: Any, plan: Sequence[Planne
                 one_pass(i, decoders[i], timed=True)
         ops = [_device_ops(d, conditions, backend) for d in decoders]
         for i, decoder in enumerate(decoders):
+            law_pass(i, decoder)
             traced_pass(i, decoder)
         del decoders
     else:
@@ -181,11 +200,12 @@ def bench(loaded: LoadedModel, backend: Any, profile: Any, plan: Sequence[Planne
             for r in range(warmup + repeats):
                 one_pass(i, decoder, timed=r >= warmup)
             ops[i] = _device_ops(decoder, conditions, backend)
+            law_pass(i, decoder)
             traced_pass(i, decoder)
             del decoder
     runs = [_run_result(spec, last[i], latencies[i], max(peaks[i], default=None), n, backend, loaded,
                         conditions, quality, ops[i], batches[i], state[i], mean_phases(phase_runs[i]),
-                        per_image[i])
+                        per_image[i], law[i])
             for i, spec in enumerate(specs)]
     if on_images is not None:
         for i, out in enumerate(last):
@@ -213,7 +233,7 @@ def bench(loaded: LoadedModel, backend: Any, profile: Any, plan: Sequence[Planne
 
 def _label(spec: MethodSpec, batch_size: int = 1) -> str:
     d = spec.describe()
-    keys = ["tree", "lantern_lambda", "lantern_delta", "ddd_threshold", "dynamic_depth"]
+    keys = ["tree", "lantern_lambda", "lantern_delta", "relax_rule", "ddd_threshold", "dynamic_depth"]
     if spec.method == "sjd":  # its defaults too, except the switched-off extras
         keys += ["window", "init", "coupling"] + [k for k, off in (("proactive", None), ("accept", "exact"))
                                                   if d[k] != off]
@@ -248,7 +268,7 @@ def _run_result(spec: MethodSpec, out: Any, latencies: list[float], peak_bytes: 
                 loaded: LoadedModel, conditions: Sequence[int], quality: bool,
                 device_ops: dict[str, schema.DeviceOps] | None = None, batch_size: int = 1,
                 state_bytes: int | None = None, phases: dict[str, schema.Phase] | None = None,
-                per_image: list[list[float]] | None = None) -> schema.RunResult:
+                per_image: list[list[float]] | None = None, law: dict[str, Any] | None = None) -> schema.RunResult:
     d = spec.describe()
     params = schema.MethodParams(
         tree=d.get("tree", "dynamic" if spec.drafting == "dynamic" else None),
@@ -257,7 +277,8 @@ def _run_result(spec: MethodSpec, out: Any, latencies: list[float], peak_bytes: 
         graph=bool(backend.graph_mode), window=d.get("window"), init=d.get("init"), coupling=d.get("coupling"),
         proactive="x".join(map(str, d["proactive"])) if d.get("proactive") else None, accept=d.get("accept"),
         ddd_threshold=d.get("ddd_threshold"), ddd_check_every=d.get("ddd_check_every"),
-        ddd_min_depth=d.get("ddd_min_depth"), dynamic_depth=d.get("dynamic_depth"), batch_size=batch_size)
+        ddd_min_depth=d.get("ddd_min_depth"), dynamic_depth=d.get("dynamic_depth"), batch_size=batch_size,
+        relax_rule=d.get("relax_rule"))
     if phases is None:
         phases = mean_phases([out.phases])
     st = out.stats
@@ -267,7 +288,7 @@ def _run_result(spec: MethodSpec, out: Any, latencies: list[float], peak_bytes: 
         per_depth_acceptance=st["per_depth_acceptance"], mean_relaxation_mass=st["mean_relaxation_mass"],
         mean_drafted_depth=st.get("mean_drafted_depth"),
         phases=phases, peak_bytes=peak_bytes, state_bytes=state_bytes, device_ops=device_ops,
-        per_image_latencies=per_image or None, image_counts=out.image_counts or None,
+        per_image_latencies=per_image or None, image_counts=out.image_counts or None, law=law,
         quality=_quality(loaded, out.images, conditions) if quality else
         schema.Quality.not_measured("--no-quality"))
 

@@ -222,6 +222,7 @@ class MethodParams(_Model):
     ddd_min_depth: PositiveInt | None = None
     dynamic_depth: NonNegative | None = None
     batch_size: PositiveInt = 1
+    relax_rule: Literal["paper", "bounded"] | None = None
     _code_defaults: ClassVar[dict[str, Any]] = {
         **dict.fromkeys(("tree", "lantern_k", "lantern_lambda", "lantern_delta", "depth", "top_k_draft",
                          "total_tokens")), "graph": False}
@@ -236,7 +237,7 @@ class MethodParams(_Model):
 _LABELS = {"tree": "tree", "lantern_k": "k", "lantern_lambda": "lambda", "lantern_delta": "delta", "depth": "depth",
            "top_k_draft": "topk", "total_tokens": "total", "window": "window", "init": "init",
            "coupling": "coupling", "proactive": "proactive", "accept": "accept", "ddd_threshold": "ddd",
-           "ddd_check_every": "check", "ddd_min_depth": "min", "dynamic_depth": "dyn", "batch_size": "batch"}
+           "ddd_check_every": "check", "ddd_min_depth": "min", "dynamic_depth": "dyn", "batch_size": "batch", "relax_rule": "rule"}
 
 
 class RunStats(_Model):
@@ -252,6 +253,13 @@ class RunStats(_Model):
     mean_drafted_depth: NonNegative | None = None
     # per image, workload order: [tokens accepted, target forwards] (tau's interval over images)
     image_counts: list[tuple[Count, PositiveInt]] | None = None
+    # what the acceptance rule does to the law (absent in older files and where not measured):
+    # mean total variation between a step's output distribution and the target's, at the
+    # first drafted position of `law_steps` iterations of an untimed pass, and the relaxation's
+    # stated bound at the same steps (0 for exact methods); see runtime.core.law
+    step_tvd: Unit | None = None
+    step_tvd_bound: NonNegative | None = None
+    law_steps: Count | None = None
 
     @model_validator(mode="after")
     def _counts_add_up(self) -> RunStats:
@@ -432,16 +440,22 @@ def make_run(method: str, *, latencies: Sequence[float], num_images: int, target
              phases: dict[str, Phase] | None = None, peak_bytes: int | None = None, state_bytes: int | None = None,
              quality: Quality | None = None, device_ops: dict[str, DeviceOps] | None = None,
              per_image_latencies: Sequence[Sequence[float]] | None = None,
-             image_counts: Sequence[Sequence[int]] | None = None) -> RunResult:
+             image_counts: Sequence[Sequence[int]] | None = None,
+             law: dict[str, Any] | None = None) -> RunResult:
     """A run from raw measurements; `speedup_vs_ar` is left `None` (`make_bench` fills it).
     `latencies`: wall seconds per repeat for all `num_images` images; counts are per repeat;
-    `per_image_latencies` (repeats, images) and `image_counts` (images, 2) where recorded."""
+    `per_image_latencies` (repeats, images) and `image_counts` (images, 2) where recorded; `law`:
+    the decoder statistics of a pass that measured the law (step_tvd, step_tvd_bound, law_steps)."""
     latency = make_latency(latencies, per_image_latencies)
     stats = RunStats(mean_accepted_length=float(mean_accepted_length), target_forwards=int(target_forwards),
                      tokens=int(tokens), per_depth_acceptance=[float(a) for a in per_depth_acceptance],
                      mean_relaxation_mass=_float_or_none(mean_relaxation_mass),
                      mean_drafted_depth=_float_or_none(mean_drafted_depth),
                      image_counts=None if image_counts is None else [(int(a), int(f)) for a, f in image_counts])
+    if law is not None and law.get("law_steps"):
+        stats = stats.model_copy(update=dict(step_tvd=min(1.0, float(law["step_tvd"])),
+                                             step_tvd_bound=float(law["step_tvd_bound"]),
+                                             law_steps=int(law["law_steps"])))
     return RunResult(method=method, params=params if params is not None else MethodParams(), stats=stats,
                      latency_s=latency, images_per_s=num_images / latency.p50, speedup_vs_ar=None,
                      phases=dict(phases or {}), memory=Memory(peak_bytes=peak_bytes, state_bytes=state_bytes),

@@ -23,6 +23,7 @@ def bench(
     warmup: Optional[int] = typer.Option(None, "--warmup", help="Untimed warm-up runs per method (default: the profile's)."),
     sweep: list[str] = typer.Option([], "--sweep", help="lambda=1,2,4 | delta=0.05,0.1 | tree=a,b | k=5,10 | batch=1,4,8 (every method, ar included; repeatable)."),
     quality: bool = typer.Option(True, "--quality/--no-quality", help="Measure class accuracy and FD (demo models)."),
+    measure_law: bool = typer.Option(True, "--measure-law/--no-measure-law", help="Measure each drafting method's step TVD (what its acceptance rule does to the law) in an untimed warm-up pass."),
     interleave: bool = typer.Option(True, "--interleave/--no-interleave",
                                     help="Time the methods' repeats round-robin (default) or each method's back to "
                                          "back (keeps one decoder in memory at a time)."),
@@ -49,6 +50,7 @@ def bench(
     lantern_k: opt.LanternK = None,
     lantern_delta: opt.LanternDelta = None,
     lantern_lambda: opt.LanternLambda = None,
+    relax_rule: opt.RelaxRule = None,
     depth: opt.Depth = None,
     top_k_draft: opt.TopKDraft = None,
     total_tokens: opt.TotalTokens = None,
@@ -145,7 +147,7 @@ def bench(
                                    quality=quality, command_line=INVOCATION or ["runtime"] + sys.argv[1:],
                                    interleave=interleave, batch_size=batch, progress=progress,
                                    on_images=lambda i, images: grids.append((i, images)),
-                                   trace_dir=trace_staging)
+                                   trace_dir=trace_staging, measure_law=measure_law)
             with writing(f"--out {out}"):
                 path = save_bench(result, out)
                 write_grids(grids, grids_dir(path))
@@ -156,7 +158,7 @@ def bench(
             shutil.rmtree(trace_staging, ignore_errors=True)  # already gone once published
 
     table = Table(title=f"runtime bench on {result.device.name} ({result.device.backend}) -> {path}")
-    for col in ("method", "params", "tau", "drafted depth", "speedup", "images/s", "p50 s", "quality"):
+    for col in ("method", "params", "tau", "drafted depth", "speedup", "images/s", "p50 s", "step tvd", "quality"):
         table.add_column(col)
     for run in result.runs:
         q = run.quality
@@ -165,7 +167,8 @@ def bench(
         table.add_row(run.method, run.params.label(), f"{run.stats.mean_accepted_length:.2f}",
                       "-" if not depth else f"{depth:.2f}",
                       f"{run.speedup_vs_ar:.2f}x" if run.speedup_vs_ar is not None else "-",
-                      f"{run.images_per_s:.3f}", f"{run.latency_s.p50:.2f}", qual)
+                      f"{run.images_per_s:.3f}", f"{run.latency_s.p50:.2f}",
+                      "-" if run.stats.step_tvd is None else f"{run.stats.step_tvd:.3f}", qual)
     Console().print(table)
 
 

@@ -39,6 +39,7 @@ Tree = Annotated[Optional[str], typer.Option("--tree", help="Static tree: a pres
 LanternK = Annotated[Optional[int], typer.Option("--lantern-k", help="Nearest codebook neighbours considered for the proximity set. Read by: " + readers("lantern_k") + ".", rich_help_panel='Relaxed acceptance (read by the methods named)')]
 LanternDelta = Annotated[Optional[float], typer.Option("--lantern-delta", help="LANTERN total-variation budget (0 = exact). Read by: " + readers("lantern_delta") + ".", rich_help_panel='Relaxed acceptance (read by the methods named)')]
 LanternLambda = Annotated[Optional[float], typer.Option("--lantern-lambda", help="LANTERN++ multiplicative bound (1 = exact). Read by: " + readers("lantern_lambda") + ".", rich_help_panel='Relaxed acceptance (read by the methods named)')]
+RelaxRule = Annotated[Optional[str], typer.Option("--relax-rule", help="paper (default: the reference LANTERN code's acceptance) or bounded (each step's output within the stated TVD bound). Read by: " + readers("relax_rule") + " (sjd: with a relaxation).", rich_help_panel='Relaxed acceptance (read by the methods named)')]
 Depth = Annotated[Optional[int], typer.Option("--depth", help="Chain length (sd) or EAGLE-2 tree depth. Read by: " + readers("depth") + ".", rich_help_panel='Drafting (read by the methods named)')]
 TopKDraft = Annotated[Optional[int], typer.Option("--top-k-draft", help="EAGLE-2 children per expanded node. Read by: " + readers("top_k_draft") + ".", rich_help_panel='Drafting (read by the methods named)')]
 TotalTokens = Annotated[Optional[int], typer.Option("--total-tokens", help="EAGLE-2 verified tokens per step (root included). Read by: " + readers("total_tokens") + ".", rich_help_panel='Drafting (read by the methods named)')]
@@ -77,6 +78,7 @@ class MethodFlags:
     lantern_k: int | None = None
     lantern_delta: float | None = None
     lantern_lambda: float | None = None
+    relax_rule: str | None = None
     depth: int | None = None
     top_k_draft: int | None = None
     total_tokens: int | None = None

@@ -52,6 +52,7 @@ def run(
     lantern_k: opt.LanternK = None,
     lantern_delta: opt.LanternDelta = None,
     lantern_lambda: opt.LanternLambda = None,
+    relax_rule: opt.RelaxRule = None,
     depth: opt.Depth = None,
     top_k_draft: opt.TopKDraft = None,
     total_tokens: opt.TotalTokens = None,

@@ -37,6 +37,7 @@ def tune_cmd(
     cfg: opt.Cfg = None,
     lantern_k: opt.LanternK = None,
     lantern_lambda: opt.LanternLambda = None,
+    relax_rule: opt.RelaxRule = None,
     batch_size: opt.BatchSize = None,
     classes: opt.Classes = None,
     num_images: Optional[int] = typer.Option(8, "--num-images", help="Calibration images (classes cycled)."),
@@ -67,7 +68,8 @@ def tune_cmd(
     thresholds = _thresholds(ddd_thresholds)
 
     full = opt.MethodFlags(greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, cfg=cfg,
-                           lantern_k=lantern_k, lantern_lambda=lantern_lambda).as_dict()
+                           lantern_k=lantern_k, lantern_lambda=lantern_lambda,
+                           relax_rule=relax_rule).as_dict()
     backend, prof = opt.open_backend(device, profile_name, graph, dtype)
     loaded = load_model(model=model, gpt_model=gpt_model, gpt_ckpt=gpt_ckpt, vq_ckpt=vq_ckpt, image_size=image_size,
                         drafter=drafter, gpt_type=gpt_type, trust=trust_checkpoint, device=backend.device,
@@ -164,6 +166,7 @@ def profile_toml(result: Any, base: Any, spec: Any, tree_file: str, record_file:
     ]
     if spec.method == "lantern++":
         lines.append(f"lantern_lambda = {spec.lantern_lambda}")
+        lines.append(f'relax_rule = "{spec.relax_rule}"')
     else:  # sd: exact acceptance over the tuned tree
         lines.append("lantern_lambda = 1.0")
     if result.ddd:

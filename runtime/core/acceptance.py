@@ -42,30 +42,54 @@ from runtime.core.tree import TreeBuffers
 _EPS = 1e-12
 
 
+RELAX_RULES = ("paper", "bounded")
+
+
 @dataclass(frozen=True)
 class Relaxation:
     """kind: "none" (exact), "delta" (LANTERN, additive) or "lambda" (LANTERN++).
 
     neighbours: (V, k) long nearest-codebook table (see proximity.py); None when exact.
+    rule: "paper" (what the reference LANTERN code does, see `accept_sampling`) or "bounded"
+    (each node's output within the stated TVD bound of the target).
+    zero_neighbours: (V, k+1) the table the paper rule clears on a relaxed rejection (the
+    reference clears x's k+1 nearest codes); None: `neighbours` itself.
     """
 
     kind: str = "none"
     delta: float = 0.0
     lam: float = 1.0
     neighbours: torch.Tensor | None = None
+    rule: str = "paper"
+    zero_neighbours: torch.Tensor | None = None
 
     @property
     def active(self) -> bool:
         return (self.kind == "delta" and self.delta > 0) or (self.kind == "lambda" and self.lam > 1)
 
+    @property
+    def paper(self) -> bool:
+        """The reference code's rule is in effect (relaxation on and rule "paper")."""
+        return self.active and self.rule == "paper"
+
     # (V+1, k): `neighbours` plus a row for the padding token V whose neighbours are all V
-    # (a missing child); built with the Relaxation, so a captured step reads a fixed buffer
+    # (a missing child); built with the Relaxation, so a captured step reads a fixed buffer.
+    # clear_padded (V+1, k+2): row x = x itself, then `zero_neighbours`' row (what the paper
+    # rule clears when x is rejected), padded the same way.
     padded: torch.Tensor | None = field(init=False, default=None, repr=False)
+    clear_padded: torch.Tensor | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
+        if self.rule not in RELAX_RULES:
+            raise ValueError(f"relaxation rule must be one of {', '.join(RELAX_RULES)}, got {self.rule!r}")
         nb = self.neighbours
         if nb is not None:
-            object.__setattr__(self, "padded", torch.cat([nb, torch.full_like(nb[:1], nb.size(0))]))
+            pad = lambda t: torch.cat([t, torch.full_like(t[:1], nb.size(0))])  # noqa: E731
+            object.__setattr__(self, "padded", pad(nb))
+            zn = self.zero_neighbours if self.zero_neighbours is not None else nb
+            zn = pad(zn.to(nb.device))
+            ids = torch.arange(zn.size(0), device=nb.device)[:, None]
+            object.__setattr__(self, "clear_padded", torch.cat([ids, zn], 1))
 
 
 @dataclass
@@ -128,19 +152,44 @@ class _Walk:
     on_path: torch.Tensor  # (B, N+1) float 1 for best and its ancestors
 
 
-def _walk(won: torch.Tensor, tree: TreeBuffers, rows: torch.Tensor, weights: tuple[torch.Tensor, ...]) -> _Walk:
+def _walk(won: torch.Tensor, tree: TreeBuffers, rows: torch.Tensor, weights: tuple[torch.Tensor, ...],
+          tie: torch.Tensor | None = None) -> _Walk:
     """won (B, N+1) float 1/0: node i's own test passed (the root's entry must be 1);
     weights: `tree.walk_weights()`.
 
     The accepted path ends at the deepest node whose every ancestor, itself included, won
     (the lowest index among equals): a node's count of winning ancestors equals its depth + 1.
+    tie: (B, N+1) float in [0, 1), the preference among equally deep nodes instead (higher
+    wins; `reference_row_order`).
     """
     anc, _, depth1 = weights
     full = _per_node(anc, won, tree) == depth1
-    best = (full * depth1).argmax(-1)  # first of the deepest
+    if tie is None:
+        best = (full * depth1).argmax(-1)  # first of the deepest
+    else:
+        best = (full * (depth1 + tie)).argmax(-1)
     if not tree.batched:
         return _Walk(best, depth1[best], tree.path_table[best], anc[best])
     return _Walk(best, depth1[rows, best], tree.path_table[rows, best], anc[rows, best])
+
+
+def reference_row_order(tree: TreeBuffers, weights: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """(B, N+1) float in [0, 1): how early each node's first verification row comes in the
+    reference code's greedy walk over a dynamic tree, higher = earlier.
+
+    The reference verifies one row per leaf, leaves in node order, and among rows whose
+    accepted prefix is equally long commits the first (`argmax` over row lengths). The node
+    committed at depth d is therefore the accepted depth-d node whose subtree holds the
+    lowest-numbered leaf. Static trees are verified in lexicographic row order, where that
+    node is the lowest-numbered one, which `_walk` picks without this key.
+    """
+    anc = weights[0]  # (B, N+1, N+1): [i, j] = j is i or an ancestor of i
+    n1 = anc.size(-1)
+    leaf = (tree.children[..., 0] < 0).to(anc.dtype)  # (B, N+1)
+    index = torch.arange(n1, device=anc.device, dtype=anc.dtype)
+    # first leaf below each node j: the lowest i with anc[i, j] among leaves (n1 where none)
+    first_leaf = torch.where(anc * leaf[..., None] > 0, index[:, None], float(n1)).amin(-2)
+    return (n1 - first_leaf) / (n1 + 1)
 
 
 def _path_sum(x: torch.Tensor, w: _Walk) -> torch.Tensor:
@@ -158,6 +207,8 @@ def accept_greedy(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers,
     its relaxed probability r(x) + c is the maximum of the relaxed distribution, i.e.
     >= max_y r(y) (neighbours' own probabilities are not lowered, as in the reference).
     Guarantee (exact): the output equals AR greedy decoding token for token.
+    Rule "paper" on a dynamic (batched) tree: among equally deep accepted paths the one the
+    reference commits (`reference_row_order`); several siblings can pass only when relaxed.
     """
     b, n1 = tokens.shape
     rows = torch.arange(b, device=p.device)
@@ -173,9 +224,13 @@ def accept_greedy(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers,
         mass_used = c.view(b, n1).masked_fill(ok, 0.0)
         ok = ok | relaxed_ok
     ok[:, 0] = True
-    w = _walk(ok.to(p.dtype), tree, rows, tree.walk_weights())
+    weights = tree.walk_weights()
+    tie = reference_row_order(tree, weights) if relax.paper and tree.batched else None
+    w = _walk(ok.to(p.dtype), tree, rows, weights, tie)
     bonus = p[rows, w.best].argmax(-1)
-    relax_mass = _path_sum(mass_used, w) if relax.active else torch.zeros_like(bonus, dtype=p.dtype)
+    # the root is on every path but is no accepted draft: its entry is not counted
+    relax_mass = (_path_sum(mass_used, w) - mass_used[:, 0] if relax.active
+                  else torch.zeros_like(bonus, dtype=p.dtype))
     return Accepted(w.path, w.count, bonus, relax_mass)
 
 
@@ -260,12 +315,22 @@ def accept_sampling(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers, rn
     A residual of zero mass (reachable only through float rounding) falls back to p after
     the node, so no token of probability zero is ever returned.
 
-    Where this differs from the reference code (jadohu/LANTERN): the reference accepts a
-    sampled draft with min(1, r~_x(x) / q(x)) using the per-draft target r~_x, whose output is
-    not bounded by delta (measured here: TVD 0.15-0.29 at delta 0.1); its residuals also
-    differ between model files (dynamic trees zero p on x's k+1 nearest neighbours; static
-    trees subtract a q masked on those neighbours; Lumina-mGPT zeroes p before subtracting).
-    Here one residual, norm(max(t - q_i, 0)), serves every model and keeps the stage exact.
+    The rules. Everything above is rule "bounded". Rule "paper" (`relax.rule`, the default of
+    the methods) does what the reference code (jadohu/LANTERN, `evaluate_posterior` and
+    `evaluate_posterior_v1` of ea_model_llamagen.py) does, stage by stage against the current
+    residual g (p at first): each sibling gets the full budget c_x computed on g (delta, or
+    (lambda - 1) g(x)), and
+        deterministic drafts (dynamic trees): accept with g(x) + c_x; on rejection g is zeroed
+            at x and, when x's relaxation was used (its nearest code fits the budget), at its
+            k+1 nearest codes, then renormalised (`_paper_deterministic_stages`);
+        sampled drafts (static trees, sjd): accept with min(1, (g(x) + c_x) / q_s(x)); on
+            rejection g <- norm(max(g - q', 0)), q' = q_s zeroed at x's k+1 nearest codes when
+            its relaxation was used (`_paper_sampled_stages`).
+    A sampled draft gains c_x rather than q(x) c_x, so the output is not bounded by delta
+    (measured: see README); each relaxed *test* is. Two deliberate differences from the
+    reference, both to keep the promise that no token of probability 0 is returned: a
+    draft of target probability 0 gets no additive budget, and a residual of zero mass falls
+    back to p after the node (the reference uses a uniform distribution there).
     """
     b, n1 = tokens.shape
     v = p.size(-1)
@@ -282,12 +347,14 @@ def accept_sampling(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers, rn
     if q is not None:
         if tree.stages is None or tree.batched:
             raise ValueError("sampled drafts need a static tree (TreeBuffers.stages)")
-        a, shift, bonus_rows = _sampled_stages(tokens, p, q, tree, relax)
+        stages = _paper_sampled_stages if relax.paper else _sampled_stages
+        a, shift, bonus_rows = stages(tokens, p, q, tree, relax)
     elif relax.active:
         k = tree.max_children
         child = torch.remainder(t.children, n1 + 1)  # (B, N+1, K): a missing child (-1) -> n1
         xs = tokens_pad.gather(1, child.reshape(b, -1)).view(b, n1, k)
-        a_pk, shift_pk, bonus_rows = _deterministic_stages(xs, p, relax)
+        stages = _paper_deterministic_stages if relax.paper else _deterministic_stages
+        a_pk, shift_pk, bonus_rows = stages(xs, p, relax)
         slot = torch.add(t.rank, t.parent, alpha=k)  # parent * k + rank
         a, shift = a_pk.reshape(b, -1).gather(1, slot), shift_pk.reshape(b, -1).gather(1, slot)
     else:  # exact deterministic drafts: closed form
@@ -311,7 +378,8 @@ def accept_sampling(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers, rn
         r = bonus_rows(best, rows)
     r = torch.where(r.sum(-1, keepdim=True) > 0, r, p_best)
     bonus = race(r, bonus_u)
-    relax_mass = _path_sum(shift, w) if relax.active else torch.zeros_like(bonus, dtype=p.dtype)
+    # the root is on every path but is no accepted draft: its entry is not counted
+    relax_mass = _path_sum(shift, w) - shift[:, 0] if relax.active else torch.zeros_like(bonus, dtype=p.dtype)
     return Accepted(path, count, bonus, relax_mass)
 
 
@@ -422,6 +490,110 @@ def _sampled_stages(tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor, tree
     # bonus rows, stage order: parents with K children come from the last stage, ..., leaves keep p
     bonus_table = torch.cat(last[::-1] + [p_sorted[:, rows0:]], 1)
     return a, node_shift, lambda best, rows: bonus_table[rows, lay.position[best]]
+
+
+def _budget(rx: torch.Tensor, z: torch.Tensor, nbm: torch.Tensor, relax: Relaxation
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The paper rule's relaxation of drafts x against an unnormalised residual R of mass z.
+
+    rx (...,) R(x); z (...,); nbm (..., k) R at x's nearest codes in order. Returns
+    (c (...,) the unnormalised mass x gains: the longest prefix of nbm whose sum is within
+    the budget, used (...,) bool: the nearest code fits, which is when the reference clears
+    x's neighbours on a rejection). The budget is delta of the normalised residual (z delta;
+    none for a draft of probability 0) or (lambda - 1) R(x).
+    """
+    cum = nbm.cumsum(-1)
+    if relax.kind == "delta":
+        bound = torch.where(rx > 0, z * relax.delta, 0.0)
+    else:
+        bound = rx * (relax.lam - 1.0)
+    inside = cum <= bound[..., None]
+    return (nbm * inside).sum(-1), inside[..., 0]
+
+
+def _paper_deterministic_stages(xs: torch.Tensor, p: torch.Tensor, relax: Relaxation
+                                ) -> tuple[torch.Tensor, torch.Tensor, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
+    """Rule "paper" for deterministic drafts (the reference's dynamic-tree sampler).
+
+    xs: (B, P, K) child tokens per parent in rank order (V = no child: mass 0, a no-op
+    stage); p: (B, P, V). Stage s of every parent at once, one loop step per sibling rank:
+    R (B, P, V+1) is the unnormalised residual (p with the cleared tokens zeroed), z its
+    mass; child x_s is accepted with probability (R(x_s) + c_s) / z (>= 1: surely), and on
+    rejection x_s and, when its relaxation was used, its k+1 nearest codes are cleared.
+    Returns acceptance probabilities (B, P, K), shifts c_s / z (B, P, K) and a function
+    giving the bonus rows (B, V) of the given parents (B,) after all their children were
+    rejected (the last residual).
+    """
+    k, v = xs.size(-1), p.size(-1)
+    res = F.pad(p, (0, 1))  # token V (no child) has mass 0
+    # per stage: x then its nearest codes (read), and x then its k+1 nearest (cleared)
+    read = torch.cat([xs[..., None], relax.padded[xs]], -1)  # (B, P, K, 1 + k)
+    clear = relax.clear_padded[xs]  # (B, P, K, k + 2)
+    z = res.sum(-1)
+    masses, gains, totals = [], [], []
+    for s in range(k):
+        m = res.gather(-1, read[..., s, :])  # R(x_s), then R at its nearest codes
+        c, used = _budget(m[..., 0], z, m[..., 1:], relax)
+        masses.append(m[..., 0])
+        gains.append(c)
+        totals.append(z)
+        # cleared: x_s alone, or x_s and its k+1 nearest codes (a clear row starts with x_s)
+        res = res.scatter(-1, torch.where(used[..., None], clear[..., s, :], clear[..., s, :1]), 0.0)
+        z = res.sum(-1)
+    rx, c, z_all = torch.stack(masses, -1), torch.stack(gains, -1), torch.stack(totals, -1).clamp(min=_EPS)
+    return (rx + c) / z_all, c / z_all, lambda best, rows: res[rows, best, :v]
+
+
+def _paper_sampled_stages(tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor, tree: TreeBuffers,
+                          relax: Relaxation) -> tuple[torch.Tensor, torch.Tensor, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
+    """Rule "paper" for sampled drafts on a static tree (the reference's static-tree sampler).
+
+    Parents in `tree.stages` order as in `_sampled_stages`; stage s runs on the first rows[s]
+    of them. R (unnormalised residual, mass z) starts at p; the child x_s, drawn from
+    q_s = q without the earlier siblings (q / W_s at x_s), is accepted with probability
+    min(1, (R(x_s) + c_s) / z / q_s(x_s)); on rejection R <- max(R - z q', 0) with
+    q' = q / W_s zeroed at x_s's k+1 nearest codes when its relaxation was used. q need not
+    be zeroed at the earlier siblings: a rejected x_t had R(x_t) < z q_t(x_t), so the
+    residual is 0 there already. A child with q_s(x_s) = 0 (the proposal exhausted) is
+    skipped, as in the reference. Returns per-node acceptance probabilities (B, N+1),
+    per-node shifts c_s / z (B, N+1) and the bonus-row function.
+    """
+    lay = tree.stages
+    v = p.size(-1)
+    rows0 = lay.rows[0]
+    p_sorted = p[:, lay.order]  # (B, P, V) in stage order
+    res = F.pad(p_sorted[:, :rows0], (0, 1))  # (B, rows0, V+1); token V: mass 0
+    qm = F.pad(q[:, lay.order[:rows0]], (0, 1))
+    xs = tokens[:, lay.child[:rows0]]  # (B, rows0, K); a missing child (the root's token) is never read
+    read = torch.cat([xs[..., None], relax.padded[xs]], -1)  # (B, rows0, K, 1 + k)
+    clear = relax.clear_padded[xs]  # (B, rows0, K, k + 2): x, then its k+1 nearest codes
+    q_x = qm.gather(2, xs)
+    left = (1.0 - (q_x.cumsum(-1) - q_x)).clamp(min=_EPS)  # W_s: q's mass before stage s
+    qs_x = q_x / left  # q_s(x_s)
+    drawn = qs_x > 0
+    z = res.sum(-1)
+    masses, gains, totals, last = [], [], [], []
+    for s, n in enumerate(lay.rows):
+        res, qm, z = res[:, :n], qm[:, :n], z[:, :n]
+        m = res.gather(2, read[:, :n, s])
+        c, used = _budget(m[..., 0], z, m[..., 1:], relax)
+        masses.append(m[..., 0])
+        gains.append(c)
+        totals.append(z)
+        # q' = q / W_s without x_s's k+1 nearest codes when relaxed (V, a zero column, if not)
+        cleared = torch.where(used[..., None], clear[:, :n, s, 1:], v)
+        scale = torch.where(drawn[:, :n, s], z / left[:, :n, s], 0.0)  # an undrawn stage changes nothing
+        res = torch.addcmul(res, qm.scatter(2, cleared, 0.0), scale[..., None], value=-1.0).clamp(min=0.0)
+        z = res.sum(-1)
+        last.append(res[:, lay.rows[s + 1] if s + 1 < len(lay.rows) else 0:, :v])
+    rx, c = torch.cat(masses, 1), torch.cat(gains, 1)
+    z_all = torch.cat(totals, 1).clamp(min=_EPS)
+    q_all = torch.cat([qs_x[:, :n, s] for s, n in enumerate(lay.rows)], 1)
+    # min(1, t/q); a sample outside the proposal's support (q exhausted) is never accepted
+    a = ((rx + c) / z_all).minimum(q_all) / q_all.clamp(min=torch.finfo(q_all.dtype).tiny)
+    node_shift = c / z_all
+    bonus_table = torch.cat(last[::-1] + [p_sorted[:, rows0:]], 1)
+    return a[:, lay.node_slot], node_shift[:, lay.node_slot], lambda best, rows: bonus_table[rows, lay.position[best]]
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,11 @@ class ImageStats:
     relax_mass: float
     accepted_drafts: int
     drafted_levels: int = 0  # tree levels drafted, summed over iterations
+    # `Decoder.measure_law`: TV(output law, p) at the root's children and the stated bound
+    # there, summed over the iterations measured
+    law_tvd: float = 0.0
+    law_bound: float = 0.0
+    law_steps: int = 0
 
 
 @dataclass
@@ -80,6 +85,9 @@ class RunStats:
     relax_mass: float = 0.0
     accepted_drafts: int = 0
     drafted_levels: int = 0
+    law_tvd: float = 0.0
+    law_bound: float = 0.0
+    law_steps: int = 0
 
     def add(self, s: ImageStats) -> None:
         self.images += 1
@@ -94,10 +102,15 @@ class RunStats:
         self.relax_mass += s.relax_mass
         self.accepted_drafts += s.accepted_drafts
         self.drafted_levels += s.drafted_levels
+        self.law_tvd += s.law_tvd
+        self.law_bound += s.law_bound
+        self.law_steps += s.law_steps
 
     def summary(self) -> dict[str, Any]:
         """tau = tokens produced (bonus included) per target forward; mean_drafted_depth =
-        tree levels drafted per iteration (every image's prefill is a forward, not an iteration)."""
+        tree levels drafted per iteration (every image's prefill is a forward, not an iteration);
+        step_tvd / step_tvd_bound: mean TV distance of a step's output law from the target and
+        the stated bound there (`Decoder.measure_law`; None when not measured)."""
         fw = max(self.target_forwards, 1)
         iterations = max(self.target_forwards - self.images, 1)
         return {
@@ -108,6 +121,9 @@ class RunStats:
             "per_depth_acceptance": [a / r if r else 0.0 for a, r in zip(self.depth_accepted, self.depth_reached)],
             "mean_relaxation_mass": self.relax_mass / self.accepted_drafts if self.accepted_drafts else 0.0,
             "mean_drafted_depth": self.drafted_levels / iterations,
+            "step_tvd": self.law_tvd / self.law_steps if self.law_steps else None,
+            "step_tvd_bound": self.law_bound / self.law_steps if self.law_steps else None,
+            "law_steps": self.law_steps,
         }
 
 
@@ -126,6 +142,11 @@ class Decoder:
     steps run eagerly. Set `timer` (an object with `.phase(name)`, e.g. `backend.timer()`)
     to time the phases prefill / draft / verify / accept. `track_nodes`: count in
     `node_hits` (B, N+1) how often each tree node was accepted (runtime tune's calibration).
+    Set `measure_law` (every `law_every`-th iteration) to measure what the acceptance rule does
+    to the law: between verify and accept, the output law at the root's children (the first
+    drafted position) is computed (`runtime.core.law`) and its TV distance from the target is
+    summed per image with the stated bound; eager host-side work outside the captured steps,
+    for untimed passes.
     """
 
     def __init__(self, target: Transformer, drafter: Drafter | None, spec: MethodSpec, *,
@@ -168,9 +189,13 @@ class Decoder:
         kind = spec.relaxation_kind
         if kind != "none" and neighbours is None:
             raise UserError(f"method {spec.method} needs the codebook neighbour table (pass the VQ model)")
+        zero_neighbours = None
         if neighbours is not None:
-            neighbours = neighbours[:, : spec.lantern_k].to(dev)
-        self.relax = Relaxation(kind, spec.lantern_delta, spec.lantern_lambda, neighbours)
+            # the paper rule clears a rejected draft's k+1 nearest codes (where the table has them)
+            zero_neighbours = neighbours[:, : spec.lantern_k + 1].to(dev)
+            neighbours = zero_neighbours[:, : spec.lantern_k]
+        self.relax = Relaxation(kind, spec.lantern_delta, spec.lantern_lambda, neighbours, rule=spec.relax_rule,
+                                zero_neighbours=zero_neighbours)
         self.group = None
         if spec.accept == "grouped":
             self.group = GroupRule.for_target(target, spec.group_window, spec.group_gap, spec.group_dist)
@@ -218,6 +243,9 @@ class Decoder:
         self.reached = torch.zeros(b, max(self.max_depth, 1), dtype=torch.long, device=dev)
         self.depth_ids = torch.arange(1, max(self.max_depth, 1) + 1, device=dev)
         self.node_hits = torch.zeros(b, self.n1, dtype=torch.long, device=dev) if track_nodes else None
+        self.measure_law, self.law_every = False, 1
+        self.law_sums = torch.zeros(3, b, device=dev)  # TV, bound, steps measured
+        self._iteration = 0
 
         # -- steps: eager until `_capture_steps` swaps in captured replays ------------------
         # the draft as the policy's segments (one, unless its depth is decided as it goes),
@@ -347,6 +375,7 @@ class Decoder:
         self.relax_mass[i] = 0.0
         self.drafted_sum[i] = 0
         self.reached[i] = 0
+        self.law_sums[:, i] = 0.0
         self.policy.start(i, rows, hidden, first, cond_mask)
 
     def _draft_step(self) -> None:
@@ -443,6 +472,22 @@ class Decoder:
             self.relax_mass.addcmul_(acc.relax_mass, live)
         self.policy.committed(path, n, block)
 
+    def _measure_law(self, depth: int) -> None:
+        """Add TV(output law, p) at the root's children, and the stated bound, for live images
+        (`measure_law`); reads the verified tree before accept changes anything."""
+        from runtime.core.law import nominal_bound, step_tvd
+
+        tree = self.prefix_trees[depth]
+        kids = tree.children[..., 0, :]  # (B, K) or shared (K,); -1 = none
+        kids = kids.expand(self.batch, -1) if kids.dim() == 1 else kids
+        xs = torch.where(kids >= 0, self.tokens.gather(1, kids.clamp(min=0)), self.vocab)
+        p = self.p[:, 0]
+        q = self.q[:, 0] if self.policy.sampled_q else None
+        live = self.live().to(p.dtype)
+        self.law_sums[0] += step_tvd(p, xs, self.relax, q, seed=self._iteration) * live
+        self.law_sums[1] += nominal_bound(p, xs, self.relax, q) * live
+        self.law_sums[2] += live
+
     def _accept_ar(self, live: torch.Tensor) -> None:
         """AR: the verified token is already in the cache; pick the next one from p."""
         token = self.pick(self.p[:, :1])  # (B, 1)
@@ -512,6 +557,10 @@ class Decoder:
                     depth = self._run_draft()
             with timer.phase("verify"):
                 self._verify_at[depth]()
+            if self.measure_law and self.max_depth and self.group is None:
+                if self._iteration % self.law_every == 0:
+                    self._measure_law(depth)
+                self._iteration += 1
             with timer.phase("accept"):
                 self._accept_at[depth]()
             if mark is not None:
@@ -537,7 +586,9 @@ class Decoder:
         else:
             reached = [iters] + depth_acc[:-1] if self.max_depth else []
             drafted = self.max_depth * iters
+        law_tvd, law_bound, law_steps = self.law_sums[:, i].tolist()
         return ImageStats(tokens=self.num_tokens, target_forwards=1 + iters,
                           accepted_tokens=accepted, depth_accepted=depth_acc,
                           depth_reached=reached, relax_mass=float(self.relax_mass[i]),
-                          accepted_drafts=accepted - 1 - iters, drafted_levels=drafted)
+                          accepted_drafts=accepted - 1 - iters, drafted_levels=drafted,
+                          law_tvd=law_tvd, law_bound=law_bound, law_steps=int(law_steps))

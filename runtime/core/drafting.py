@@ -177,6 +177,10 @@ class DrafterPolicy(DraftPolicy):
     def start(self, i: int, rows: torch.Tensor, hidden: torch.Tensor, first: torch.Tensor,
               cond_mask: torch.Tensor | None) -> None:
         loop = self.loop
+        # the condition positions the drafter attends to are the ones it was trained with:
+        # padded caption positions too ("all", LANTERN's and `runtime train drafter`'s), or not
+        if getattr(loop.drafter.config, "condition_context", "all") == "all":
+            cond_mask = None
         if self.start_dcache is not None:  # condition positions 0..cls-2 pair token 0 with the target hidden
             c1, tmp = loop.cls - 1, self.start_dcache
             tmp.reset()

@@ -41,11 +41,13 @@ def neighbours_for(vq: Any, spec: MethodSpec, vocab_size: int) -> torch.Tensor |
     Only the first `vocab_size` codes are tokens the GPT can emit (a GPT may use fewer tokens than
     the codebook holds), so neighbours are searched among those: the table is (vocab_size, k). A
     vocabulary larger than the codebook (Lumina-mGPT's row-end token) gets rows of valid codes.
+    The table has lantern_k + 1 columns (at most V - 1).
     """
     if spec.relaxation_kind == "none":
         return None
     codebook = vq.codebook_vectors(normalized=False)[:vocab_size]
-    k = min(spec.lantern_k, codebook.size(0) - 1)
+    # k + 1 columns: the paper rule clears a rejected draft's k+1 nearest codes
+    k = min(spec.lantern_k + 1, codebook.size(0) - 1)
     table, _ = neighbour_table(codebook, k)
     if vocab_size > codebook.size(0):  # tokens that are no code (a row-end token): any valid codes; a
         # layout that forces such a token gives every code probability 0 there, so nothing moves

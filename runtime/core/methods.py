@@ -12,6 +12,10 @@
 
 With lantern_delta = 0 / lantern_lambda = 1 the relaxed methods are exact.
 
+`relax_rule` (lantern, lantern++, relaxed sjd): "paper" (default) is the reference LANTERN
+code's acceptance, "bounded" the rule whose output stays within the stated TVD bound per
+step (acceptance.py sets out both).
+
 sjd options: `init` (prior of fresh window positions: uniform, repeat-h = the token to the
 left, repeat-v = the token above), `coupling` (how the stale tail is redrafted: none = sample
 the current p, maximal = keep the old draft with probability min(1, p/q), gumbel =
@@ -50,6 +54,7 @@ JACOBI_INITS = ("uniform", "repeat-h", "repeat-v")
 COUPLINGS = ("none", "maximal", "gumbel")
 ACCEPT_RULES = ("exact", "grouped")
 RELAXATIONS = ("none", "delta", "lambda")
+RELAX_RULES = ("paper", "bounded")
 # EAGLE-2 expands top_k children of each of its top_k frontier nodes: top_k^2 candidates a level
 MAX_TOP_K_DRAFT = 64
 
@@ -61,13 +66,14 @@ class MethodSpec:
     tree: str = "naive_extend_57"
     depth: int = 4
     top_k_draft: int = 10
-    total_tokens: int = 60
+    total_tokens: int = 59  # LANTERN's LlamaGen default (root included)
     lantern_k: int = 1000
     lantern_delta: float = 0.1
     lantern_lambda: float = 2.0
     # relaxation of sjd drafts ("none", "delta" or "lambda"); None = the method's own
     # (lantern: delta, lantern++: lambda, the others none)
     relax: str | None = None
+    relax_rule: str = "paper"
     window: int = 16
     init: str = "repeat-v"
     coupling: str = "none"
@@ -113,6 +119,8 @@ class MethodSpec:
             (self.accept in ACCEPT_RULES, f"--accept must be one of {', '.join(ACCEPT_RULES)}, got {self.accept!r}"),
             (self.relax is None or self.relax in RELAXATIONS,
              f"relax must be one of {', '.join(RELAXATIONS)}, got {self.relax!r}"),
+            (self.relax_rule in RELAX_RULES,
+             f"--relax-rule must be one of {', '.join(RELAX_RULES)}, got {self.relax_rule!r}"),
             (self.group_window >= 1, f"--group-window must be >= 1, got {self.group_window}"),
             (self.group_gap > 0, f"--group-gap must be > 0, got {self.group_gap}"),
             (self.group_dist > 0, f"--group-dist must be > 0, got {self.group_dist}"),
@@ -227,17 +235,17 @@ class MethodSpec:
         if self.dynamic_depth is not None:
             out.update(dynamic_depth=self.dynamic_depth)
         if self.method == "lantern":
-            out.update(lantern_k=self.lantern_k, lantern_delta=self.lantern_delta)
+            out.update(lantern_k=self.lantern_k, lantern_delta=self.lantern_delta, relax_rule=self.relax_rule)
         if self.method == "lantern++":
-            out.update(lantern_k=self.lantern_k, lantern_lambda=self.lantern_lambda)
+            out.update(lantern_k=self.lantern_k, lantern_lambda=self.lantern_lambda, relax_rule=self.relax_rule)
         if self.method == "sjd":
             out.update(window=self.window, init=self.init, coupling=self.coupling,
                        proactive=list(self.proactive) if self.proactive else None, accept=self.accept,
                        relax=self.relaxation_kind)
             if self.relaxation_kind == "delta":
-                out.update(lantern_k=self.lantern_k, lantern_delta=self.lantern_delta)
+                out.update(lantern_k=self.lantern_k, lantern_delta=self.lantern_delta, relax_rule=self.relax_rule)
             if self.relaxation_kind == "lambda":
-                out.update(lantern_k=self.lantern_k, lantern_lambda=self.lantern_lambda)
+                out.update(lantern_k=self.lantern_k, lantern_lambda=self.lantern_lambda, relax_rule=self.relax_rule)
             if self.accept == "grouped":
                 out.update(group_window=self.group_window, group_gap=self.group_gap, group_dist=self.group_dist)
         return out

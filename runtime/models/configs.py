@@ -182,6 +182,9 @@ VQ_CONFIGS: dict[str, VQConfig] = {
 }
 
 
+CONDITION_CONTEXTS = ("all", "valid")
+
+
 @dataclass(frozen=True)
 class DrafterConfig:
     """EAGLE/LANTERN drafter hyper-parameters (HF `config.json` field names).
@@ -206,10 +209,17 @@ class DrafterConfig:
     # max_position (targets with 1-D positions: Chameleon)
     rope: str = "llamagen-2d"
     max_position: int = 4096
+    # which condition positions the drafter attends to, as it was trained: "all" (padded caption
+    # positions included, with token id 0: LANTERN's training and inference, and `runtime train
+    # drafter`'s) or "valid" (padded positions masked)
+    condition_context: str = "all"
 
     def __post_init__(self) -> None:
         if self.rope not in ("llamagen-2d", "1d"):
             raise ValueError(f"drafter rope must be 'llamagen-2d' or '1d', got {self.rope!r}")
+        if self.condition_context not in CONDITION_CONTEXTS:
+            raise ValueError(f"drafter condition_context must be one of {', '.join(CONDITION_CONTEXTS)}, "
+                             f"got {self.condition_context!r}")
         check_positive("drafter", hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
                        num_attention_heads=self.num_attention_heads, num_key_value_heads=self.num_key_value_heads,
                        num_hidden_layers=self.num_hidden_layers, vocab_size=self.vocab_size,

@@ -410,7 +410,9 @@ def drafter_config_from_json(cfg: Mapping[str, Any], source: str = "config.json"
     """DrafterConfig from a LANTERN drafter `config.json` dict.
 
     The target geometry comes from explicit `block_size` / `cls_token_num` fields when present
-    (our own folders write them), else from LANTERN's `input_type`.
+    (our own folders write them), else from LANTERN's `input_type`. `condition_context` (which
+    condition positions the drafter was trained to attend to) defaults to "all", as LANTERN's
+    drafters and this project's were trained.
     """
     required = ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
     for field in required:
@@ -436,6 +438,7 @@ def drafter_config_from_json(cfg: Mapping[str, Any], source: str = "config.json"
             rope_base=float(cfg.get("rope_base", cfg.get("rope_theta", 10000.0))),
             block_size=block_size, cls_token_num=cls_token_num,
             rope=str(cfg.get("rope", "llamagen-2d")), max_position=int(cfg.get("rope_max_position", 4096)),
+            condition_context=str(cfg.get("condition_context", "all")),
         )
     except (TypeError, ValueError, ZeroDivisionError) as err:
         raise UserError(f"{source}: invalid drafter config ({_first_line(err)}); fix config.json") from None
@@ -453,6 +456,7 @@ def drafter_config_to_json(cfg: DrafterConfig) -> dict[str, Any]:
         "vocab_size": cfg.vocab_size, "bias": cfg.bias, "qkv_bias": cfg.qkv_bias, "rope_base": cfg.rope_base,
         "block_size": cfg.block_size, "cls_token_num": cfg.cls_token_num,
         "max_position_embeddings": 2048, "tie_word_embeddings": False,
+        "condition_context": cfg.condition_context,
     }
     if input_type is not None:
         out["input_type"] = input_type

@@ -1,0 +1,132 @@
+"""What an acceptance rule does to the law of one step: the output distribution at a node.
+
+At a node with target p whose children x_1..x_K are tried in rank order, a rule accepts x_s
+with probability a_s (given the earlier ones were rejected) and otherwise draws the bonus
+from the last residual R. Given the drafts, the next token is therefore distributed as
+
+    L(y) = sum_s w_s a_s [y = x_s] + w_K R(y) / |R|,    w_s = prod_{t<s} (1 - a_t),
+
+and the step's output law is the expectation of L over how the drafts were made. This module
+computes it for one node of each image, with the same stage functions the decoder runs
+(`acceptance.py`), so what it measures is what the runtime does:
+
+    deterministic drafts (top-k, EAGLE-2 trees): L is the law. Exact.
+    sampled drafts (static trees, sjd): exact rule p, bounded rule its relaxed mixture (closed
+        forms); paper rule estimated (the first draft enumerated over q's likeliest tokens,
+        the later siblings drawn; exact for one child per node where the vocabulary fits).
+
+`step_tvd` turns it into TV(L, p), and `nominal_bound` gives the bound the relaxation is
+stated with for the same drafts: delta (LANTERN), or (lambda - 1) times the drafts'
+target mass (sum of p(x_s) for deterministic drafts, E_q[p(x)] for sampled ones).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from runtime.core.acceptance import (Relaxation, _deterministic_stages, _paper_deterministic_stages,
+                                     _paper_sampled_stages, _sampled_stages, relaxed_mixture)
+from runtime.core.rng import CounterRNG
+from runtime.core.sampling import sample_without_replacement
+from runtime.core.tree import static_buffers, validate_paths
+
+# the paper rule's sampled drafts: the first draft runs over this many of q's most likely
+# tokens, and about SAMPLES draws of the later siblings are spread over them by q
+CANDIDATES = 512
+SAMPLES = 2048
+
+
+def _mix(a: torch.Tensor, xs: torch.Tensor, residual: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """L (M, V) from acceptance probabilities a (M, K), drafts xs (M, K) (V = none: a = 0)
+    and the unnormalised last residual (M, V); a residual of zero mass falls back to p (M, V)."""
+    m, v = p.shape
+    a = a.clamp(0.0, 1.0)
+    left = torch.cumprod(1.0 - a, -1)
+    w = torch.cat([torch.ones_like(a[:, :1]), left[:, :-1]], -1) * a  # (M, K)
+    law = torch.zeros(m, v + 1, dtype=p.dtype, device=p.device).scatter_add_(1, xs, w)[:, :v]
+    mass = residual.sum(-1, keepdim=True)
+    rest = torch.where(mass > 0, residual / mass.clamp(min=1e-30), p)
+    return law + left[:, -1:] * rest
+
+
+def _exact_deterministic(xs: torch.Tensor, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact rule, deterministic drafts: a_s = p(x_s) / (1 - earlier siblings' p), residual p
+    without the drafts."""
+    p_pad = torch.nn.functional.pad(p, (0, 1))
+    px = p_pad.gather(1, xs)
+    a = px / (1.0 - (px.cumsum(-1) - px)).clamp(min=1e-12)
+    return a, p_pad.scatter(1, xs, 0.0)[:, :-1]
+
+
+def node_law(p: torch.Tensor, xs: torch.Tensor, relax: Relaxation, q: torch.Tensor | None = None, *,
+             samples: int = SAMPLES, candidates: int = CANDIDATES, seed: int = 0,
+             estimate: bool = False) -> torch.Tensor:
+    """The output law (B, V) at one node per image.
+
+    p (B, V) the target after the node; xs (B, K) its children's tokens in rank order, V
+    where a node has fewer (deterministic drafts: the drafts themselves; sampled drafts: only
+    their number is read, the law averages over the drafts q could give); q (B, V) the
+    distribution sampled drafts were drawn from, None for deterministic drafts. relax: the
+    rule ("none" kind = exact).
+
+    Sampled drafts: the exact rule's law is p and the bounded rule's is its relaxed mixture
+    (`relaxed_mixture`: every stage is exact toward it), both in closed form; the paper rule's
+    is estimated: the first draft x_1 runs over q's `candidates` most likely tokens, each
+    given about q(x_1) * `samples` draws of the later siblings (at least one), weighted so
+    the estimate is unbiased. `estimate=True` estimates the other rules the same way (to see
+    the estimator's noise where the answer is known).
+    """
+    b, v = p.shape
+    if q is None:
+        if relax.active:
+            stages = _paper_deterministic_stages if relax.paper else _deterministic_stages
+            a, _, rows = stages(xs[:, None], p[:, None], relax)
+            residual = rows(torch.zeros(b, dtype=torch.long, device=p.device), torch.arange(b, device=p.device))
+            return _mix(a[:, 0], xs, residual, p)
+        a, residual = _exact_deterministic(xs, p)
+        return _mix(a, xs, residual, p)
+    if not estimate and not relax.paper:
+        return relaxed_mixture(p, q, relax)[0] if relax.active else p.clone()
+    siblings = int((xs < v).sum(-1).max())  # a static tree gives every image the same number
+    tree = static_buffers(validate_paths("node", [(i,) for i in range(siblings)])).to(p.device)
+    stages = _paper_sampled_stages if relax.paper else _sampled_stages
+    rng = CounterRNG(p.device, seed)
+    out = []
+    for i in range(b):  # each image its own allocation of draws
+        top = torch.topk(q[i], min(candidates, v))
+        draws = (top.values * samples).round().clamp(min=1).long()
+        first = top.indices.repeat_interleave(draws)  # (M,)
+        weight = (top.values / draws).repeat_interleave(draws)
+        m = first.numel()
+        drafts = first[:, None]
+        if siblings > 1:  # the later siblings: drawn from q without the first
+            rest = q[i].expand(m, v).scatter(1, first[:, None], 0.0)
+            drafts = torch.cat([drafts, sample_without_replacement(rest, siblings - 1, rng)], -1)
+        tokens = torch.cat([torch.zeros_like(first[:, None]), drafts], -1)
+        pp, qq = p[i].expand(m, siblings + 1, v), q[i].expand(m, siblings + 1, v)
+        a, _, rows = stages(tokens, pp, qq, tree, relax)
+        residual = rows(torch.zeros(m, dtype=torch.long, device=p.device), torch.arange(m, device=p.device))
+        law = _mix(a[:, 1:], tokens[:, 1:], residual, pp[:, 0])  # (M, V)
+        out.append((law * weight[:, None]).sum(0) / weight.sum())
+    return torch.stack(out)
+
+
+def step_tvd(p: torch.Tensor, xs: torch.Tensor, relax: Relaxation, q: torch.Tensor | None = None,
+             **kwargs) -> torch.Tensor:
+    """(B,) total variation between the node's output law and p (see `node_law`)."""
+    return 0.5 * (node_law(p, xs, relax, q, **kwargs) - p).abs().sum(-1)
+
+
+def nominal_bound(p: torch.Tensor, xs: torch.Tensor, relax: Relaxation, q: torch.Tensor | None = None
+                  ) -> torch.Tensor:
+    """(B,) the relaxation's stated bound at this node: delta, or (lambda - 1) times the drafts'
+    target mass (sum over the children of p(x), or E_q[p(x)] for sampled drafts); 0 when exact."""
+    if not relax.active:
+        return torch.zeros(p.size(0), dtype=p.dtype, device=p.device)
+    if relax.kind == "delta":
+        return torch.full((p.size(0),), relax.delta, dtype=p.dtype, device=p.device)
+    if q is not None:
+        mass = (q * p).sum(-1)
+    else:
+        mass = torch.nn.functional.pad(p, (0, 1)).gather(1, xs).sum(-1)
+    return (relax.lam - 1.0) * mass
