@@ -117,6 +117,9 @@ def test_gpt_vocabulary_larger_than_the_codebook_is_refused(ckpts, tmp_path, run
     (["--method", "eagle2", "--top-k-draft", "1000000000000"], "--top-k-draft must be in [1, 64]"),
     (["--method", "eagle2", "--total-tokens", "5000"], "--total-tokens must be in [2, 1025]"),
     (["--method", "lantern++", "--tree", "chain1000000000000"], "chain depth must be in [1, 32]"),
+    (["--method", "lantern++", "--relax-rule", "loose"], "--relax-rule must be one of paper, bounded"),
+    (["--method", "eagle2", "--relax-rule", "bounded"], "--relax-rule does nothing for --method eagle2"),
+    (["--method", "sjd", "--relax-rule", "bounded"], "--relax-rule does nothing for exact sjd"),
 ])
 def test_values_out_of_their_domain_are_refused(ckpts, tmp_path, run_cli, flags, words):
     out = tmp_path / "out"

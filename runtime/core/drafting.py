@@ -398,31 +398,50 @@ class StaticTreePolicy(DrafterPolicy):
 
     def verified_depth(self, segments_run: int) -> int:
         """Segments 0..i ran and the check after i failed: levels 1..i+1 are drafted and level
-        i+1 is improbable, so depths <= i are kept (at least 1)."""
+        i+2 is not to be verified, so depths <= i+1 are kept."""
         if self.loop.spec.dynamic_depth is None or segments_run >= self.tree.max_depth:
             return self.tree.max_depth  # one segment, or every level's: the whole tree
-        return max(segments_run - 1, 1)
+        return segments_run
 
+    # The cut is decided before the level it judges is sampled (a cut that looked at the sampled
+    # drafts' own probabilities would verify some drafts more often than others, which moves the
+    # output away from the target's law): level d+1 is verified when the best path probability
+    # it *can* reach, max over level-d nodes of path(node) * max q(. | node), is at least the
+    # threshold. Greedy drafts take that maximum, so greedy cuts where the drafted path's own
+    # probability falls below the threshold, as before.
     def _first_level(self) -> None:
+        """Segment 0: the root's q, level 1 picked, its q, and whether level 2 is verified."""
         self.draft_hidden[:, 0] = self._root_level()
         if self.noise is not None:
             self.noise.copy_(self._noise())
         self._pick_scored(1)
+        if self.tree.max_depth > 1:
+            self._forward(1)
+            self._decide(1)
 
     def _next_level(self, d: int) -> None:
-        self._forward(d)
+        """Segment d: level d+1 picked, then (above the deepest level) its q and whether level
+        d+2 is verified."""
         self._pick_scored(d + 1)
+        if d + 1 < self.tree.max_depth:
+            self._forward(d + 1)
+            self._decide(d + 1)
 
     def _pick_scored(self, d: int) -> None:
-        """Pick level d and its path probabilities; `confident` = the best of them >= the threshold."""
+        """Pick level d and its nodes' path probabilities (the product of q along the path)."""
         loop, tree = self.loop, self.tree
         self._pick(d, self.noise)
         start, end = self.levels[d - 1]
         par = tree.parent[start:end]
         q_tok = loop.q[:, par].gather(2, loop.tokens[:, start:end, None]).squeeze(2)  # (B, width)
-        prob = self.path_prob[:, par] * q_tok
-        self.path_prob[:, start:end] = prob
-        self.confident.copy_(prob.max(-1).values >= loop.spec.dynamic_depth)
+        self.path_prob[:, start:end] = self.path_prob[:, par] * q_tok
+
+    def _decide(self, d: int) -> None:
+        """`confident`: level d+1 is verified, from level d's path probabilities and q alone
+        (before level d+1 is sampled)."""
+        start, end = self.levels[d - 1]
+        reach = self.path_prob[:, start:end] * self.loop.q[:, start:end].amax(-1)  # (B, width)
+        self.confident.copy_(reach.amax(-1) >= self.loop.spec.dynamic_depth)
 
 
 class DynamicTreePolicy(DrafterPolicy):

@@ -35,9 +35,11 @@ heuristic H = log(sum over the top-k frontier of exp(path log q)) is compared wi
 5, 7, 9 of at most 11 (here: after expansions 4, 6 and 8 of at most 10).
 
 dynamic_depth (sd, lantern++): a threshold on the drafted path's cumulative draft probability.
-The static tree is drafted level by level; at the first depth d whose best node's path
-probability (product of q along it) is below the threshold, the tree is cut to the depths
-< d (at least 1) and only that prefix is verified. None = off.
+The static tree is drafted level by level; level d+1 is verified only while the best path
+probability it can reach, max over level-d nodes of (product of q along the node's path) x
+max q(. | node), is at least the threshold; the first level below it and everything deeper
+are cut (level 1 is always verified). The cut is decided before the level it judges is
+sampled, so sampling stays exact in law. None = off.
 """
 
 from __future__ import annotations
