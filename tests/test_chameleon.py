@@ -467,3 +467,31 @@ def test_runtime_run_on_a_lumina_folder_writes_images_of_the_asked_size(run_cli,
     bad = run_cli("run", "--model", str(root / "Lumina-mGPT-tiny"), "--vq-ckpt", str(root / "vqgan.ckpt"), "--prompts",
                   str(root / "prompts.txt"), "--image-size", "100", "--device", "cpu", "--out", str(tmp_path / "b"))
     assert bad.exit_code == 2 and "steps of 32 px" in bad.stderr
+
+
+@pytest.mark.parametrize("context", ["all", "valid"])
+def test_the_drafter_sees_a_left_padded_prompt_as_it_was_trained(pair, context: str) -> None:
+    """LANTERN's Anole drafter attends to every prompt position, padding included ("all", the
+    default); a drafter trained with padding masked ("valid") gets it masked. Greedy output
+    stays AR's either way."""
+    from dataclasses import replace
+
+    from runtime.core import Decoder
+    from runtime.models.chameleon_drafter import ChameleonDrafterConfig
+
+    _, ours, _ = pair
+    ours.for_prompts(PROMPTS.size(1))
+    torch.manual_seed(3)
+    drafter = Drafter(replace(DrafterConfig.for_target(ours.config), condition_context=context)).eval()
+    drafter.embed_tokens.weight.data.copy_(ours.tok_embeddings.weight)
+    spec = MethodSpec(method="eagle2", sampling=SamplingParams(greedy=True, cfg=1.0), **EXACT)
+    dec = Decoder(ours, drafter, spec)
+    dec.prefill(PROMPTS[1:], MASKS[1:], seed=0)
+    width = PROMPTS.size(1) - 1  # the drafter's condition positions (the last one starts the image)
+    seen = dec.policy.dcache.prefix_valid[0, :width].tolist()
+    assert seen == ([True] * width if context == "all" else MASKS[1, :width].tolist())
+    ar = generate(ours, None, MethodSpec(method="ar", sampling=spec.sampling), PROMPTS[1:], cond_masks=MASKS[1:])
+    assert torch.equal(dec.generate_one(PROMPTS[1:], MASKS[1:], seed=0)[0].cpu(), ar.tokens[0])
+    lantern_cfg = dict(hidden_size=8, intermediate_size=16, num_attention_heads=2, vocab_size=100)
+    assert ChameleonDrafterConfig.from_json(lantern_cfg, "x").condition_context == "all"
+    assert ChameleonDrafterConfig.from_json(dict(lantern_cfg, condition_context=context), "x").condition_context == context

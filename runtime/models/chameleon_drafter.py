@@ -36,6 +36,9 @@ class ChameleonDrafterConfig:
     rms_norm_eps: float = 1e-5
     rope_base: float = 10000.0
     bias: bool = True
+    # the condition (prompt) positions it attends to, as trained: "all" (padding included, as
+    # LANTERN's drafters) or "valid" (see DrafterConfig.condition_context)
+    condition_context: str = "all"
 
     @property
     def head_dim(self) -> int:
@@ -55,7 +58,8 @@ class ChameleonDrafterConfig:
                        num_attention_heads=heads, num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
                        num_hidden_layers=int(cfg.get("num_hidden_layers", 1)), vocab_size=int(cfg["vocab_size"]),
                        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
-                       rope_base=float(cfg.get("rope_theta", 10000.0)), bias=bool(cfg.get("bias", True)))
+                       rope_base=float(cfg.get("rope_theta", 10000.0)), bias=bool(cfg.get("bias", True)),
+                       condition_context=str(cfg.get("condition_context", "all")))
         except (KeyError, TypeError, ValueError) as err:
             raise UserError(f"{source}: not a LANTERN Chameleon drafter config ({err}); fix config.json") from None
         for name in ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers", "vocab_size"):
@@ -63,6 +67,8 @@ class ChameleonDrafterConfig:
                 raise UserError(f"{source}: {name} must be a positive integer, got {getattr(made, name)}")
         if made.hidden_size % heads or heads % made.num_key_value_heads:
             raise UserError(f"{source}: hidden_size, num_attention_heads and num_key_value_heads must divide one another")
+        if made.condition_context not in ("all", "valid"):
+            raise UserError(f"{source}: condition_context must be 'all' or 'valid', got {made.condition_context!r}")
         if cfg.get("swin_norm", False) or cfg.get("attention_bias", False):
             raise UserError(f"{source}: swin_norm / attention_bias drafters are not supported")
         return made
