@@ -29,6 +29,12 @@ def test_bench_then_report(tiny_official, tmp_path, run_cli):
     result = load_bench(out)
     assert [r.method for r in result.runs] == ["ar", "sd", "lantern++", "lantern++"]
     assert [r.params.lantern_lambda for r in result.runs[2:]] == [1.0, 2.0]
+    # the rule is recorded, and the law measured in the warm-up pass (exact methods: TV 0)
+    assert [r.params.relax_rule for r in result.runs] == [None, None, "paper", "paper"]
+    assert result.runs[0].stats.step_tvd is None
+    for run in result.runs[1:3]:
+        assert run.stats.step_tvd == pytest.approx(0.0, abs=1e-5) and run.stats.law_steps > 0
+    assert result.runs[3].stats.step_tvd_bound > 0
     ar = result.runs[0]
     for run in result.runs:
         assert run.speedup_vs_ar == pytest.approx(ar.latency_s.p50 / run.latency_s.p50)
@@ -44,6 +50,7 @@ def test_bench_then_report(tiny_official, tmp_path, run_cli):
     assert "data:image/png;base64" in html
     for run in result.runs:  # every speedup appears with two decimals, from the JSON's latencies
         assert f"{ar.latency_s.p50 / run.latency_s.p50:.2f}x" in md
+    assert "What each acceptance rule does to the law" in md
     raw = json.loads(out.read_text())
     assert raw["schema_version"] == 1
 

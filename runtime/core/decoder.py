@@ -146,7 +146,8 @@ class Decoder:
     to the law: between verify and accept, the output law at the root's children (the first
     drafted position) is computed (`runtime.core.law`) and its TV distance from the target is
     summed per image with the stated bound; eager host-side work outside the captured steps,
-    for untimed passes.
+    for untimed passes. Sampling only (greedy output is no draw from a law), not for grouped
+    acceptance (its bound is reported as its relaxation mass).
     """
 
     def __init__(self, target: Transformer, drafter: Drafter | None, spec: MethodSpec, *,
@@ -557,7 +558,7 @@ class Decoder:
                     depth = self._run_draft()
             with timer.phase("verify"):
                 self._verify_at[depth]()
-            if self.measure_law and self.max_depth and self.group is None:
+            if self.measure_law and self.max_depth and self.group is None and not self.params.greedy:
                 if self._iteration % self.law_every == 0:
                     self._measure_law(depth)
                 self._iteration += 1
