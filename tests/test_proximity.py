@@ -42,4 +42,4 @@ def test_neighbours_of_a_gpt_using_fewer_tokens_than_the_codebook_stay_in_its_vo
     codebook = torch.randn(64, 4, generator=gen)
     vq = SimpleNamespace(codebook_vectors=lambda normalized=False: codebook)
     table = neighbours_for(vq, MethodSpec(method="lantern++", lantern_k=5, lantern_lambda=2.0), vocab_size=16)
-    assert table.shape == (16, 5) and int(table.max()) < 16
+    assert table.shape == (16, 6) and int(table.max()) < 16  # k + 1 codes: the paper rule clears k + 1
