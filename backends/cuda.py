@@ -141,10 +141,12 @@ class CudaBackend(Backend):
                 _log.warning("cuda: compiling step %s failed (%s: %s); capturing its eager kernels instead",
                              name, type(err).__name__, first[:200])
             else:
-                return self._graph(lambda *_: compiled(), static_args, name)
+                # counted once, by the compiler: a recompile during the graph's warm-up shows as 2
+                return self._graph(lambda *_: compiled(), static_args, name, count=False)
         return self._graph(fn, static_args, name)
 
-    def _graph(self, fn: Callable[..., None], static_args: tuple[Tensor, ...], name: str) -> Callable[[], None]:
+    def _graph(self, fn: Callable[..., None], static_args: tuple[Tensor, ...], name: str,
+               count: bool = True) -> Callable[[], None]:
         current = torch.cuda.current_stream(self._device)
         side = torch.cuda.Stream(self._device)
         side.wait_stream(current)
@@ -157,5 +159,6 @@ class CudaBackend(Backend):
         with torch.no_grad(), torch.cuda.graph(graph):
             fn(*static_args)
         self._graphs.append(graph)
-        self.capture_count[name] += 1
+        if count:
+            self.capture_count[name] += 1
         return graph.replay

@@ -31,7 +31,7 @@ def test_bf16_incremental_decoding_matches_full_forward(device):
         hidden = [target.prefill(cond, cache)[:, -1:]]
         one = torch.ones(1, 1, dtype=torch.bool, device=backend.device)
         for k in range(target.config.block_size - 1):
-            hidden.append(target.forward_cached(target.tok_embeddings(idx[:, k:k + 1]), cache.length.view(1), one, cache))
+            hidden.append(target.forward_cached(target.tok_embeddings(idx[:, k:k + 1]), cache.length[:, None], one, cache))
             cache.advance(1)
         logits = target.logits(torch.cat(hidden, 1))
     torch.testing.assert_close(logits, full, atol=0.05, rtol=0.05)

@@ -107,7 +107,10 @@ def test_runtime_eval_reports_high_accuracy_for_tokenised_real_images(bundle, tm
     assert res.exit_code == 0, res.stderr
     metrics = json.loads(res.stdout)
     assert metrics["n"] == 48 and metrics["n_real"] == 240
-    assert metrics["class_accuracy"] > 0.8
+    acc = metrics["metrics"]["class_accuracy"]
+    assert acc["value"] > 0.8 and acc["lo"] <= acc["value"] <= acc["hi"] and acc["hi"] - acc["lo"] > 0
+    fd = metrics["metrics"]["fd"]
+    assert fd["lo"] < fd["hi"] and metrics["bootstrap"] == 20
 
 
 @needs_bundle

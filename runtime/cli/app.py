@@ -69,6 +69,7 @@ COMMAND_MODULES: list[str] = [
     "runtime.cli.models_cmd",
     "runtime.cli.devices_cmd",
     "runtime.cli.run_cmd",
+    "runtime.cli.sample_cmd",
     "runtime.cli.train_cmd",
     "runtime.cli.eval_cmd",
     "runtime.cli.bench_cmd",

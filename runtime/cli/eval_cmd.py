@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from runtime.cli import options as opt
 from runtime.cli.app import app
 from runtime.errors import UserError
+from runtime.metrics.fidelity import INCEPTION_ENV
 
 
 def read_run(run_dir: Path) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
@@ -57,14 +59,14 @@ def read_run(run_dir: Path) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
     return tokens.astype(np.int64), labels, result
 
 
-def evaluate_run(run_dir: Path, model: str = "demo", n_real: int | None = None) -> dict[str, Any]:
-    """Decode a run's tokens with the bundle's VQ and measure them: {"class_accuracy", "fd", "n",
-    "n_real", "model"}."""
+def evaluate_run(run_dir: Path, model: str = "demo", n_real: int | None = None, reps: int = 20) -> dict[str, Any]:
+    """Decode a run's tokens with the bundle's VQ and measure them with the demo classifier:
+    {"metrics": {"class_accuracy", "fd": {value, lo, hi}}, "n", "n_real", "model", "bootstrap"}."""
     import torch
 
     from runtime.demo.bundle import load_demo_bundle
     from runtime.demo.dataset import from_tensor_range
-    from runtime.metrics.quality import DEFAULT_N_REAL, evaluate_images
+    from runtime.metrics.quality import DEFAULT_N_REAL, demo_quality, demo_scores
 
     tokens, labels, _ = read_run(run_dir)
     bundle = load_demo_bundle(None if model == "demo" else model)
@@ -85,28 +87,155 @@ def evaluate_run(run_dir: Path, model: str = "demo", n_real: int | None = None) 
         for start in range(0, len(tokens), 64):
             idx = torch.from_numpy(tokens[start:start + 64])
             images.append(from_tensor_range(bundle.vq.decode_code(idx).float().numpy()))
-    metrics = evaluate_images(bundle, np.concatenate(images), labels, n_real=n_real or DEFAULT_N_REAL)
-    metrics["model"] = model
-    return metrics
+    n_real = n_real or DEFAULT_N_REAL
+    scores = demo_scores(bundle, np.concatenate(images), labels, n_real=n_real)
+    metrics = demo_quality(scores, reps=reps)
+    return {"kind": "demo", "metrics": {k: v.to_dict() for k, v in metrics.items()}, "n": int(len(labels)),
+            "n_real": int(n_real), "model": model, "bootstrap": reps}
 
 
 @app.command("eval")
 def eval_command(
-    run_dir: Path = typer.Argument(..., help="Output folder of 'runtime run' (tokens.npy + result.json)."),
-    model: str = typer.Option("demo", "--model", help="'demo' or the bundle folder that generated the run."),
-    n_real: int = typer.Option(0, "--n-real", help="Real reference images for the FD (0: the default 1200)."),
+    run_dir: Path = typer.Argument(..., help="What to measure: a 'runtime run' folder, a 'runtime sample' folder, "
+                                   "or an ADM-layout .npz (arr_0: uint8 images N x H x W x 3)."),
+    reference: Optional[str] = typer.Option(None, "--reference", help="FID / KID / precision-recall reference: an "
+                                            "ADM reference batch .npz (e.g. VIRTUAL_imagenet256_labeled.npz), a "
+                                            "folder of images, or another run of the same workload (paired)."),
+    inception_weights: Optional[str] = typer.Option(None, "--inception-weights", help="torch-fidelity's "
+                                                    f"InceptionV3 weights file (default: ${INCEPTION_ENV})."),
+    clip_model: Optional[str] = typer.Option(None, "--clip-model", help="CLIP score: an open_clip model name "
+                                             "(ViT-L-14, ...) or a model-config .json; needs --clip-weights."),
+    clip_weights: Optional[str] = typer.Option(None, "--clip-weights", help="CLIP score: the model's local weights."),
+    trust_checkpoint: opt.Trust = False,
+    bootstrap: int = typer.Option(20, "--bootstrap", help="Resamples of the images behind each 95% interval "
+                                  "(0: no intervals)."),
+    device: opt.Device = "auto",
+    batch_size: int = typer.Option(64, "--batch-size", help="Images per feature-extractor batch."),
+    model: Optional[str] = typer.Option(None, "--model", help="Demo metrics: 'demo' (default) or the bundle folder "
+                                        "that generated the run."),
+    n_real: int = typer.Option(0, "--n-real", help="Demo metrics: real images for the FD (0: the default 1200)."),
+    out: Optional[str] = typer.Option(None, "--out", help="Also write the metrics as JSON to this file."),
     as_json: bool = typer.Option(False, "--json", help="Print the metrics as JSON."),
 ) -> None:
-    """Class accuracy and Frechet distance (demo classifier features) of generated images."""
-    if n_real < 0 or n_real == 1:
-        raise UserError(f"--n-real must be 0 (default) or >= 2, got {n_real}")
-    metrics = evaluate_run(run_dir, model=model, n_real=n_real or None)
+    """Image quality of a run: FID / IS / KID / precision-recall (torch-fidelity) against a reference,
+    CLIP score for prompts, or the demo classifier's accuracy and FD; each with a 95% interval."""
+    fidelity = reference is not None or inception_weights is not None
+    if bootstrap < 0:
+        raise UserError(f"--bootstrap must be >= 0, got {bootstrap}")
+    if batch_size < 1:
+        raise UserError(f"--batch-size must be >= 1, got {batch_size}")
+    if (clip_model is None) != (clip_weights is None):
+        raise UserError("CLIP score needs both --clip-model NAME and --clip-weights PATH")
+    if fidelity or clip_model is not None:
+        for flag, value, default in (("--model", model, None), ("--n-real", n_real, 0)):
+            if value != default:
+                raise UserError(f"{flag} is for the demo metrics; it does nothing with --reference, "
+                                "--inception-weights or --clip-model: drop it")
+        metrics = _measure(run_dir, reference, inception_weights, clip_model, clip_weights,
+                           trust=trust_checkpoint, reps=bootstrap, device=device, batch_size=batch_size)
+    else:
+        if trust_checkpoint:
+            raise UserError("--trust-checkpoint does nothing without --inception-weights or --clip-weights: drop it")
+        if n_real < 0 or n_real == 1:
+            raise UserError(f"--n-real must be 0 (default) or >= 2, got {n_real}")
+        metrics = evaluate_run(run_dir, model=model or "demo", n_real=n_real or None, reps=bootstrap)
+    if out is not None:
+        from runtime.atomic import atomic_write_text
+
+        atomic_write_text(out, json.dumps(metrics, indent=2))
     if as_json:
         print(json.dumps(metrics, indent=2))
         return
-    table = Table(title=f"quality of {run_dir}", title_justify="left")
-    for col in ("images", "class accuracy", "FD", "real images"):
-        table.add_column(col, justify="right")
-    table.add_row(str(metrics["n"]), f"{metrics['class_accuracy']:.1%}", f"{metrics['fd']:.3f}",
-                  str(metrics["n_real"]))
+    _print_table(run_dir, metrics)
+
+
+def _measure(run_dir: Path, reference: str | None, inception_path: str | None, clip_model: str | None,
+             clip_weights: str | None, *, trust: bool, reps: int, device: str, batch_size: int) -> dict[str, Any]:
+    """torch-fidelity figures (and CLIP score) of the images at `run_dir`; see `eval_command`."""
+    import time
+
+    from backends import resolve_backend_name
+    from runtime.metrics.images import open_images
+
+    dev = resolve_backend_name(device)
+    images = open_images(run_dir)
+    result: dict[str, Any] = {"kind": "fidelity", "run": str(run_dir), "n": len(images), "bootstrap": reps,
+                              "device": dev, "metrics": {}}
+    started = time.perf_counter()
+    if reference is not None or inception_path is not None:
+        from runtime.metrics.fidelity import extract, fidelity_metrics, inception_weights, load_inception
+
+        weights = inception_weights(inception_path)
+        ref = None
+        if reference is not None:
+            ref = open_images(reference, size=_image_size(images))
+            if len(ref) < 2:
+                raise UserError(f"--reference {reference}: needs at least 2 images")
+        inception = load_inception(weights, trust=trust, device=dev)
+        gen_features = extract(inception, images, batch_size=batch_size)
+        paired = ref is not None and _same_workload(images, ref)
+        ref_features = None
+        if ref is not None:
+            ref_features = extract(inception, ref, batch_size=batch_size)
+        figures = fidelity_metrics(gen_features, ref_features, ref.stats if ref is not None else None,
+                                   paired=paired, reps=reps)
+        result["metrics"].update({k: v.to_dict() for k, v in figures.items()})
+        result.update(reference=reference, n_reference=len(ref) if ref is not None else 0, paired=paired,
+                      inception_weights=str(weights),
+                      fid_reference=("precomputed mu/sigma" if ref is not None and ref.stats is not None
+                                     else "reference images" if ref is not None else None))
+    if clip_model is not None:
+        from runtime.metrics.clip_score import clip_score, clip_scores, load_clip
+
+        prompts = images.prompts
+        if prompts is None:
+            raise UserError(f"{run_dir}: no prompts recorded (CLIP score is for text-to-image runs)")
+        clip = load_clip(clip_model, clip_weights, trust=trust, device=dev)
+        scores = clip_scores(clip, images, prompts, batch_size=batch_size)
+        result["metrics"]["clip_score"] = clip_score(scores, reps=reps).to_dict()
+        result["clip_model"] = clip.name
+    seconds = time.perf_counter() - started
+    result["seconds"] = seconds
+    result["images_per_s"] = (len(images) + result.get("n_reference", 0)) / seconds if seconds > 0 else None
+    return result
+
+
+def _image_size(images: Any) -> int:
+    first = next(iter(images.batches(1)))
+    return int(first.shape[1])
+
+
+def _same_workload(a: Any, b: Any) -> bool:
+    """Image i of a and of b share seed and condition: both runs of one workload (paired)."""
+    from runtime.metrics.images import FileImages
+
+    if isinstance(b, FileImages) and b.labels is None and b.prompts is None:
+        return False  # a plain folder of images
+    if len(a) != len(b):
+        return False
+    if a.labels is not None or b.labels is not None:
+        return a.labels is not None and b.labels is not None and bool(np.array_equal(a.labels, b.labels))
+    return a.prompts is not None and a.prompts == b.prompts
+
+
+NAMES = {"fid": "FID", "inception_score": "IS", "kid": "KID", "precision": "precision", "recall": "recall",
+         "clip_score": "CLIP score", "class_accuracy": "class accuracy (demo classifier)",
+         "fd": "FD (demo classifier features)"}
+
+
+def _print_table(run_dir: Path, result: dict[str, Any]) -> None:
+    from runtime.metrics.intervals import Estimate
+
+    table = Table(title=f"quality of {run_dir} ({result['n']} images, 95% intervals over "
+                  f"{result['bootstrap']} resamples)", title_justify="left")
+    for col in ("metric", "value", "95% interval"):
+        table.add_column(col, justify="left" if col == "metric" else "right")
+    for name, v in result["metrics"].items():
+        e = Estimate(**v)
+        interval = f"[{e.lo:.4g}, {e.hi:.4g}]" if e.lo is not None else "-"
+        table.add_row(NAMES.get(name, name), f"{e.value:.4g}", interval)
     Console().print(table)
+    if result.get("reference"):
+        how = "paired: same seeds and conditions" if result["paired"] else "unpaired"
+        Console().print(f"reference: {result['reference']} ({result['n_reference']} images, {how}; "
+                        f"FID against its {result['fid_reference']})")

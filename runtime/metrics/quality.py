@@ -10,6 +10,7 @@ values only at equal `n` and `n_real`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -17,6 +18,7 @@ import torch
 
 from runtime.demo.classifier import DemoClassifier
 from runtime.demo.dataset import EVAL_SEED, NUM_CLASSES, make_images
+from runtime.metrics.intervals import Estimate, estimate
 
 if TYPE_CHECKING:
     from runtime.demo.bundle import DemoBundle
@@ -113,3 +115,44 @@ def evaluate_images(bundle: "DemoBundle", images_uint8: np.ndarray, labels: np.n
     fd = frechet_distance(feats, real_features(bundle.classifier, n_real))
     return {"class_accuracy": float((preds == labels).mean()), "fd": fd,
             "n": int(len(labels)), "n_real": int(n_real)}
+
+
+@dataclass
+class DemoScores:
+    """What the demo classifier says of each generated image: hits (N,) bool (predicted class ==
+    the class it was generated for) and features (N, F) float64; `real` the real images'
+    features (n_real, F) the FD compares against."""
+
+    hits: np.ndarray
+    features: np.ndarray
+    real: np.ndarray
+
+    def accuracy(self, idx: np.ndarray) -> float:
+        return float(self.hits[idx].mean())
+
+    def fd(self, idx: np.ndarray) -> float:
+        return frechet_distance(self.features[idx], self.real)
+
+
+def demo_scores(bundle: "DemoBundle", images_uint8: np.ndarray, labels: np.ndarray,
+                n_real: int = DEFAULT_N_REAL) -> DemoScores:
+    """Per-image classifier verdicts and features of uint8 images (N, 64, 64, 3) generated for `labels` (N,)."""
+    labels = np.asarray(labels, dtype=np.int64).reshape(-1)
+    preds, feats = _run_classifier(bundle.classifier, images_uint8)
+    return DemoScores(preds == labels, feats, real_features(bundle.classifier, n_real))
+
+
+def demo_quality(scores: DemoScores, reps: int = 20, seed: int = 0) -> dict[str, Estimate]:
+    """Class accuracy and FD with 95% bootstrap intervals over the generated images."""
+    n = len(scores.hits)
+    return {"class_accuracy": estimate(scores.accuracy, n, reps, seed), "fd": estimate(scores.fd, n, reps, seed)}
+
+
+def demo_quality_vs(scores: DemoScores, base: DemoScores, reps: int = 20, seed: int = 0) -> dict[str, Estimate]:
+    """Paired differences to `base` (AR on the same seeds and classes): class accuracy and FD of
+    this run minus the base's, resampling the same images of both."""
+    n = len(scores.hits)
+    if len(base.hits) != n:
+        raise ValueError(f"demo_quality_vs: {n} images against {len(base.hits)} base images")
+    return {"class_accuracy_vs_ar": estimate(lambda i: scores.accuracy(i) - base.accuracy(i), n, reps, seed),
+            "fd_vs_ar": estimate(lambda i: scores.fd(i) - base.fd(i), n, reps, seed)}

@@ -1,0 +1,162 @@
+"""`runtime sample`: generate N images at scale into ADM's `.npz` layout, sharded and resumable.
+
+Takes every model and method option of `runtime run` (the same declarations, read from `run`'s
+signature) plus the chunking options; see `runtime.sample_store` for the folder it keeps.
+Under `torchrun` each rank makes its share of the chunks on its own device and rank 0 assembles
+the result; `--shard I/N` splits the chunks across independent jobs instead. Running the same
+command again finishes whatever is missing and then assembles.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import time
+import typing
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from runtime.cli import options as opt
+from runtime.cli.app import app
+from runtime.cli.run_cmd import _backend_name, _conditions, _merge_stats, _select, run
+from runtime.errors import UserError
+
+NOT_FROM_RUN = ("out", "force", "profile")  # run's own output options; sample has its own
+
+Out = Annotated[str, typer.Option("--out", help="Sampling folder: new or empty, or an earlier sampling run "
+                                  "with the same settings to resume.")]
+Chunk = Annotated[int, typer.Option("--chunk", help="Images per chunk: the unit written, resumed and shared "
+                                    "between ranks.")]
+Shard = Annotated[Optional[str], typer.Option("--shard", help="I/N: make only chunks c with c % N == I (independent "
+                                              "jobs; under torchrun the ranks split the chunks themselves).")]
+PerClass = Annotated[Optional[int], typer.Option("--per-class", help="Class-conditional: K images of every class "
+                                                 "(ADM's FID-50k: 50 per class of 1000), classes cycled.")]
+
+
+def sample(**params: Any) -> None:
+    """Generate many images into ADM's .npz layout (arr_0 images, arr_1 labels), sharded and resumable."""
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
+
+    from runtime.distributed import barrier, destroy, init_distributed
+    from runtime.pipeline import load_model, make_decoder, resolve_spec, run_generation
+    from runtime.sample_store import SampleStore, conditions_digest, mine, plan
+
+    flags = opt.MethodFlags.pick(params)
+    chunk_size, per_class = params["chunk"], params["per_class"]
+    if chunk_size < 1:
+        raise UserError(f"--chunk must be >= 1, got {chunk_size}")
+    if per_class is not None and (per_class < 1 or params["num_images"] is not None):
+        raise UserError("--per-class K (K >= 1) sets the image count; give it or --num-images, not both")
+    shard = _parse_shard(params["shard"])
+    ctx = init_distributed(_backend_name(params["device"]))
+    try:
+        if ctx.is_distributed and shard != (0, 1):
+            raise UserError("--shard splits work between independent jobs; under torchrun the ranks already "
+                            "split it: drop --shard")
+        rank, world = (ctx.rank, ctx.world_size) if ctx.is_distributed else shard
+        backend, prof = opt.open_backend(params["device"], params["profile_name"], params["graph"],
+                                         params["dtype"], index=ctx.device_index)
+        loaded = load_model(model=params["model"], gpt_model=params["gpt_model"], gpt_ckpt=params["gpt_ckpt"],
+                            vq_ckpt=params["vq_ckpt"], image_size=params["image_size"], drafter=params["drafter"],
+                            gpt_type=params["gpt_type"], trust=params["trust_checkpoint"],
+                            device=backend.device, dtype=backend.dtype)
+        spec = resolve_spec(params["method"], flags.as_dict(), prof, loaded.recommended)
+        num_images, classes = params["num_images"], params["classes"]
+        if per_class is not None:
+            if loaded.config.model_type != "c2i":
+                raise UserError("--per-class is for class-conditional models; give --num-images with --prompts")
+            num_images = per_class * loaded.num_classes
+            if classes is None:  # every class, not the demo subset `run` picks by default
+                classes = ",".join(str(c) for c in range(loaded.num_classes))
+        conditions, cond_masks, labels = _conditions(loaded, classes, params["prompts"], params["t5_path"],
+                                                     num_images, backend)
+        chunks = plan(len(labels), chunk_size)
+        store = SampleStore(Path(params["out"]))
+        workload = {"model": loaded.name, "method": spec.describe(), "seed": params["seed"],
+                    "num_images": len(labels), "chunk": chunk_size, "conditions": conditions_digest(list(labels))}
+        if ctx.is_main or not ctx.is_distributed:
+            store.open(workload)
+        barrier(ctx)
+        todo = store.missing(mine(chunks, rank, world))
+        decoder = make_decoder(loaded, spec, backend, batch_size=opt.batch_size(params["batch_size"], prof))
+        started, made = time.perf_counter(), 0
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("ETA"), TimeRemainingColumn())
+        with Progress(*columns, disable=not ctx.is_main) as bar:
+            task = bar.add_task(f"sample {spec.method} (rank {rank}/{world})", total=sum(len(c) for c in todo))
+            for c in todo:
+                idx = list(range(c.start, c.stop))
+                out = run_generation(loaded, spec, _select(conditions, idx), seed=params["seed"], backend=backend,
+                                     indices=idx, cond_masks=cond_masks[idx] if cond_masks is not None else None,
+                                     decoder=decoder, on_image=lambda j, t: bar.advance(task))
+                store.write(c, out.images, out.tokens.numpy(), out.stats, out.total_s)
+                made += len(c)
+        seconds = time.perf_counter() - started
+        barrier(ctx)
+        missing = store.missing(chunks)
+        if missing:
+            print(f"sample: {len(chunks) - len(missing)} of {len(chunks)} chunks done in {store.root}; run the "
+                  "remaining shards (or this command again without --shard) to finish and assemble")
+            return
+        if ctx.is_main:
+            summary = store.assemble(chunks, list(labels))
+            _write_result(store.root, summary, workload, spec, backend, made, seconds, world)
+    finally:
+        destroy(ctx)
+
+
+def _parse_shard(text: str | None) -> tuple[int, int]:
+    if text is None:
+        return 0, 1
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise UserError(f"--shard {text}: expected I/N, e.g. 0/4") from None
+    if not 0 <= i < n:
+        raise UserError(f"--shard {text}: need 0 <= I < N")
+    return i, n
+
+
+def _write_result(root: Path, summary: dict[str, Any], workload: dict[str, Any], spec: Any, backend: Any,
+                  made: int, seconds: float, world: int) -> None:
+    from rich.console import Console
+
+    from runtime.atomic import atomic_write_text
+
+    chunks = summary["chunks"]
+    chunk_seconds = sum(c["seconds"] for c in chunks)
+    result = {
+        "schema_version": 1, "kind": "sample", "workload": workload, "method": spec.method,
+        "device": backend.info(), "world_size": world,
+        "stats": _merge_stats([c["stats"] for c in chunks]),
+        # generation time summed over chunks (ranks overlap in wall time; per device it is this)
+        "timing": {"chunk_seconds": chunk_seconds,
+                   "images_per_s_per_device": workload["num_images"] / chunk_seconds if chunk_seconds else None,
+                   "this_invocation": {"images": made, "seconds": seconds}},
+        "files": {"samples": "samples.npz", "tokens": "tokens.npy"},
+    }
+    atomic_write_text(root / "result.json", json.dumps(result, indent=2))
+    rate = result["timing"]["images_per_s_per_device"]
+    Console().print(f"sample: {workload['num_images']} images in {root / 'samples.npz'} (tau "
+                    f"{result['stats']['mean_accepted_length']:.2f}, {rate:.3f} images/s per device)")
+
+
+def _declare() -> None:
+    """Register `sample` with run's model / method / device options and its own."""
+    hints = typing.get_type_hints(run, include_extras=True)
+    base = [p.replace(annotation=hints[p.name]) for p in inspect.signature(run).parameters.values()
+            if p.name not in NOT_FROM_RUN]
+    own = [inspect.Parameter("out", inspect.Parameter.KEYWORD_ONLY, annotation=Out),
+           inspect.Parameter("chunk", inspect.Parameter.KEYWORD_ONLY, annotation=Chunk, default=1000),
+           inspect.Parameter("shard", inspect.Parameter.KEYWORD_ONLY, annotation=Shard, default=None),
+           inspect.Parameter("per_class", inspect.Parameter.KEYWORD_ONLY, annotation=PerClass, default=None)]
+    params = own + [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in base]
+    sample.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    sample.__annotations__ = {p.name: p.annotation for p in params}
+    app.command("sample")(sample)
+
+
+_declare()

@@ -1,0 +1,104 @@
+"""ADM's sample-batch layout: an `.npz` whose `arr_0` holds uint8 images (N, H, W, 3) and, for
+class-conditional samples, `arr_1` the labels (N,) int64.
+
+This is the layout of ADM's `VIRTUAL_imagenet256_labeled.npz` reference batch (which also holds
+`mu` / `sigma`, the pool_3 Gaussian of its images, and `mu_s` / `sigma_s`, spatial features) and
+of the sample files ADM's and LlamaGen's evaluators read. 50,000 images at 256 px are 9.8 GB, so
+both directions stream: `write_npz` writes each array's `.npy` member chunk by chunk, and
+`NpzImages` reads `arr_0` batch by batch; neither holds more than one chunk in memory.
+"""
+
+from __future__ import annotations
+
+import zipfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+
+from runtime.errors import UserError
+
+IMAGES, LABELS = "arr_0", "arr_1"
+
+
+def write_npz(path: Path, shape: tuple[int, ...], chunks: Iterable[np.ndarray],
+              extra: dict[str, np.ndarray] | None = None) -> None:
+    """Write an uncompressed `.npz` whose `arr_0` (uint8, `shape`) is the concatenation of
+    `chunks` (each (n_i, *shape[1:]) uint8, n_i summing to shape[0]), plus the small `extra`
+    arrays. `np.load(path)` reads it as if `np.savez` had written it."""
+    expected = int(np.prod(shape[1:], dtype=np.int64))
+    written = 0
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+        with zf.open(f"{IMAGES}.npy", "w", force_zip64=True) as member:
+            header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.uint8)), "fortran_order": False,
+                      "shape": tuple(int(s) for s in shape)}
+            np.lib.format.write_array_header_2_0(member, header)
+            for chunk in chunks:
+                chunk = np.ascontiguousarray(chunk, dtype=np.uint8)
+                if chunk.ndim != len(shape) or chunk[0].size != expected:
+                    raise ValueError(f"write_npz: chunk of shape {chunk.shape} does not fit {shape}")
+                member.write(chunk.tobytes())
+                written += len(chunk)
+        if written != shape[0]:
+            raise ValueError(f"write_npz: chunks held {written} images, the header says {shape[0]}")
+        for name, array in (extra or {}).items():
+            with zf.open(f"{name}.npy", "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, np.asarray(array), allow_pickle=False)
+
+
+class NpzImages:
+    """The uint8 images (N, H, W, 3) in `arr_0` of an ADM-layout `.npz`, read in batches.
+
+    `labels` is `arr_1` when present; `stats` the precomputed Inception pool_3 Gaussian
+    (`mu`, `sigma`) of a reference batch when present, else None.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.prompts: list[str] | None = None
+        try:
+            self._zip = zipfile.ZipFile(self.path)
+        except (zipfile.BadZipFile, OSError) as err:
+            raise UserError(f"{self.path} is not a readable .npz file ({err})") from None
+        names = set(self._zip.namelist())
+        if f"{IMAGES}.npy" not in names:
+            raise UserError(f"{self.path} has no '{IMAGES}' array; an ADM-layout .npz holds the images "
+                            f"(N, H, W, 3) uint8 in '{IMAGES}'")
+        with self._zip.open(f"{IMAGES}.npy") as member:
+            self.shape, dtype = _read_header(member, self.path)
+        if dtype != np.uint8 or len(self.shape) != 4 or self.shape[3] != 3:
+            raise UserError(f"{self.path}: '{IMAGES}' is {dtype} {self.shape}; expected uint8 images (N, H, W, 3)")
+        small = {}
+        for name in ("arr_1", "mu", "sigma"):
+            if f"{name}.npy" in names:
+                with self._zip.open(f"{name}.npy") as member:
+                    small[name] = np.lib.format.read_array(member, allow_pickle=False)
+        self.labels = small.get(LABELS)
+        self.stats = (small["mu"], small["sigma"]) if "mu" in small and "sigma" in small else None
+
+    def __len__(self) -> int:
+        return int(self.shape[0])
+
+    def batches(self, size: int) -> Iterator[np.ndarray]:
+        """Consecutive (<= size, H, W, 3) uint8 batches covering all images in order."""
+        per_image = int(np.prod(self.shape[1:]))
+        with self._zip.open(f"{IMAGES}.npy") as member:
+            _read_header(member, self.path)
+            for start in range(0, len(self), size):
+                n = min(size, len(self) - start)
+                raw = member.read(n * per_image)
+                if len(raw) != n * per_image:
+                    raise UserError(f"{self.path}: '{IMAGES}' ends after {start} images; the file is truncated")
+                yield np.frombuffer(raw, dtype=np.uint8).reshape((n, *self.shape[1:]))
+
+
+def _read_header(member, path: Path) -> tuple[tuple[int, ...], np.dtype]:
+    try:
+        major, _ = np.lib.format.read_magic(member)
+        read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+        shape, fortran, dtype = read(member)
+    except ValueError as err:
+        raise UserError(f"{path}: '{IMAGES}' is not a .npy array ({err})") from None
+    if fortran:
+        raise UserError(f"{path}: '{IMAGES}' is Fortran-ordered; write it C-ordered (np.savez does)")
+    return tuple(int(s) for s in shape), np.dtype(dtype)
