@@ -128,3 +128,27 @@ def test_runtime_eval_names_a_missing_tokens_file(tmp_path, run_cli):
     res = run_cli("eval", str(tmp_path))
     assert res.exit_code == 2
     assert "tokens.npy not found" in res.stderr
+
+
+@needs_bundle
+@pytest.mark.slow
+def test_bench_quality_carries_intervals_and_the_paired_difference_to_ar(tmp_path, run_cli):
+    out = tmp_path / "bench.json"
+    res = run_cli("bench", "--device", "cpu", "--methods", "ar,lantern++", "--num-images", "4", "--repeats", "1",
+                  "--warmup", "0", "--no-measure-law", "--out", str(out))
+    assert res.exit_code == 0, res.stderr
+    runs = {r["method"]: r["quality"] for r in json.loads(out.read_text())["runs"]}
+    for method, q in runs.items():
+        for name in ("class_accuracy", "fd"):
+            assert q[f"{name}_lo"] <= q[name] <= q[f"{name}_hi"], (method, name, q)
+    assert "class_accuracy_vs_ar" not in runs["ar"]
+    lpp = runs["lantern++"]
+    assert lpp["fd_vs_ar_lo"] <= lpp["fd_vs_ar"] <= lpp["fd_vs_ar_hi"]
+    report = tmp_path / "report"
+    assert run_cli("report", str(out), "--out", str(report)).exit_code == 0
+    text = (report / "report.md").read_text()
+    from runtime.bench.report import quality_text
+    from runtime.bench.schema import load_bench
+
+    shown = quality_text(next(r for r in load_bench(out).runs if r.method == "lantern++"))
+    assert "fd_vs_ar" in shown and " [" in shown and shown in text

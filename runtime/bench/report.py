@@ -53,7 +53,7 @@ REPORT_HTML = "report.html"
 PLOTS_DIR = "plots"
 TABLES_DIR = "tables"  # every table as CSV
 # Lower is better for these quality metrics; higher for the rest (accuracy, CLIP score).
-LOWER_IS_BETTER = frozenset({"fd", "fid", "step tvd"})
+LOWER_IS_BETTER = frozenset({"fd", "fd_vs_ar", "fid", "kid", "step tvd"})
 
 
 # --------------------------------------------------------------------------------------------
@@ -141,10 +141,19 @@ def _bytes(value: int | None) -> str:
     return f"{value / 1e6:.0f} MB" if value < 1e9 else f"{value / 1e9:.2f} GB"
 
 
-def _quality(run: RunResult) -> str:
+def quality_estimates(run: RunResult) -> dict[str, tuple[float, float | None, float | None]]:
+    """A run's quality figures as {name: (value, lo, hi)}: `<name>_lo` / `<name>_hi` are the 95%
+    bootstrap interval the bench stores beside `<name>` (None where absent, e.g. older files)."""
+    metrics = run.quality.metrics if run.quality.measured else {}
+    return {name: (value, metrics.get(f"{name}_lo"), metrics.get(f"{name}_hi")) for name, value in metrics.items()
+            if not name.endswith(("_lo", "_hi"))}
+
+
+def quality_text(run: RunResult) -> str:
     if not run.quality.measured:
         return f"not measured: {run.quality.reason}"
-    return ", ".join(f"{name} {_sig(value, 3)}" for name, value in run.quality.metrics.items())
+    return ", ".join(f"{name} {_sig(v, 3)}" + (f" [{_sig(lo, 3)}, {_sig(hi, 3)}]" if lo is not None else "")
+                     for name, (v, lo, hi) in quality_estimates(run).items())
 
 
 def run_label(run: RunResult) -> str:
@@ -623,20 +632,29 @@ def plot_sweep(bench: BenchFile) -> Rendered | None:
     return _png(fig)
 
 
-def _quality_values(run: RunResult) -> dict[str, float]:
-    """A run's quality metrics and, where measured, its step TVD (`step tvd`, 0 for ar)."""
-    out = dict(run.quality.metrics) if run.quality.measured else {}
+def _quality_values(run: RunResult) -> dict[str, tuple[float, float | None, float | None]]:
+    """A run's quality figures (value, lo, hi) and, where measured, its step TVD (`step tvd`, 0 for ar)."""
+    out = quality_estimates(run)
     if run.stats.step_tvd is not None:
-        out["step tvd"] = run.stats.step_tvd
+        out["step tvd"] = (run.stats.step_tvd, None, None)
     elif run.method == "ar":
-        out["step tvd"] = 0.0
+        out["step tvd"] = (0.0, None, None)
     return out
+
+
+def _yerr(estimates) -> list[list[float]] | None:
+    """matplotlib's asymmetric error bars for (value, lo, hi) points; None when none has an interval."""
+    if all(lo is None for _, lo, _ in estimates):
+        return None
+    return [[v - lo if lo is not None else 0.0 for v, lo, _ in estimates],
+            [hi - v if hi is not None else 0.0 for v, _, hi in estimates]]
 
 
 def plot_speed_quality(bench: BenchFile) -> Rendered | None:
     """One panel per quality metric (and the measured step TVD): speedup (x) against the metric (y), one line per swept
     method and other setting (its points ordered by the swept parameter), ar as a reference
-    point. None without a sweep that has speedups and quality."""
+    point; vertical bars are the figures' 95% bootstrap intervals over images. None without a
+    sweep that has speedups and quality."""
     swept = sweep_methods(bench.result)
     runs = [r for r in bench.result.runs if r.method in swept or r.method == "ar"]
     values = {id(r): _quality_values(r) for r in runs}
@@ -654,11 +672,15 @@ def plot_speed_quality(bench: BenchFile) -> Rendered | None:
     for ax, metric in zip(axes, metrics):
         for r in runs:
             if r.method == "ar" and metric in values[id(r)]:
-                ax.scatter([r.speedup_vs_ar], [values[id(r)][metric]], marker="s", color="black", label="ar")
+                v, lo, hi = values[id(r)][metric]
+                ax.errorbar([r.speedup_vs_ar], [v], yerr=_yerr([(v, lo, hi)]), marker="s", color="black",
+                            label="ar", capsize=2)
         for label, points in lines:
             mine = [(r.speedup_vs_ar, values[id(r)][metric]) for _, r in points if metric in values[id(r)]]
             if mine:
-                ax.plot(*zip(*mine), marker="o", markersize=4, label=label)
+                xs, est = zip(*mine)
+                ax.errorbar(xs, [e[0] for e in est], yerr=_yerr(est), marker="o", markersize=4, label=label,
+                            capsize=2)
         better = "lower is better" if metric in LOWER_IS_BETTER else "higher is better"
         ax.set_xlabel("speedup over ar")
         ax.set_ylabel(f"{metric} ({better})")
@@ -723,7 +745,7 @@ def _device_section(bench: BenchFile, slug: str) -> list[Block]:
             _seconds(run.latency_s.p50),
             _seconds(run.latency_s.p90),
             _bytes(run.memory.peak_bytes),
-            _quality(run),
+            quality_text(run),
         ])
     headers = ["method", "params", "tau", "speedup", "images/s", "p50 s", "p90 s", "peak memory", "quality"]
     if any(image_samples(r) is not None for r in result.runs):

@@ -203,8 +203,10 @@ def bench(loaded: LoadedModel, backend: Any, profile: Any, plan: Sequence[Planne
             law_pass(i, decoder)
             traced_pass(i, decoder)
             del decoder
-    runs = [_run_result(spec, last[i], latencies[i], max(peaks[i], default=None), n, backend, loaded,
-                        conditions, quality, ops[i], batches[i], state[i], mean_phases(phase_runs[i]),
+    qualities = _qualities(loaded, specs, [out.images for out in last], conditions) if quality else \
+        [schema.Quality.not_measured("--no-quality")] * len(specs)
+    runs = [_run_result(spec, last[i], latencies[i], max(peaks[i], default=None), n, backend,
+                        qualities[i], ops[i], batches[i], state[i], mean_phases(phase_runs[i]),
                         per_image[i], law[i])
             for i, spec in enumerate(specs)]
     if on_images is not None:
@@ -265,8 +267,7 @@ def mean_phases(per_repeat: Sequence[dict[str, dict[str, float]]]) -> dict[str, 
 
 
 def _run_result(spec: MethodSpec, out: Any, latencies: list[float], peak_bytes: int | None, n: int, backend: Any,
-                loaded: LoadedModel, conditions: Sequence[int], quality: bool,
-                device_ops: dict[str, schema.DeviceOps] | None = None, batch_size: int = 1,
+                quality: schema.Quality, device_ops: dict[str, schema.DeviceOps] | None = None, batch_size: int = 1,
                 state_bytes: int | None = None, phases: dict[str, schema.Phase] | None = None,
                 per_image: list[list[float]] | None = None, law: dict[str, Any] | None = None) -> schema.RunResult:
     d = spec.describe()
@@ -289,16 +290,39 @@ def _run_result(spec: MethodSpec, out: Any, latencies: list[float], peak_bytes: 
         mean_drafted_depth=st.get("mean_drafted_depth"),
         phases=phases, peak_bytes=peak_bytes, state_bytes=state_bytes, device_ops=device_ops,
         per_image_latencies=per_image or None, image_counts=out.image_counts or None, law=law,
-        quality=_quality(loaded, out.images, conditions) if quality else
-        schema.Quality.not_measured("--no-quality"))
+        quality=quality)
 
 
-def _quality(loaded: LoadedModel, images: np.ndarray, conditions: Sequence[int]) -> schema.Quality:
+QUALITY_RESAMPLES = 200  # the demo's figures are cheap: 200 resamples make stable 95% intervals
+
+
+def _qualities(loaded: LoadedModel, specs: Sequence[MethodSpec], images: Sequence[np.ndarray],
+               conditions: Sequence[int]) -> list[schema.Quality]:
+    """Each run's demo quality with 95% bootstrap intervals over images (`<metric>_lo/_hi`) and, for
+    every run beside AR, its paired difference to the first AR run (`<metric>_vs_ar`, same seeds
+    and classes: the relative quality a speedup claim needs)."""
     if loaded.bundle is None:
-        return schema.Quality.not_measured("no local FID/CLIP metric weights are configured for this model")
+        reason = ("the bench measures the demo's classifier metrics only; use runtime sample + runtime eval "
+                  "--reference for FID / IS / precision-recall")
+        return [schema.Quality.not_measured(reason)] * len(specs)
     if len(conditions) < 2:
-        return schema.Quality.not_measured("a Frechet distance needs at least 2 images")
-    from runtime.metrics.quality import evaluate_images
+        return [schema.Quality.not_measured("a Frechet distance needs at least 2 images")] * len(specs)
+    from runtime.metrics.quality import demo_quality, demo_quality_vs, demo_scores
 
-    q = evaluate_images(loaded.bundle, images, np.asarray(conditions))
-    return schema.Quality.of(class_accuracy=q["class_accuracy"], fd=q["fd"])
+    labels = np.asarray(conditions)
+    scores = [demo_scores(loaded.bundle, im, labels) for im in images]
+    base = next((s for s, spec in zip(scores, specs) if spec.method == "ar"), None)
+    out = []
+    for score, spec in zip(scores, specs):
+        figures = demo_quality(score, reps=QUALITY_RESAMPLES)
+        if base is not None and spec.method != "ar":
+            figures.update(demo_quality_vs(score, base, reps=QUALITY_RESAMPLES))
+        flat: dict[str, float] = {}
+        for name, e in figures.items():
+            flat[name] = e.value
+            if e.lo is not None:
+                flat[f"{name}_lo"], flat[f"{name}_hi"] = e.lo, e.hi
+        out.append(schema.Quality.of(**flat))
+    return out
+
+

@@ -157,12 +157,13 @@ def bench(
         if trace_staging is not None:
             shutil.rmtree(trace_staging, ignore_errors=True)  # already gone once published
 
+    from runtime.bench.report import quality_text
+
     table = Table(title=f"runtime bench on {result.device.name} ({result.device.backend}) -> {path}")
     for col in ("method", "params", "tau", "drafted depth", "speedup", "images/s", "p50 s", "step tvd", "quality"):
         table.add_column(col)
     for run in result.runs:
-        q = run.quality
-        qual = ", ".join(f"{k} {v:.3g}" for k, v in q.metrics.items()) if q.measured else "-"
+        qual = quality_text(run) if run.quality.measured else "-"
         depth = run.stats.mean_drafted_depth
         table.add_row(run.method, run.params.label(), f"{run.stats.mean_accepted_length:.2f}",
                       "-" if not depth else f"{depth:.2f}",
