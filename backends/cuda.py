@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -15,6 +16,10 @@ from backends.base import Backend, PhaseTimer
 from runtime.errors import UserError
 
 CONTAINER_HINT = "use --device cpu or the CUDA container (docker/Dockerfile.cuda)"
+# LANTERN_CUDA_FUSE=0 captures each step's eager kernels instead of compiling it first: the way
+# round an inductor failure that poisons the CUDA context (e.g. a misaligned-address fault, after
+# which no fallback in the same process can run).
+FUSE_ENV = "LANTERN_CUDA_FUSE"
 _log = logging.getLogger(__name__)
 
 
@@ -63,9 +68,12 @@ class CudaBackend(Backend):
     warmup_calls: ClassVar[int] = 3
 
     def __init__(self, *, dtype: str | torch.dtype | None = None, graph_mode: bool = True, index: int | None = None,
-                 fuse: bool = True) -> None:
+                 fuse: bool | None = None) -> None:
         super().__init__(dtype=dtype, graph_mode=graph_mode)
-        # fuse: compile each step with inductor before capturing it (False: capture eager kernels)
+        # fuse: compile each step with inductor before capturing it (False: capture eager kernels);
+        # default: on unless $LANTERN_CUDA_FUSE is 0
+        if fuse is None:
+            fuse = os.environ.get(FUSE_ENV, "1").strip() not in ("0", "false", "no")
         self.fuse = fuse
         count = torch.cuda.device_count()
         index = torch.cuda.current_device() if index is None else index

@@ -32,23 +32,8 @@ from runtime.metrics.images import open_images  # noqa: E402
 
 @pytest.fixture(scope="module")
 def inception_file(tmp_path_factory):
-    """torch-fidelity's InceptionV3 with random (He-initialised) weights, as safetensors."""
-    from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
-
-    class Skeleton(FeatureExtractorInceptionV3):
-        def load_state_dict(self, state_dict, strict=True, assign=False):  # noqa: ARG002 - no weights yet
-            return None
-
-    folder = tmp_path_factory.mktemp("inception")
-    torch.save({}, folder / "empty.pth")
-    torch.manual_seed(0)
-    model = Skeleton("inception-v3-compat", ["2048"], feature_extractor_weights_path=str(folder / "empty.pth"))
-    for module in model.modules():
-        if isinstance(module, torch.nn.Conv2d):  # keeps activations from fading with depth
-            torch.nn.init.kaiming_normal_(module.weight, nonlinearity="relu")
-    path = folder / "inception.safetensors"
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
-    return path
+    """torch-fidelity's InceptionV3 with random weights, as safetensors."""
+    return fidelity.save_random_inception(tmp_path_factory.mktemp("inception") / "inception.safetensors")
 
 
 def _folder(path, images, names=None):

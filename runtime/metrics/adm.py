@@ -89,7 +89,7 @@ class NpzImages:
                 raw = member.read(n * per_image)
                 if len(raw) != n * per_image:
                     raise UserError(f"{self.path}: '{IMAGES}' ends after {start} images; the file is truncated")
-                yield np.frombuffer(raw, dtype=np.uint8).reshape((n, *self.shape[1:]))
+                yield np.frombuffer(bytearray(raw), dtype=np.uint8).reshape((n, *self.shape[1:]))
 
 
 def _read_header(member, path: Path) -> tuple[tuple[int, ...], np.dtype]:

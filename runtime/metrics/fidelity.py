@@ -184,3 +184,27 @@ def fidelity_metrics(gen: InceptionFeatures, ref: InceptionFeatures | None,
     # a resample's KID uses 10 subsets: its spread is dominated by the resample, not the subsets
     replicates = [figures(idx, subsets=10) for idx in bootstrap(n, reps, seed)]
     return {name: Estimate.of(value, [r[name] for r in replicates]) for name, value in point.items()}
+
+
+def save_random_inception(path: str | Path, seed: int = 0) -> Path:
+    """Write torch-fidelity's InceptionV3 with random weights (He-initialised convolutions, so
+    features do not fade with depth) as safetensors: a stand-in for the real file in tests and
+    smoke runs. Its figures mean nothing; its shapes, code path and timings are the real ones."""
+    require_torch_fidelity()
+    from safetensors.torch import save_file
+    from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
+
+    class Skeleton(FeatureExtractorInceptionV3):
+        def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:  # noqa: ARG002
+            return None  # built without weights; they are drawn below
+
+    with tempfile.TemporaryDirectory(prefix="lantern-inception-") as tmp:
+        torch.save({}, Path(tmp) / "empty.pth")
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = Skeleton("inception-v3-compat", ["2048"], feature_extractor_weights_path=str(Path(tmp) / "empty.pth"))
+            for module in model.modules():
+                if isinstance(module, torch.nn.Conv2d):
+                    torch.nn.init.kaiming_normal_(module.weight, nonlinearity="relu")
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
+    return Path(path)
