@@ -138,3 +138,18 @@ def test_drafter_cached_equals_teacher_forced():
         rest = drafter.forward_cached(tokens[:, 4:], hidden[:, 4:], 4 + torch.arange(3),
                                       torch.ones(3, 3, dtype=torch.bool).tril(), cache)
     torch.testing.assert_close(torch.cat([out, rest], 1), full, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_mask_rows_start_16_byte_aligned_whatever_capacity_is_asked(dtype):
+    """Fused attention kernels read the additive mask's rows vectorised; a 267-slot drafter cache
+    faulted on an H200 in bf16 ("misaligned address"). The cache rounds its capacity up and masks
+    the extra slots."""
+    from runtime.models.kv_cache import StaticKVCache
+
+    cache = StaticKVCache(1, 2, 1, 4, 267, "cpu", dtype)
+    assert cache.capacity == 272 and cache.k[0].shape == (2, 1, 272, 4)
+    cache.advance(3)
+    mask = cache.additive_mask(torch.ones(2, 2, dtype=torch.bool))
+    assert mask.shape == (2, 1, 2, 272) and (mask.stride(-2) * mask.element_size()) % 16 == 0
+    assert torch.isinf(mask[..., 5:]).all() and (mask[..., :5] == 0).all()

@@ -24,6 +24,9 @@ import torch
 PADDED = 1 << 40
 
 
+CAPACITY_MULTIPLE = 16  # slots: 16-byte mask rows in bf16 / fp16 and 64-byte in fp32
+
+
 class StaticKVCache:
     """Keys and values for `n_layer` layers.
 
@@ -41,6 +44,11 @@ class StaticKVCache:
 
     def __init__(self, n_layer: int, batch: int, kv_heads: int, head_dim: int, capacity: int,
                  device: torch.device | str, dtype: torch.dtype) -> None:
+        # Rows of the additive mask (..., capacity) must start 16-byte aligned: the fused attention
+        # kernels (cuDNN, memory-efficient) read them vectorised, and a 267-slot drafter cache
+        # faulted with "misaligned address" on an H200 in bf16. Slots past the asked capacity
+        # are never written and always masked (they lie "beyond" every block).
+        capacity = -(-capacity // CAPACITY_MULTIPLE) * CAPACITY_MULTIPLE
         shape = (batch, kv_heads, capacity, head_dim)
         # keys and values in one buffer, so the commit moves both with one index op
         self.kv_all = torch.zeros((2, n_layer, *shape), device=device, dtype=dtype)
