@@ -41,3 +41,23 @@ def test_two_gloo_ranks_equal_one_process(ckpts, tmp_path):
     assert all(r["images_per_s"] > 0 for r in result["ranks"]) and result["timing"]["images_per_s"] > 0
     assert result["device"]["count"] == 2
     assert sorted(p.name for p in multi.iterdir()) == sorted(p.name for p in single.iterdir())
+
+
+def test_sample_under_two_gloo_ranks_equals_one_process(ckpts, tmp_path):
+    """`runtime sample` under torchrun: each rank makes its chunks, rank 0 assembles the same file."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+
+    def args(out):
+        return ["sample", *run_args(ckpts, out)[1:-2], "--chunk", "2", "--out", str(out)]
+
+    single = tmp_path / "single"
+    subprocess.run([sys.executable, "-m", "runtime", *args(single)], check=True, env=env, capture_output=True,
+                   timeout=600)
+    multi = tmp_path / "multi"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "-m", "runtime", *args(multi)], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    with np.load(single / "samples.npz") as a, np.load(multi / "samples.npz") as b:
+        assert a["arr_0"].shape[0] == 5 and np.array_equal(a["arr_0"], b["arr_0"])
+        assert np.array_equal(a["arr_1"], b["arr_1"])
+    assert json.loads((multi / "result.json").read_text())["world_size"] == 2
