@@ -87,14 +87,54 @@ def _register() -> None:
 INVOCATION: list[str] = []
 
 
+class Interrupted(BaseException):
+    """A stop signal (SIGINT / SIGTERM / SIGHUP) raised where the program is, so every `finally`
+    (staging folders, process groups) runs on the way out. Not an Exception: nothing catches it by
+    accident; not a KeyboardInterrupt: click would turn it into a signal-less Abort."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_interrupted(signum: int, frame: object) -> None:  # noqa: ARG001 - signal handler signature
+    raise Interrupted(signum)
+
+
+def install_stop_handlers() -> None:
+    """SIGINT, SIGTERM and SIGHUP raise `Interrupted` (also when the parent started this process
+    with SIGINT ignored, as a shell does for background jobs). Main thread only."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), _raise_interrupted)
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point."""
+    """Console-script entry point. Exit codes: 0 everything reported was done; 1 a check failed;
+    2 bad input; 128 + N stopped by signal N (130 SIGINT, 143 SIGTERM, 129 SIGHUP)."""
+    import signal
+
     from runtime.errors import UserError
 
     INVOCATION[:] = ["runtime"] + list(sys.argv[1:] if argv is None else argv)
     _register()
+    previous = {name: signal.getsignal(getattr(signal, name)) for name in ("SIGINT", "SIGTERM", "SIGHUP")
+                if hasattr(signal, name)}
+    install_stop_handlers()
     try:
-        app(args=argv, standalone_mode=False)
+        # non-standalone mode returns typer.Exit's code instead of exiting with it
+        code = app(args=argv, standalone_mode=False)
+        if isinstance(code, int) and code != 0:
+            raise SystemExit(code)
+    except Interrupted as stop:
+        name = signal.Signals(stop.signum).name
+        print(f"interrupted by {name}: stopped; nothing half-written was left", file=sys.stderr)
+        raise SystemExit(128 + stop.signum) from None
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -113,6 +153,10 @@ def main(argv: list[str] | None = None) -> None:
             print("aborted", file=sys.stderr)
             raise SystemExit(130) from None
         raise
+    finally:
+        for name, handler in previous.items():  # in-process callers (tests) get theirs back
+            if handler is not None:
+                signal.signal(getattr(signal, name), handler)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from rich.table import Table
 from runtime.cli import options as opt
 from runtime.cli.app import app
 from runtime.errors import UserError
-from runtime.metrics.fidelity import INCEPTION_ENV
+from runtime.metrics import INCEPTION_ENV
 
 
 def read_run(run_dir: Path) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:

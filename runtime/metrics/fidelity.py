@@ -28,10 +28,10 @@ import numpy as np
 import torch
 
 from runtime.errors import UserError
+from runtime.metrics import INCEPTION_ENV
 from runtime.metrics.images import ImageSet
 from runtime.metrics.intervals import Estimate, bootstrap
 
-INCEPTION_ENV = "LANTERN_INCEPTION_WEIGHTS"
 INCEPTION_FILE = "weights-inception-2015-12-05-6726825d.pth"
 INCEPTION_URL = f"https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/{INCEPTION_FILE}"
 INSTALL_HINT = ("install the eval extra: pip install 'lantern-runtime[eval]' (torch-fidelity; it needs the "

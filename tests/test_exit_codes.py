@@ -1,0 +1,66 @@
+"""Exit codes through a real process: 0 done, 1 a failed check, 2 bad input, 128 + N for signal N,
+and no staging folder left behind by a stopped run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+RUNTIME = [sys.executable, "-m", "runtime"]
+
+
+def test_bad_input_exits_2_with_one_line(tmp_path):
+    proc = subprocess.run([*RUNTIME, "run", "--device", "cpu", "--num-images", "0", "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == ["error: --num-images must be >= 1, got 0"]
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_failed_selfcheck_exits_1(tmp_path):
+    """The command's own `typer.Exit(1)` must reach the process exit code (non-standalone typer returns it)."""
+    code = (
+        "import runtime.selfcheck as s\n"
+        "s.run_selfcheck = lambda backend, **kw: s.SelfcheckReport(device={'name': 'cpu'}, "
+        "checks=[s.Check('forced', False, 'made to fail by the test')])\n"
+        "from runtime.cli.app import main\n"
+        f"main(['selfcheck', '--device', 'cpu', '--out', {str(tmp_path / 'sc.json')!r}])\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr
+    assert "selfcheck failed: forced" in proc.stderr and (tmp_path / "sc.json").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+def test_a_signal_mid_run_exits_128_plus_n_and_leaves_nothing(tmp_path, sig, code):
+    out = tmp_path / "out"
+    # SIGINT ignored by the parent (as a shell does for a background job) must still stop the run
+    restore = signal.signal(signal.SIGINT, signal.SIG_IGN) if sig == signal.SIGINT else None
+    try:
+        proc = subprocess.Popen([*RUNTIME, "run", "--device", "cpu", "--num-images", "24", "--out", str(out)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=dict(os.environ, OMP_NUM_THREADS="1"))
+    finally:
+        if restore is not None:
+            signal.signal(signal.SIGINT, restore)
+    deadline = time.monotonic() + 120
+    while not any(p.name.startswith(".out.") for p in tmp_path.iterdir()):  # generating into the staging folder
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.2)
+    time.sleep(1.0)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == code, err
+    assert err.strip().splitlines()[-1] == (f"interrupted by {signal.Signals(sig).name}: stopped; "
+                                            "nothing half-written was left")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # neither --out nor its staging folder
+
+
+def test_a_completed_command_exits_0():
+    proc = subprocess.run([*RUNTIME, "models", "--json"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip().startswith(("[", "{"))
