@@ -141,6 +141,14 @@ def _bytes(value: int | None) -> str:
     return f"{value / 1e6:.0f} MB" if value < 1e9 else f"{value / 1e9:.2f} GB"
 
 
+QUALITY_NOTE = (
+    "Quality: `class_accuracy` and `fd` are the demo classifier's (its accuracy on the class each image "
+    "was generated for, and the Frechet distance of its features to real demo images), not FID; "
+    "`*_vs_ar` is a run's paired difference to ar on the same seeds and classes; [lo, hi] are 95% "
+    "bootstrap intervals over images. FID / IS / precision-recall come from `runtime eval --reference` "
+    "(docs/quality.md).")
+
+
 def quality_estimates(run: RunResult) -> dict[str, tuple[float, float | None, float | None]]:
     """A run's quality figures as {name: (value, lo, hi)}: `<name>_lo` / `<name>_hi` are the 95%
     bootstrap interval the bench stores beside `<name>` (None where absent, e.g. older files)."""
@@ -755,6 +763,8 @@ def _device_section(bench: BenchFile, slug: str) -> list[Block]:
             row[4:4] = [fmt_interval(speedup_ci(run, base)) if run is not base else "1 (baseline)",
                         fmt_interval(tau_ci(run), "")]
     blocks.append(Table(headers, rows))
+    if any(run.quality.measured for run in result.runs):
+        blocks.append(Paragraph(QUALITY_NOTE))
     ar = ar_baseline(result.runs)
     if ar is None:
         blocks.append(Paragraph(
