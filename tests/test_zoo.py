@@ -42,7 +42,8 @@ def test_format_params(n, text):
 
 def test_every_kind_is_listed_with_checkpoint_files():
     rows = zoo_rows()
-    assert {r["kind"] for r in rows} == {"gpt-c2i", "gpt-t2i", "vq", "drafter"}
+    assert {r["kind"] for r in rows} == {"demo", "gpt-c2i", "gpt-t2i", "vq", "drafter", "chameleon",
+                                         "chameleon-drafter"}
     assert all(r["checkpoints"] and r["token_grid"] for r in rows)
     gpt_b = next(r for r in rows if r["name"] == "GPT-B")
     assert gpt_b["checkpoints"].split("\n") == ["c2i_B_256.pt", "c2i_B_384.pt"]
@@ -57,3 +58,16 @@ def test_runtime_models_prints_the_zoo(run_cli):
         assert any(name in line and kind in line and params in line for line in lines), (name, kind)
     for ckpt in ("c2i_B_256.pt", "c2i_3B_384.pt", "vq_ds16_c2i.pt", "jadohu/llamagen_drafter"):
         assert ckpt in result.stdout
+
+
+def test_runtime_models_lists_the_demo_and_the_chameleon_family_within_80_columns():
+    from rich.console import Console
+
+    from runtime.cli.models_cmd import zoo_table
+
+    console = Console(width=80, record=True)
+    console.print(zoo_table())
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    for name in ("demo", "Anole-7B", "Lumina-mGPT-7B-768", "LANTERN-Anole", "jadohu/anole_drafter", "3.5M"):
+        assert name in text, name

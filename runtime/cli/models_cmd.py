@@ -12,16 +12,17 @@ from runtime.cli.app import app
 
 
 def zoo_table() -> Table:
+    """The zoo, each model's checkpoints under its name (fits 80 columns; long names fold)."""
     from runtime.models.zoo import zoo_rows
 
     table = Table(title="Model zoo", title_justify="left")
-    table.add_column("name", no_wrap=True)
+    table.add_column("model / checkpoints", overflow="fold", ratio=1)
     table.add_column("kind", no_wrap=True)
     table.add_column("params", justify="right", no_wrap=True)
     table.add_column("tokens", no_wrap=True)
-    table.add_column("checkpoints", overflow="fold")
     for row in zoo_rows():
-        table.add_row(row["name"], row["kind"], row["params"], row["token_grid"], row["checkpoints"])
+        files = "\n".join(f"  [dim]{line}[/]" for line in row["checkpoints"].split("\n"))
+        table.add_row(f"[bold]{row['name']}[/]\n{files}", row["kind"], row["params"], row["token_grid"])
     table.caption = ("run an official checkpoint: runtime run --gpt-model GPT-B --gpt-ckpt c2i_B_256.pt "
                      "--vq-ckpt vq_ds16_c2i.pt --image-size 256")
     return table

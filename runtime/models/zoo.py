@@ -27,12 +27,16 @@ class ZooEntry:
     """
 
     name: str
-    kind: str  # "gpt-c2i" | "gpt-t2i" | "vq" | "drafter"
+    kind: str  # "demo" | "gpt-c2i" | "gpt-t2i" | "vq" | "drafter" | "chameleon" | "chameleon-drafter"
     token_grid: str
     checkpoints: tuple[str, ...]
-    build: Callable[[], nn.Module]
+    build: Callable[[], nn.Module] | None = None
+    count: Callable[[], int] | None = None  # instead of `build`: a count read from the files themselves
 
     def parameter_count(self) -> int:
+        if self.count is not None:
+            return self.count()
+        assert self.build is not None
         return count_parameters_meta(self.build)
 
 
@@ -84,7 +88,43 @@ def _c2i(name: str, short: str, sizes: tuple[int, ...], note: str = "") -> ZooEn
     return ZooEntry(name, "gpt-c2i", grids, files, _gpt(name, "c2i", sizes[0]))
 
 
+def _demo_parameters() -> int:
+    """Parameters of the packaged demo target, read from its safetensors header (no weights loaded)."""
+    from safetensors import safe_open
+
+    from runtime.demo.bundle import default_bundle_path
+
+    with safe_open(str(default_bundle_path() / "gpt.safetensors"), framework="pt") as f:
+        return sum(int(torch.Size(f.get_slice(k).get_shape()).numel()) for k in f.keys())
+
+
+# Chameleon-7B (Anole, Lumina-mGPT): 32 layers of width 4096, SwiGLU 11008, 65,536 tokens of which
+# 8,192 are image codes; LANTERN's Anole drafter is one such layer over the same vocabulary
+_CHAMELEON_7B = dict(full_vocab_size=65536, vocab_size=8192, dim=4096, n_layer=32, n_head=32, kv_heads=32,
+                     ffn_hidden=11008)
+
+
+def _chameleon(block_size: int) -> Callable[[], nn.Module]:
+    def build() -> nn.Module:
+        from runtime.models.chameleon import ChameleonConfig, ChameleonTarget
+
+        cfg = ChameleonConfig(**_CHAMELEON_7B, block_size=block_size)
+        return ChameleonTarget(cfg, torch.arange(cfg.vocab_size))
+
+    return build
+
+
+def _chameleon_drafter() -> nn.Module:
+    from runtime.models.chameleon_drafter import ChameleonDrafter, ChameleonDrafterConfig
+
+    cfg = ChameleonDrafterConfig(hidden_size=4096, intermediate_size=11008, num_attention_heads=32,
+                                 num_key_value_heads=32, num_hidden_layers=1, vocab_size=65536)
+    return ChameleonDrafter(cfg, torch.arange(8192), block_size=1024, max_position=4096)
+
+
 MODEL_ZOO: tuple[ZooEntry, ...] = (
+    ZooEntry("demo", "demo", "16x16", ("embedded (the default model)",),
+             count=_demo_parameters),
     _c2i("GPT-B", "B", (256, 384)),
     _c2i("GPT-L", "L", (256, 384)),
     _c2i("GPT-XL", "XL", (384,)),
@@ -100,6 +140,11 @@ MODEL_ZOO: tuple[ZooEntry, ...] = (
              _drafter("GPT-XL", 256)),
     ZooEntry("LANTERN-XL-512", "drafter", "32x32", ("jadohu/llamagen2_drafter",),
              _drafter("GPT-XL", 512)),
+    ZooEntry("Anole-7B", "chameleon", "32x32", ("GAIR/Anole-7b-v0.1 (HF, transformers Chameleon layout)",),
+             _chameleon(1024)),
+    ZooEntry("Lumina-mGPT-7B-768", "chameleon", "48x48+eol",
+             ("Alpha-VLLM/Lumina-mGPT-7B-768 (HF)",), _chameleon(48 * 49)),
+    ZooEntry("LANTERN-Anole", "chameleon-drafter", "32x32", ("jadohu/anole_drafter",), _chameleon_drafter),
 )
 
 
