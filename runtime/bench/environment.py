@@ -15,10 +15,27 @@ from typing import Sequence
 from runtime.bench.schema import Env, Profile
 
 
-def git_commit(cwd: str | os.PathLike[str] | None = None) -> str | None:
-    """HEAD's commit hash (suffixed `-dirty` when the tree has changes), or None outside git."""
-    here = Path(cwd) if cwd is not None else Path(__file__).resolve().parent
+COMMIT_ENV = "LANTERN_COMMIT"
 
+
+def git_commit(cwd: str | os.PathLike[str] | None = None) -> str | None:
+    """The commit of the code that runs: $LANTERN_COMMIT when set (a container built from a known
+    commit); else HEAD of the repository holding this package (an editable install), else HEAD of
+    the working directory's repository when that is a checkout of this project (a non-editable
+    `pip install .` run inside the checkout); suffixed `-dirty` when the tree has changes. None
+    when none of these answers."""
+    if os.environ.get(COMMIT_ENV):
+        return os.environ[COMMIT_ENV].strip()
+    if cwd is not None:
+        return _head(Path(cwd))
+    package = Path(__file__).resolve().parents[1]
+    found = _head(package.parent) if (package.parent / "pyproject.toml").is_file() else None
+    if found is None and (Path.cwd() / "runtime" / "__init__.py").is_file():
+        found = _head(Path.cwd())
+    return found
+
+
+def _head(here: Path) -> str | None:
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=here, capture_output=True, text=True, timeout=10,
                               check=True).stdout.strip()

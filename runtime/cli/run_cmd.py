@@ -257,6 +257,8 @@ def _write_outputs(staging: Path, parts: list[dict], n: int, labels: list, loade
         Image.fromarray(images[i]).save(staging / name)
         record: dict[str, Any] = {"index": i, "file": name, "seed": seeds[i]}
         record["class" if isinstance(label, int) else "prompt"] = label
+        if isinstance(label, int) and loaded.class_names is not None and label < len(loaded.class_names):
+            record["class_name"] = loaded.class_names[label]
         records.append(record)
     Image.fromarray(image_grid(images)).save(staging / "grid.png")
     np.save(staging / "tokens.npy", tokens.astype(np.int64))
@@ -268,6 +270,7 @@ def _write_outputs(staging: Path, parts: list[dict], n: int, labels: list, loade
     device.update(backend=backend.name, count=len(parts) if len(parts) > 1 else device.get("count", 1))
     result = {
         "schema_version": RESULT_SCHEMA_VERSION,
+        "software": software_record(),
         "method": spec.method,
         "device": device,
         "model": {"name": loaded.name, "params": loaded.params, "tokens_per_image": loaded.config.block_size,
@@ -291,6 +294,16 @@ def _write_outputs(staging: Path, parts: list[dict], n: int, labels: list, loade
                            for p in parts]
     (staging / "result.json").write_text(json.dumps(result, indent=2))
     return result
+
+
+def software_record() -> dict[str, Any]:
+    """What reproducing a result needs: package version, git commit (None where unknown) and the
+    command line of this invocation."""
+    from runtime import __version__
+    from runtime.bench.environment import git_commit
+    from runtime.cli.app import INVOCATION
+
+    return {"version": __version__, "git_commit": git_commit(), "command_line": list(INVOCATION)}
 
 
 def _merge_stats(all_stats: list[dict]) -> dict:

@@ -20,7 +20,7 @@ import typer
 
 from runtime.cli import options as opt
 from runtime.cli.app import app
-from runtime.cli.run_cmd import _backend_name, _conditions, _merge_stats, _select, run
+from runtime.cli.run_cmd import _backend_name, _conditions, _merge_stats, _select, run, software_record
 from runtime.errors import UserError
 
 NOT_FROM_RUN = ("out", "force", "profile")  # run's own output options; sample has its own
@@ -129,7 +129,8 @@ def _write_result(root: Path, summary: dict[str, Any], workload: dict[str, Any],
     chunks = summary["chunks"]
     chunk_seconds = sum(c["seconds"] for c in chunks)
     result = {
-        "schema_version": 1, "kind": "sample", "workload": workload, "method": spec.method,
+        "schema_version": 1, "kind": "sample", "software": software_record(), "workload": workload,
+        "method": spec.method,
         "device": backend.info(), "world_size": world,
         "stats": _merge_stats([c["stats"] for c in chunks]),
         # generation time summed over chunks (ranks overlap in wall time; per device it is this)
