@@ -3,6 +3,7 @@ and no staging folder left behind by a stopped run."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -64,3 +65,24 @@ def test_a_signal_mid_run_exits_128_plus_n_and_leaves_nothing(tmp_path, sig, cod
 def test_a_completed_command_exits_0():
     proc = subprocess.run([*RUNTIME, "models", "--json"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip().startswith(("[", "{"))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (("run", "--num-images", "1000000000", "--out", "OUT"), "use runtime sample"),
+    (("bench", "--num-images", "1000000000", "--out", "OUT/b.json"), "use runtime sample"),
+    (("sample", "--num-images", "1000000000", "--out", "OUT"), "split the work"),
+    (("run", "--out", ""), "--out is empty"),
+])
+def test_hostile_sizes_and_paths_are_one_line(tmp_path, argv, message):
+    argv = [a.replace("OUT", str(tmp_path / "o")) for a in argv]
+    proc = subprocess.run([*RUNTIME, *argv, "--device", "cpu"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_batch_wider_than_the_images_is_capped(tmp_path):
+    out = tmp_path / "o"
+    proc = subprocess.run([*RUNTIME, "run", "--device", "cpu", "--method", "ar", "--num-images", "2",
+                           "--batch-size", "10000", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((out / "result.json").read_text())["batch_size"] == 2

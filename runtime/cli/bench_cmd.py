@@ -112,6 +112,7 @@ def bench(
             raise UserError(f"{name} must be >= {1 if name == '--repeats' else 0}, got {value}")
     if Path(out).is_dir():
         raise UserError(f"--out {out}: is a folder; --out names the result file, e.g. {Path(out) / 'bench.json'}")
+    opt.check_num_images(num_images)
     plan = plan_runs(method_list, sweep)
     flags = opt.MethodFlags.pick(locals()).as_dict()
     grids: list = []
@@ -132,7 +133,7 @@ def bench(
                 resolve_spec(p.method, {**flags, **p.overrides}, prof, loaded.recommended,
                              run_methods=sorted({q.method for q in plan}))
 
-            batch = opt.batch_size(batch_size, prof)
+            batch = min(opt.batch_size(batch_size, prof), len(conditions))  # never wider than the workload
             if batch_size is not None and any(p.batch_size is not None for p in plan):
                 raise UserError("--batch-size and --sweep batch=... both set the batch size; give one")
             with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:

@@ -126,6 +126,22 @@ def open_backend(device: str, profile_name: str | None, graph: bool | None, dtyp
     return backend, profile
 
 
+IN_MEMORY_IMAGES = 100_000  # run / bench keep every image in memory; beyond this, runtime sample
+SAMPLE_IMAGES = 10_000_000  # runtime sample keeps one condition per image
+
+
+def check_num_images(flag: int | None, limit: int = IN_MEMORY_IMAGES) -> None:
+    """Refuse --num-images below 1 or above what the command can hold (`limit`)."""
+    if flag is None:
+        return
+    if flag < 1:
+        raise UserError(f"--num-images must be >= 1, got {flag}")
+    if flag > limit:
+        hint = ("use runtime sample (chunked, resumable, flat memory)" if limit == IN_MEMORY_IMAGES
+                else "split the work into several sampling runs")
+        raise UserError(f"--num-images {flag:,} is more than this command holds ({limit:,}); {hint}")
+
+
 def batch_size(flag: int | None, profile: Any) -> int:
     """--batch-size if given, else the profile's `[device] batch_size`; refuses values below 1."""
     if flag is not None and flag < 1:

@@ -83,8 +83,9 @@ def run(
     from runtime.pipeline import load_model, make_decoder, resolve_spec, run_generation, sampling_sources
 
     flags = opt.MethodFlags.pick(locals())
-    if num_images is not None and num_images < 1:
-        raise UserError(f"--num-images must be >= 1, got {num_images}")
+    opt.check_num_images(num_images)
+    if not out.strip():
+        raise UserError("--out is empty; give the output folder's path")
     out_dir = Path(out)
     check_run_folder(out_dir, force, marker="result.json")
 
@@ -99,10 +100,11 @@ def run(
         sources = sampling_sources(flags.as_dict(), prof, loaded)
         conditions, cond_masks, labels = _conditions(loaded, classes, prompts, t5_path, num_images, backend)
         n = len(labels)
-        batch = opt.batch_size(batch_size, prof)
+        mine = shard(list(range(n)), ctx)
+        # no wider than the images this rank makes: --batch-size 10000 for 2 images decodes 2 at once
+        batch = min(opt.batch_size(batch_size, prof), max(len(mine), 1))
         decoder = make_decoder(loaded, spec, backend, batch_size=batch)
 
-        mine = shard(list(range(n)), ctx)
         my_conditions = _select(conditions, mine)
         my_masks = cond_masks[mine] if cond_masks is not None else None
         backend.reset_peak_memory()

@@ -50,6 +50,7 @@ def sample(**params: Any) -> None:
         raise UserError(f"--chunk must be >= 1, got {chunk_size}")
     if per_class is not None and (per_class < 1 or params["num_images"] is not None):
         raise UserError("--per-class K (K >= 1) sets the image count; give it or --num-images, not both")
+    opt.check_num_images(params["num_images"], opt.SAMPLE_IMAGES)
     shard = _parse_shard(params["shard"])
     ctx = init_distributed(_backend_name(params["device"]))
     try:
@@ -69,6 +70,7 @@ def sample(**params: Any) -> None:
             if loaded.config.model_type != "c2i":
                 raise UserError("--per-class is for class-conditional models; give --num-images with --prompts")
             num_images = per_class * loaded.num_classes
+            opt.check_num_images(num_images, opt.SAMPLE_IMAGES)
             if classes is None:  # every class, not the demo subset `run` picks by default
                 classes = ",".join(str(c) for c in range(loaded.num_classes))
         conditions, cond_masks, labels = _conditions(loaded, classes, params["prompts"], params["t5_path"],
@@ -81,7 +83,8 @@ def sample(**params: Any) -> None:
             store.open(workload)
         barrier(ctx)
         todo = store.missing(mine(chunks, rank, world))
-        decoder = make_decoder(loaded, spec, backend, batch_size=opt.batch_size(params["batch_size"], prof))
+        batch = min(opt.batch_size(params["batch_size"], prof), chunk_size, len(labels))
+        decoder = make_decoder(loaded, spec, backend, batch_size=batch)
         started, made = time.perf_counter(), 0
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    TextColumn("ETA"), TimeRemainingColumn())
