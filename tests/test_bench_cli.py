@@ -7,7 +7,7 @@ from runtime.bench.schema import load_bench
 from runtime.models.configs import DrafterConfig
 from runtime.models.drafter import Drafter
 from runtime.models.loading import save_drafter_folder
-from tests.tiny_models import save_tiny_official
+from tiny_models import save_tiny_official
 
 
 @pytest.fixture(scope="module")

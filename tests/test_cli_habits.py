@@ -93,7 +93,7 @@ def test_bench_profile_is_refused_with_a_shape(run_cli, tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def tiny_ckpts(tmp_path_factory) -> Path:
     """GPT-tiny (4x4 tokens at 64 px) and a VQ-16 in LlamaGen's layout: a bench in seconds."""
-    from tests.tiny_models import save_tiny_official
+    from tiny_models import save_tiny_official
 
     d = tmp_path_factory.mktemp("tiny")
     save_tiny_official(d, "c2i_tiny_64.pt", "vq_ds16_c2i.pt")

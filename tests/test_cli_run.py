@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.tiny_models import save_tiny_official
+from tiny_models import save_tiny_official
 
 
 @pytest.fixture(scope="module")

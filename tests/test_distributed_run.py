@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.tiny_models import save_tiny_official
+from tiny_models import save_tiny_official
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import torch
 from runtime.core import Decoder, MethodSpec, SamplingParams, generate
 from runtime.core.drafting import _STOPPED, _below_negative, child_scores
 from runtime.errors import UserError
-from tests.tiny_models import tiny_pair
+from tiny_models import tiny_pair
 
 
 def _neighbours(vocab: int) -> torch.Tensor:

@@ -13,7 +13,7 @@ import torch
 from runtime.core import Decoder, MethodSpec, SamplingParams
 from runtime.errors import UserError
 from runtime.models.loading import drafter_config_from_json, drafter_config_to_json
-from tests.tiny_models import caption, tiny_pair
+from tiny_models import caption, tiny_pair
 
 
 @pytest.mark.parametrize("method", ["eagle2", "lantern++"])

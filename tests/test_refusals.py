@@ -16,7 +16,7 @@ import torch
 from runtime.errors import UserError
 from runtime.models.configs import gpt_config
 from runtime.models.gpt import Transformer
-from tests.tiny_models import save_tiny_official
+from tiny_models import save_tiny_official
 
 
 @pytest.fixture(scope="module")
