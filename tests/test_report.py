@@ -374,3 +374,14 @@ def test_every_table_is_also_written_as_csv(rendered: Path) -> None:
     assert len(tables) == len(md_tables(markdown))
     rows = [row for path in tables for row in csv.DictReader(path.open())]
     assert any(row.get("speedup") == "2.41x" and row.get("method") == "lantern++" for row in rows)
+
+
+def test_summary_line_and_warnings_of_a_committed_bench() -> None:
+    from runtime.bench.report import bench_warnings, summary_line
+
+    result = load_bench(Path(__file__).resolve().parents[1] / "results" / "frontier_lanternpp_chain3_sampling.json")
+    line = summary_line(result)
+    assert line is not None and line.startswith("Summary: fastest `lantern++`") and "(mean-based, 95% interval)" in line
+    warnings = bench_warnings(result)
+    assert any("only 3 timed repeats" in w for w in warnings)
+    assert any("spans 1: not distinguishable from ar" in w for w in warnings)

@@ -739,9 +739,53 @@ def same_device(group: Sequence[BenchFile]) -> bool:
     return len({device_label(b.result) for b in group}) == 1
 
 
+MIN_REPEATS, MIN_IMAGES = 5, 12  # below these a bench's intervals are too wide to rank methods
+
+
+def summary_line(result: BenchResult) -> str | None:
+    """The fastest method over ar by the mean-based speedup, with its 95% interval, tau and, where
+    measured, its paired quality difference to ar; None without per-image timings or an ar run."""
+    best: tuple[float, RunResult, Any] | None = None
+    for run in result.runs:
+        base = ar_baseline(result.runs, run.params.batch_size)
+        ci = speedup_ci(run, base) if run.method != "ar" else None
+        if ci is not None and (best is None or ci.point > best[0]):
+            best = (ci.point, run, ci)
+    if best is None:
+        return None
+    _, run, ci = best
+    text = (f"Summary: fastest `{run.method}` ({run.params.label()}): {fmt_interval(ci)} over ar "
+            f"(mean-based, 95% interval), tau {fmt_tau(run.stats.mean_accepted_length)}")
+    q = quality_estimates(run)
+    deltas = [f"{name} {v:+.3g}" + (f" [{lo:+.3g}, {hi:+.3g}]" if lo is not None else "")
+              for name, (v, lo, hi) in q.items() if name.endswith("_vs_ar")]
+    return text + (f"; quality vs ar: {', '.join(deltas)}." if deltas else "; quality not measured against ar.")
+
+
+def bench_warnings(result: BenchResult) -> list[str]:
+    """Plain warnings about a bench too small or too noisy to rank its methods."""
+    out = []
+    if result.env.repeats < MIN_REPEATS:
+        out.append(f"only {result.env.repeats} timed repeats (fewer than {MIN_REPEATS}): intervals are wide")
+    if result.workload.num_images < MIN_IMAGES:
+        out.append(f"only {result.workload.num_images} images (fewer than {MIN_IMAGES}): tau and quality vary "
+                   "with the images drawn")
+    for run in result.runs:
+        ci = speedup_ci(run, ar_baseline(result.runs, run.params.batch_size)) if run.method != "ar" else None
+        if ci is not None and ci.contains(1.0):
+            out.append(f"`{run.method}` ({run.params.label()}): its speedup interval {fmt_interval(ci)} spans 1: "
+                       "not distinguishable from ar")
+    return out
+
+
 def _device_section(bench: BenchFile, slug: str) -> list[Block]:
     result = bench.result
     blocks: list[Block] = [Heading(3, bench.label), Paragraph(_env_summary(bench))]
+    summary = summary_line(result)
+    if summary is not None:
+        blocks.append(Paragraph(summary))
+    for warning in bench_warnings(result):
+        blocks.append(Paragraph(f"Warning: {warning}."))
     rows = []
     for run in result.runs:
         rows.append([
