@@ -5,6 +5,10 @@ unknown device) is raised as :class:`UserError` with a one-line message that nam
 problem and the fix. The CLI prints the message alone, without a traceback, and exits 2.
 """
 
+from __future__ import annotations
+
+from collections.abc import Iterable
+
 
 class UserError(Exception):
     """A problem with the user's input, reported as one line naming the problem and the fix."""
@@ -13,3 +17,14 @@ class UserError(Exception):
         if "\n" in message:
             message = " ".join(part.strip() for part in message.splitlines() if part.strip())
         super().__init__(message)
+
+
+def did_you_mean(name: str, choices: Iterable[str]) -> str:
+    """The suffix " (did you mean 'x'?)" naming the closest of `choices` to a mistyped `name`, else ""."""
+    import difflib
+
+    options = list(choices)
+    lowered = {c.lower(): c for c in options}
+    close = difflib.get_close_matches(str(name).lower(), list(lowered), n=1, cutoff=0.6)
+    return f" (did you mean {lowered[close[0]]!r}?)" if close else ""
+

@@ -72,6 +72,10 @@ def test_a_completed_command_exits_0():
     (("bench", "--num-images", "1000000000", "--out", "OUT/b.json"), "use runtime sample"),
     (("sample", "--num-images", "1000000000", "--out", "OUT"), "split the work"),
     (("run", "--out", ""), "--out is empty"),
+    (("run", "--method", "lantern+", "--out", "OUT"), "(did you mean 'lantern++'?)"),
+    (("bench", "--methods", "ar,egle2", "--out", "OUT/b.json"), "(did you mean 'eagle2'?)"),
+    (("run", "--gpt-model", "GPT-xl", "--gpt-ckpt", "OUT.pt", "--vq-ckpt", "OUT.pt", "--out", "OUT"),
+     "(did you mean 'GPT-XL'?)"),
 ])
 def test_hostile_sizes_and_paths_are_one_line(tmp_path, argv, message):
     argv = [a.replace("OUT", str(tmp_path / "o")) for a in argv]

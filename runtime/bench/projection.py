@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from runtime.core import Decoder, MethodSpec
-from runtime.errors import UserError
+from runtime.errors import UserError, did_you_mean
 from runtime.models.configs import GPTConfig, gpt_config
 
 PHASES = ("draft", "verify", "accept")
@@ -62,7 +62,7 @@ SHAPES: dict[str, ModelShape] = {s.name: s for s in (
 
 def model_shape(name: str) -> ModelShape:
     if name not in SHAPES:
-        raise UserError(f"unknown --shape {name!r}; choose one of {', '.join(SHAPES)}")
+        raise UserError(f"unknown --shape {name!r}{did_you_mean(name, SHAPES)}; choose one of {', '.join(SHAPES)}")
     return SHAPES[name]
 
 

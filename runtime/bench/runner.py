@@ -24,7 +24,7 @@ from runtime.bench import schema
 from runtime.bench.environment import current_env
 from runtime.core import MethodSpec
 from runtime.core.opcount import phase_ops
-from runtime.errors import UserError
+from runtime.errors import UserError, did_you_mean
 from runtime.pipeline import LoadedModel, make_decoder, resolve_spec, run_generation
 
 SWEEP_KEYS = {"lambda": ("lantern_lambda", float, "lantern++"), "delta": ("lantern_delta", float, "lantern"),
@@ -64,7 +64,7 @@ def parse_method_entry(entry: str) -> PlannedRun:
 
     name, *options = entry.strip().split(":")
     if name not in METHODS:
-        raise UserError(f"--methods: unknown method {name!r}; choose from {', '.join(METHODS)}")
+        raise UserError(f"--methods: unknown method {name!r}{did_you_mean(name, METHODS)}; choose from {', '.join(METHODS)}")
     overrides: dict[str, Any] = {}
     for opt in options:
         key, sep, value = opt.partition("=")

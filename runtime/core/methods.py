@@ -49,7 +49,7 @@ from dataclasses import asdict, dataclass, field
 
 from runtime.core.sampling import SamplingParams
 from runtime.core.tree import MAX_TREE_DEPTH, MAX_TREE_NODES
-from runtime.errors import UserError
+from runtime.errors import UserError, did_you_mean
 
 METHODS = ("ar", "sd", "eagle2", "ddd", "lantern", "lantern++", "sjd")
 JACOBI_INITS = ("uniform", "repeat-h", "repeat-v")
@@ -92,7 +92,7 @@ class MethodSpec:
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
-            raise UserError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
+            raise UserError(f"unknown method {self.method!r}{did_you_mean(self.method, METHODS)}; choose one of {', '.join(METHODS)}")
         s = self.sampling
         for flag, value in (("temperature", s.temperature), ("top-p", s.top_p), ("cfg", s.cfg),
                             ("lantern-delta", self.lantern_delta), ("lantern-lambda", self.lantern_lambda),
