@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
@@ -24,6 +25,7 @@ from runtime.bench.schema import (
     Quality,
     Sampling,
     Workload,
+    ar_baseline,
     load_bench,
     make_bench,
     make_run,
@@ -199,8 +201,8 @@ MALFORMED = [
     (_set("runs.1.stats.tokens", 63), "runs[1].stats.tokens must equal workload.num_images x workload.tokens_per_image"),
     (_set("runs.1.stats.per_depth_acceptance", [0.5, 1.5]), "runs[1].stats.per_depth_acceptance[1] must be <= 1 (got 1.5)"),
     (_set("runs.1.latency_s.p10", 1.09), "runs[1].latency_s must satisfy min(all) <= p10 <= p50 <= p90 <= max(all)"),
-    (_set("runs.1.images_per_s", 10.0), "runs[1].images_per_s must equal workload.num_images / latency_s.p50"),
-    (_set("runs.2.speedup_vs_ar", 3.5), "runs[2].speedup_vs_ar must equal latency_s.p50 of the ar run at its batch size / its latency_s.p50"),
+    (_set("runs.1.images_per_s", 10.0), "runs[1].images_per_s must equal workload.num_images / the mean of latency_s.all"),
+    (_set("runs.2.speedup_vs_ar", 3.5), "runs[2].speedup_vs_ar must equal the mean of latency_s.all of the ar run at its batch size / its the mean of latency_s.all"),
     (_set("runs.2.speedup_vs_ar", None), "runs[2].speedup_vs_ar must be a number (the file has an 'ar' run at batch size 1)"),
     (_set("runs.0.method", "sd"), "runs[0].speedup_vs_ar must be null: the file has no 'ar' run at batch size 1"),
     (_delete("runs.2.quality.reason"), "runs[2].quality.reason is missing"),
@@ -211,7 +213,7 @@ MALFORMED = [
     (_set("runs.1.params.graph", None), "runs[1].params.graph must be true or false"),
     (_set("runs.1.method", "Eagle 2"), "runs[1].method must be a lowercase method name"),
     (_delete("schema_version"), "schema_version is missing"),
-    (_set("schema_version", 2), "schema_version 2 is not supported (this lantern-runtime reads version 1)"),
+    (_set("schema_version", 3), "schema_version 3 is not supported (this lantern-runtime reads versions 1 and 2)"),
     (_set("schema_version", "1"), 'schema_version "1" is not supported'),
     (_set("runs.2.latency_s.all", [0.7, -0.75, 0.8]), "runs[2].latency_s.all[1] must be > 0 (got -0.75)"),
     (_set("runs.1.params.bogus", 1), "runs[1].params.bogus is not a known field; remove it"),
@@ -284,8 +286,8 @@ def test_save_refuses_invalid_results_and_keeps_the_old_file(tmp_path: Path) -> 
 
 
 def test_schema_version_constant() -> None:
-    assert SCHEMA_VERSION == 1
-    assert to_dict(bench())["schema_version"] == 1
+    assert SCHEMA_VERSION == 2
+    assert to_dict(bench())["schema_version"] == 2
 
 
 def test_phases_are_the_mean_over_the_timed_repeats_not_the_last() -> None:
@@ -300,7 +302,8 @@ def test_phases_are_the_mean_over_the_timed_repeats_not_the_last() -> None:
 
 
 COMMITTED = sorted(p for p in (Path(__file__).resolve().parents[1] / "results").rglob("*.json")
-                   if "schema_version" in (data := json.loads(p.read_text())) and data.get("kind") != "projection")
+                   if "schema_version" in (data := json.loads(p.read_text()))
+                   and data.get("kind") not in ("projection", "sample"))
 PROJECTIONS = sorted(p for p in (Path(__file__).resolve().parents[1] / "results").rglob("*.json")
                      if json.loads(p.read_text()).get("kind") == "projection")
 
@@ -314,8 +317,21 @@ def test_every_committed_projection_file_validates(path: Path) -> None:
 
 @pytest.mark.parametrize("path", COMMITTED, ids=[p.name for p in COMMITTED])
 def test_every_committed_result_file_round_trips(path: Path) -> None:
-    """Loading keeps a file's layout: older files' absent fields stay absent, written the same bytes."""
-    assert to_dict(load_bench(path)) == json.loads(path.read_text())
+    """Loading keeps a file's layout: older files' absent fields stay absent, written the same bytes.
+    A version 1 file comes back as version 2: images/s and speedups re-derived from the mean repeat."""
+    data = json.loads(path.read_text())
+    if data["schema_version"] == 1:
+        data["schema_version"] = 2
+        n = data["workload"]["num_images"]
+        for run in data["runs"]:
+            run["images_per_s"] = n / (math.fsum(run["latency_s"]["all"]) / len(run["latency_s"]["all"]))
+        runs = load_bench(path).runs
+        for run, loaded in zip(data["runs"], runs):
+            base = ar_baseline(runs, loaded.params.batch_size)
+            run["speedup_vs_ar"] = None if base is None else base.latency_s.mean / loaded.latency_s.mean
+        assert to_dict(load_bench(path)) == data
+        return
+    assert to_dict(load_bench(path)) == data
     assert json.dumps(to_dict(load_bench(path)), indent=2) + "\n" == path.read_text()
 
 

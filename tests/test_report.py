@@ -133,13 +133,14 @@ def test_speedups_and_tau_in_the_report_are_the_json_ratios(rendered: Path, cpu_
     for path in cpu_and_gpu:
         result = load_bench(path)
         table = md_tables(section(markdown, f"### {result.device.backend}: {result.device.name} x1"))[0]
-        ar_p50 = next(r.latency_s.p50 for r in result.runs if r.method == "ar")
+        ar = next(r for r in result.runs if r.method == "ar")
         assert [row["method"] for row in table] == [r.method for r in result.runs]
         for row, run in zip(table, result.runs):
-            assert row["speedup"] == f"{ar_p50 / run.latency_s.p50:.2f}x"
-            assert row["tau"] == f"{run.stats.mean_accepted_length:.2f}"
+            expected = "1 (baseline)" if run is ar else f"{ar.latency_s.mean / run.latency_s.mean:.2f}x ["
+            assert row["speedup [95% CI]"].startswith(expected)  # the mean-based ratio, with its interval
+            assert row["tau"] == f"{run.stats.mean_accepted_length:.2f}" and row["tau [95% CI]"].endswith("]")
             assert float(row["p50 s"]) == pytest.approx(run.latency_s.p50, abs=5e-4)
-    assert "| lantern++ | tree=t7 k=100 lambda=2 | 2.41x |" in markdown  # 3.3 / 1.37
+    assert re.search(r"\| lantern\+\+ \| tree=t7 k=100 lambda=2 \| [\d.]+ \| [\d.]+ \[[^]]+\] \| 2\.41x \[", markdown)  # 3.3 / 1.37
 
 
 def test_decomposition_multiplies_back_to_the_speedup(rendered: Path, cpu_and_gpu: tuple[Path, Path]) -> None:
@@ -147,14 +148,15 @@ def test_decomposition_multiplies_back_to_the_speedup(rendered: Path, cpu_and_gp
     ar, _, lantern = result.runs
     d = decompose(lantern, ar)
     assert d.tau == pytest.approx(64 / 20)
-    assert d.ar_step_s == pytest.approx(3.3 / 64) and d.iteration_s == pytest.approx(1.37 / 20)
+    assert d.ar_step_s == pytest.approx(ar.latency_s.mean / 64) and d.iteration_s == pytest.approx(lantern.latency_s.mean / 20)
     assert d.tau * d.step_ratio == pytest.approx(d.speedup) == pytest.approx(lantern.speedup_vs_ar)
     markdown = (rendered / "report.md").read_text()
     rows = [row for table in md_tables(markdown) for row in table if "x step ratio" in row]
     assert rows, "no decomposition table"
     for row in rows:
         product = float(row["= tau (AR fwd / fwd)"]) * float(row["x step ratio"])
-        assert product == pytest.approx(float(row["speedup"].rstrip("x")), abs=0.03)
+        speedup = row.get("speedup") or row["speedup [95% CI]"].split(" ")[0]
+        assert product == pytest.approx(float(speedup.rstrip("x")), abs=0.03)
 
 
 def test_same_workload_is_compared_side_by_side_with_the_cause_named(rendered: Path) -> None:
@@ -169,10 +171,10 @@ def test_same_workload_is_compared_side_by_side_with_the_cause_named(rendered: P
 
 def test_speedups_and_tau_carry_their_intervals(rendered: Path) -> None:
     markdown = (rendered / "report.md").read_text()
-    rows = [row for table in md_tables(markdown) for row in table if "speedup, mean [95% CI]" in row]
+    rows = [row for table in md_tables(markdown) for row in table if "speedup [95% CI]" in row and "params" in row]
     lantern = next(row for row in rows if row["method"] == "lantern++")
     point, low, high = map(float, re.match(r"([\d.]+)x \[([\d.]+), ([\d.]+)\]",
-                                           lantern["speedup, mean [95% CI]"]).groups())
+                                           lantern["speedup [95% CI]"]).groups())
     assert low < point < high and point == pytest.approx(2.41, abs=0.05)
     assert re.match(r"[\d.]+ \[[\d.]+, [\d.]+\]", lantern["tau [95% CI]"])
 
@@ -244,7 +246,7 @@ def test_a_file_without_ar_reports_why_speedup_is_missing(tmp_path: Path) -> Non
     lone = write_bench(tmp_path / "lone.json", "cpu", "Xeon", [("lantern++", {}, 1.0, 20, None)])
     write_report([lone], tmp_path / "out")
     markdown = (tmp_path / "out" / "report.md").read_text()
-    assert md_tables(markdown)[0][0]["speedup"] == "n/a"
+    assert md_tables(markdown)[0][0]["speedup [95% CI]"] == "n/a"
     assert "this file has no `ar` run" in markdown
 
 
@@ -307,8 +309,9 @@ def test_device_budget_round_trips_and_is_reported_with_the_loop_efficiency(tmp_
     row = [r for r in budget if r["method"] == "lantern++"][0]
     assert row["draft ops / kernels"] == "300 / 12" and row["accept ops / kernels"] == "120"
     assert row["(draft + accept) / verify ops"] == f"{100 * 420.5 / 760:.0f}%"
-    # verify time per call / iteration time: (2.0 * 0.6 / 20) / (2.0 / 20) = 0.6
-    assert row["loop efficiency"] == "0.60"
+    # verify time per call / iteration time (the mean repeat): (2.0 * 0.6 / 20) / (mean / 20)
+    lpp = again.runs[1]
+    assert row["loop efficiency"] == f"{0.6 * lpp.latency_s.p50 / lpp.latency_s.mean:.2f}"
 
 
 def test_an_unknown_device_ops_phase_is_refused(tmp_path: Path) -> None:
@@ -373,7 +376,10 @@ def test_every_table_is_also_written_as_csv(rendered: Path) -> None:
     markdown = (rendered / "report.md").read_text()
     assert len(tables) == len(md_tables(markdown))
     rows = [row for path in tables for row in csv.DictReader(path.open())]
-    assert any(row.get("speedup") == "2.41x" and row.get("method") == "lantern++" for row in rows)
+    lantern = [row for row in rows if row.get("method") == "lantern++" and row.get("speedup low")]
+    assert lantern and all(float(row["speedup low"]) < float(row["speedup"]) < float(row["speedup high"])
+                           for row in lantern)
+    assert any(row["speedup"] == "2.41" for row in lantern)  # numbers, not "2.41x [..]" strings
 
 
 def test_summary_line_and_warnings_of_a_committed_bench() -> None:

@@ -4,12 +4,16 @@ The report is built once as a list of blocks (headings, paragraphs, tables, figu
 twice: markdown (figures as `plots/*.png` next to it) and HTML (figures embedded as base64 PNG, no
 external references). Numbers come straight from the files; the only derived quantities are
 
-    speedup     = ar.latency_s.p50 / run.latency_s.p50            (ar from the same file)
+    speedup     = mean(ar.latency_s.all) / mean(run.latency_s.all)   (ar from the same file)
                 = tau x step ratio, exactly, where
     tau         = ar.stats.target_forwards / run.stats.target_forwards
     step ratio  = AR step time / iteration time
-    AR step     = ar.latency_s.p50 / ar.stats.target_forwards      (seconds per AR forward)
-    iteration   = run.latency_s.p50 / run.stats.target_forwards    (seconds per draft+verify step)
+    AR step     = mean(ar.latency_s.all) / ar.stats.target_forwards     (seconds per AR forward)
+    iteration   = mean(run.latency_s.all) / run.stats.target_forwards   (seconds per draft+verify step)
+
+This is the one speedup the report, the bench's console table, the plots and the CSVs show: the
+ratio of mean workload times (`speedup_vs_ar` in the file), with its 95% bootstrap interval over
+repeats and images where the file records per-image latencies.
 
 so a speedup that differs between devices is split into what acceptance bought (tau, a property
 of the algorithm and the workload) and what an iteration costs relative to an AR step on that
@@ -27,6 +31,7 @@ import io
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -239,10 +244,10 @@ class Decomposition:
 
 def decompose(run: RunResult, ar: RunResult) -> Decomposition:
     """Split `run`'s speedup over `ar` into forward-count reduction and per-step cost ratio."""
-    ar_step = ar.latency_s.p50 / ar.stats.target_forwards
-    iteration = run.latency_s.p50 / run.stats.target_forwards
+    ar_step = ar.latency_s.mean / ar.stats.target_forwards
+    iteration = run.latency_s.mean / run.stats.target_forwards
     return Decomposition(
-        speedup=ar.latency_s.p50 / run.latency_s.p50,
+        speedup=ar.latency_s.mean / run.latency_s.mean,
         tau=ar.stats.target_forwards / run.stats.target_forwards,
         ar_step_s=ar_step,
         iteration_s=iteration,
@@ -263,7 +268,7 @@ def loop_efficiency(run: RunResult) -> float | None:
         return None
     prefill = run.phases.get("prefill")
     forwards = verify.count + (prefill.count if prefill is not None else 0)
-    iteration = run.latency_s.p50 / forwards
+    iteration = run.latency_s.mean / forwards
     return (verify.seconds / verify.count) / iteration
 
 
@@ -298,6 +303,17 @@ def tau_ci(run: RunResult) -> "Interval | None":
 
 def fmt_interval(interval: "Interval | None", unit: str = "x") -> str:
     return "-" if interval is None else interval.text("{:.2f}", unit)
+
+
+def speedup_text(run: RunResult, ar: RunResult | None) -> str:
+    """The run's speedup over `ar` (mean-based) with its 95% interval where per-image latencies
+    exist; "1 (baseline)" for ar itself; "n/a" without an ar run."""
+    if ar is None or run.speedup_vs_ar is None:
+        return "n/a"
+    if run is ar:
+        return "1 (baseline)"
+    ci = speedup_ci(run, ar)
+    return fmt_interval(ci) if ci is not None else fmt_speedup(run.speedup_vs_ar)
 
 
 def _ops_cell(run: RunResult, phase: str) -> str:
@@ -564,7 +580,7 @@ def plot_phases(bench: BenchFile) -> Rendered | None:
     bottoms = [0.0] * len(runs)
     for name in names + ["other"]:
         if name == "other":
-            values = [max(0.0, r.latency_s.p50 - sum(p.seconds for p in r.phases.values())) for r in runs]
+            values = [max(0.0, r.latency_s.mean - sum(p.seconds for p in r.phases.values())) for r in runs]
         else:
             values = [r.phases[name].seconds if name in r.phases else 0.0 for r in runs]
         if name == "other" and not any(values):
@@ -792,20 +808,18 @@ def _device_section(bench: BenchFile, slug: str) -> list[Block]:
             run.method,
             run.params.label(),
             fmt_tau(run.stats.mean_accepted_length),
-            fmt_speedup(run.speedup_vs_ar),
+            speedup_text(run, ar_baseline(result.runs, run.params.batch_size)),
             _sig(run.images_per_s),
             _seconds(run.latency_s.p50),
             _seconds(run.latency_s.p90),
             _bytes(run.memory.peak_bytes),
             quality_text(run),
         ])
-    headers = ["method", "params", "tau", "speedup", "images/s", "p50 s", "p90 s", "peak memory", "quality"]
+    headers = ["method", "params", "tau", "speedup [95% CI]", "images/s", "p50 s", "p90 s", "peak memory", "quality"]
     if any(image_samples(r) is not None for r in result.runs):
-        headers[4:4] = ["speedup, mean [95% CI]", "tau [95% CI]"]
+        headers[3:3] = ["tau [95% CI]"]
         for row, run in zip(rows, result.runs):
-            base = ar_baseline(result.runs, run.params.batch_size)
-            row[4:4] = [fmt_interval(speedup_ci(run, base)) if run is not base else "1 (baseline)",
-                        fmt_interval(tau_ci(run), "")]
+            row[3:3] = [fmt_interval(tau_ci(run), "")]
     blocks.append(Table(headers, rows))
     if any(run.quality.measured for run in result.runs):
         blocks.append(Paragraph(QUALITY_NOTE))
@@ -819,8 +833,8 @@ def _device_section(bench: BenchFile, slug: str) -> list[Block]:
     blocks.append(Paragraph(
         "Speedup decomposition: speedup = tau x (AR step time / iteration time), with tau = ar "
         "target forwards / method target forwards (tokens per target forward relative to ar; it "
-        "matches the mean accepted length up to the prefill forward), AR step time = ar p50 / ar "
-        "target forwards, iteration time = method p50 / method target forwards."
+        "matches the mean accepted length up to the prefill forward), AR step time = ar mean time / ar "
+        "target forwards, iteration time = method mean time / method target forwards."
     ))
     drows = []
     for run in result.runs:
@@ -955,7 +969,7 @@ def _cross_device_section(group: Sequence[BenchFile], slug: str) -> list[Block]:
                     label,
                     bench.label,
                     fmt_tau(run.stats.mean_accepted_length),
-                    fmt_speedup(run.speedup_vs_ar),
+                    speedup_text(run, ar),
                     fmt_tau(d.tau) if d else "n/a",
                     fmt_tau(d.step_ratio) if d else "n/a",
                     _sig(run.images_per_s),
@@ -967,7 +981,7 @@ def _cross_device_section(group: Sequence[BenchFile], slug: str) -> list[Block]:
         if len(points) >= 2 and method != "ar":
             explained.append(_explain(label, points))
     blocks.append(Table(
-        ["method", "device", "tau", "speedup", "= tau (AR fwd / fwd)", "x step ratio", "images/s", "p50 s",
+        ["method", "device", "tau", "speedup [95% CI]", "= tau (AR fwd / fwd)", "x step ratio", "images/s", "p50 s",
          "iteration ms"],
         rows,
     ))
@@ -1230,12 +1244,34 @@ def table_files(blocks: Sequence[Block]) -> list[tuple[str, Table]]:
     return out
 
 
+_INTERVAL_CELL = re.compile(r"^(-?[\d.]+)x? \[(-?[\d.]+), (-?[\d.]+)\]$")
+_NUMBER_CELL = re.compile(r"^(-?[\d.]+)x$")
+
+
 def table_csv(table: Table) -> str:
-    """The table as CSV (markdown code marks dropped)."""
+    """The table as CSV with numbers as numbers: a column holding "1.54x [1.26, 1.81]" cells becomes
+    three, `<header>` / `<header> low` / `<header> high`; a "1.54x" cell is 1.54; markdown code
+    marks are dropped; other cells are kept as text."""
     import csv
 
+    cells = [[cell.replace("`", "") for cell in row] for row in table.rows]
+    split = [any(_INTERVAL_CELL.match(row[j]) for row in cells) for j in range(len(table.headers))]
+    headers: list[str] = []
+    for j, name in enumerate(table.headers):
+        base = name.replace(" [95% CI]", "")
+        headers.extend([base, f"{base} low", f"{base} high"] if split[j] else [name])
+    rows = []
+    for row in cells:
+        out: list[str] = []
+        for j, cell in enumerate(row):
+            interval, number = _INTERVAL_CELL.match(cell), _NUMBER_CELL.match(cell)
+            if split[j]:
+                out.extend(interval.groups() if interval else [number.group(1) if number else cell, "", ""])
+            else:
+                out.append(number.group(1) if number else cell)
+        rows.append(out)
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(table.headers)
-    writer.writerows([[cell.replace("`", "") for cell in row] for row in table.rows])
+    writer.writerow(headers)
+    writer.writerows(rows)
     return buffer.getvalue()

@@ -6,9 +6,14 @@ report derives from them. The classes are pydantic models (`extra="forbid"`, fin
 declaring each field's type and bounds; model validators check what a report trusts across fields:
 one seed (and class) per image; per run, `stats.tokens == num_images * tokens_per_image` (forward
 counts are comparable), `min(all) <= p10 <= p50 <= p90 <= max(all)`, `images_per_s == num_images /
-p50` and `speedup_vs_ar == ar.latency_s.p50 / latency_s.p50` (`ar`: the file's first `ar` run at the
-run's `params.batch_size`; `null` without one). A violation is one `UserError` line naming the file
-and the field's JSON path: `results/x.json: runs[2].latency_s.p50 must be > 0 (got -1.0)`.
+mean(all)` and `speedup_vs_ar == mean(ar.latency_s.all) / mean(latency_s.all)` (`ar`: the file's first
+`ar` run at the run's `params.batch_size`; `null` without one): the one speedup definition, whose
+95% interval the report bootstraps from `latency_s.per_image`. A violation is one `UserError` line
+naming the file and the field's JSON path: `results/x.json: runs[2].latency_s.p50 must be > 0 (got -1.0)`.
+
+Version 1 files derived both figures from the median (`p50`) repeat instead; they are validated by
+that rule and upgraded on load (both figures recomputed from `latency_s.all`), so every reader sees
+the mean-based definition.
 
 Built in code, a model has every field set and `to_dict` writes them all; read from a file, it keeps
 the file's fields (older files lack later ones), so `to_dict(load_bench(f))` is `f`'s JSON.
@@ -33,7 +38,7 @@ from pydantic_core import PydanticCustomError
 from runtime.atomic import atomic_write_text
 from runtime.errors import UserError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 1: images_per_s and speedup_vs_ar from p50 (upgraded on load)
 Backend = Literal["cpu", "cuda", "hpu"]
 Schedule = Literal["interleaved", "sequential"]
 DeviceOpsPhase = Literal["draft", "verify", "accept"]
@@ -285,6 +290,11 @@ class Latency(_Sparse):
     all: Annotated[list[Positive], Field(min_length=1)]
     per_image: list[Annotated[list[Positive], Field(min_length=1)]] | None = None
 
+    @property
+    def mean(self) -> float:
+        """Mean seconds per repeat: what images/s and speedups derive from."""
+        return math.fsum(self.all) / len(self.all)
+
     @model_validator(mode="after")
     def _ordered(self) -> Latency:
         slack = 1e-9 * max(self.all)
@@ -375,7 +385,7 @@ class RunResult(_Model):
 class BenchResult(_Model):
     """A whole bench file: one device, one workload, several runs."""
 
-    schema_version: Literal[1]
+    schema_version: Literal[1, 2]
     device: DeviceInfo
     workload: Workload
     env: Env
@@ -386,7 +396,9 @@ class BenchResult(_Model):
     def _consistent(self) -> BenchResult:
         w = self.workload
         expected_tokens = w.num_images * w.tokens_per_image
-        for i, (run, speedup) in enumerate(zip(self.runs, speedup_vs_ar(self.runs))):
+        legacy = self.schema_version == 1
+        basis = "latency_s.p50" if legacy else "the mean of latency_s.all"
+        for i, (run, speedup) in enumerate(zip(self.runs, speedup_vs_ar(self.runs, legacy=legacy))):
             at, batch = f"runs[{i}]", run.params.batch_size
             if run.stats.tokens != expected_tokens:
                 raise _fail(f"{at}.stats.tokens", "must equal workload.num_images x workload.tokens_per_image "
@@ -395,17 +407,17 @@ class BenchResult(_Model):
                                ("stats.image_counts", run.stats.image_counts)):
                 if rows is not None and len(rows) != w.num_images:
                     raise _fail(f"{at}.{name}", f"must have one entry per image ({w.num_images}), got {len(rows)}")
-            ips = w.num_images / run.latency_s.p50
+            ips = w.num_images / (run.latency_s.p50 if legacy else run.latency_s.mean)
             if not math.isclose(run.images_per_s, ips, rel_tol=DERIVED_RTOL):
-                raise _fail(f"{at}.images_per_s", "must equal workload.num_images / latency_s.p50 "
+                raise _fail(f"{at}.images_per_s", f"must equal workload.num_images / {basis} "
                             f"({ips:.6g}), got {run.images_per_s:.6g}")
             if (speedup is None) != (run.speedup_vs_ar is None):
                 raise _fail(f"{at}.speedup_vs_ar", f"must be null: the file has no 'ar' run at batch size {batch} to "
                             "compare with" if speedup is None else
                             f"must be a number (the file has an 'ar' run at batch size {batch})")
             if speedup is not None and not math.isclose(run.speedup_vs_ar, speedup, rel_tol=DERIVED_RTOL):
-                raise _fail(f"{at}.speedup_vs_ar", "must equal latency_s.p50 of the ar run at its batch size / its "
-                            f"latency_s.p50 ({speedup:.6g}), got {run.speedup_vs_ar:.6g}")
+                raise _fail(f"{at}.speedup_vs_ar", f"must equal {basis} of the ar run at its batch size / its "
+                            f"{basis} ({speedup:.6g}), got {run.speedup_vs_ar:.6g}")
         return self
 
 
@@ -457,7 +469,7 @@ def make_run(method: str, *, latencies: Sequence[float], num_images: int, target
                                              step_tvd_bound=float(law["step_tvd_bound"]),
                                              law_steps=int(law["law_steps"])))
     return RunResult(method=method, params=params if params is not None else MethodParams(), stats=stats,
-                     latency_s=latency, images_per_s=num_images / latency.p50, speedup_vs_ar=None,
+                     latency_s=latency, images_per_s=num_images / latency.mean, speedup_vs_ar=None,
                      phases=dict(phases or {}), memory=Memory(peak_bytes=peak_bytes, state_bytes=state_bytes),
                      quality=quality if quality is not None else Quality.not_measured("quality was not requested"),
                      device_ops=dict(device_ops or {}))
@@ -473,11 +485,24 @@ def ar_baseline(runs: Sequence[RunResult], batch_size: int | None = None) -> Run
                  and (batch_size is None or run.params.batch_size == batch_size)), None)
 
 
-def speedup_vs_ar(runs: Sequence[RunResult]) -> list[float | None]:
-    """`ar.latency_s.p50 / run.latency_s.p50` per run, `ar` being the first ar run at the run's
-    batch size (1.0 for the baseline itself); None where there is no ar run at that size."""
+def speedup_vs_ar(runs: Sequence[RunResult], *, legacy: bool = False) -> list[float | None]:
+    """`mean(ar.latency_s.all) / mean(run.latency_s.all)` per run, `ar` being the first ar run at the
+    run's batch size (1.0 for the baseline itself); None where there is no ar run at that size.
+    legacy: version 1's ratio of the p50s."""
+    def t(run: RunResult) -> float:
+        return run.latency_s.p50 if legacy else run.latency_s.mean
+
     baselines = [ar_baseline(runs, run.params.batch_size) for run in runs]
-    return [None if ar is None else ar.latency_s.p50 / run.latency_s.p50 for ar, run in zip(baselines, runs)]
+    return [None if ar is None else t(ar) / t(run) for ar, run in zip(baselines, runs)]
+
+
+def _upgrade(result: BenchResult) -> BenchResult:
+    """A version 1 result with images/s and speedups re-derived by version 2's rule (mean-based)."""
+    for run, speedup in zip(result.runs, speedup_vs_ar(result.runs)):
+        run.images_per_s = result.workload.num_images / run.latency_s.mean
+        run.speedup_vs_ar = speedup
+    result.schema_version = SCHEMA_VERSION
+    return result
 
 
 def make_bench(device: DeviceInfo, workload: Workload, env: Env, runs: Sequence[RunResult]) -> BenchResult:
@@ -519,13 +544,14 @@ def from_dict(data: Any, source: str = "<bench>") -> BenchResult:
     if "schema_version" not in data:
         raise UserError(f"{source}: schema_version is missing; is this a `runtime bench` result file?")
     version = data["schema_version"]
-    if version != SCHEMA_VERSION or isinstance(version, bool):
+    if version not in (1, SCHEMA_VERSION) or isinstance(version, bool):
         raise UserError(f"{source}: schema_version {json.dumps(version)} is not supported (this lantern-runtime "
-                        f"reads version {SCHEMA_VERSION}); re-run `runtime bench` or use a matching lantern-runtime")
+                        f"reads versions 1 and {SCHEMA_VERSION}); re-run `runtime bench` or use a matching lantern-runtime")
     try:
-        return BenchResult.model_validate(data, context=FROM_FILE)
+        result = BenchResult.model_validate(data, context=FROM_FILE)
     except ValidationError as err:
         raise UserError(f"{source}: {describe(err)}") from None
+    return _upgrade(result) if version == 1 else result
 
 
 # Messages by pydantic error type, formatted with the error's context and `input`.

@@ -158,20 +158,28 @@ def bench(
         if trace_staging is not None:
             shutil.rmtree(trace_staging, ignore_errors=True)  # already gone once published
 
-    from runtime.bench.report import quality_text
+    from runtime.bench.report import bench_warnings, quality_text, speedup_text, summary_line
+    from runtime.bench.schema import ar_baseline
 
     table = Table(title=f"runtime bench on {result.device.name} ({result.device.backend}) -> {path}")
-    for col in ("method", "params", "tau", "drafted depth", "speedup", "images/s", "p50 s", "step tvd", "quality"):
+    for col in ("method", "params", "tau", "drafted depth", "speedup [95% CI]", "images/s", "p50 s", "step tvd",
+                "quality"):
         table.add_column(col)
     for run in result.runs:
         qual = quality_text(run) if run.quality.measured else "-"
         depth = run.stats.mean_drafted_depth
         table.add_row(run.method, run.params.label(), f"{run.stats.mean_accepted_length:.2f}",
                       "-" if not depth else f"{depth:.2f}",
-                      f"{run.speedup_vs_ar:.2f}x" if run.speedup_vs_ar is not None else "-",
+                      speedup_text(run, ar_baseline(result.runs, run.params.batch_size)),
                       f"{run.images_per_s:.3f}", f"{run.latency_s.p50:.2f}",
                       "-" if run.stats.step_tvd is None else f"{run.stats.step_tvd:.3f}", qual)
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    summary = summary_line(result)
+    if summary is not None:
+        console.print(summary.replace("`", ""))
+    for warning in bench_warnings(result):
+        console.print(f"[yellow]warning:[/] {warning.replace('`', '')}")
 
 
 def _staging_folder(target: Path) -> Path:
