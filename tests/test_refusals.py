@@ -1,7 +1,7 @@
 """Bad input is refused in one line with exit code 2, and nothing is written (issue 21).
 
 Each case states the input, the words its message must carry, and what must stay untouched.
-The README's "Refused inputs" table lists the same cases.
+The docs' "Refused inputs" page (docs/refusals.md) lists the same cases.
 """
 
 from __future__ import annotations
