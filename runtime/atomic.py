@@ -74,6 +74,16 @@ def writing(what: str) -> Iterator[None]:
         raise UserError(f"cannot write {what}: {reason}{where}; choose a writable location with free space") from None
 
 
+def probe_writable(target: Path) -> None:
+    """Refuse, before any long work, a `target` file whose folder cannot be written (read-only,
+    missing permission, a file where a folder goes): one line, as `writing` says it."""
+    with writing(f"--out {target}"):
+        target.absolute().parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".probe", dir=target.absolute().parent)
+        os.close(fd)
+        os.unlink(name)
+
+
 def check_run_folder(out: Path, force: bool, *, marker: str) -> None:
     """Before any work: `out` may be new, empty, or (with `force`) an earlier run, i.e. a folder
     holding `marker`. A file, or a folder of other files, is refused: replacing it would delete

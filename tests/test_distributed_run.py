@@ -61,3 +61,16 @@ def test_sample_under_two_gloo_ranks_equals_one_process(ckpts, tmp_path):
         assert a["arr_0"].shape[0] == 5 and np.array_equal(a["arr_0"], b["arr_0"])
         assert np.array_equal(a["arr_1"], b["arr_1"])
     assert json.loads((multi / "result.json").read_text())["world_size"] == 2
+
+
+def test_more_ranks_than_images_leaves_a_rank_idle_not_broken(ckpts, tmp_path):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    args = run_args(ckpts, tmp_path / "out")
+    args[args.index("--num-images") + 1] = "2"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3",
+                           "-m", "runtime", *args], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads((tmp_path / "out" / "result.json").read_text())
+    assert result["num_images"] == 2 and [r["num_images"] for r in result["ranks"]] == [1, 1, 0]
+    assert result["ranks"][2]["images_per_s"] is None
+    assert np.load(tmp_path / "out" / "tokens.npy").shape == (2, 16)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -90,3 +91,70 @@ def test_a_batch_wider_than_the_images_is_capped(tmp_path):
                            "--batch-size", "10000", "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert json.loads((out / "result.json").read_text())["batch_size"] == 2
+
+
+@pytest.mark.parametrize("content, message", [
+    ("[1, 2]", "must hold a JSON object (a model config), found a JSON list"),
+    ("{not json", "is not valid JSON"),
+])
+def test_a_chameleon_folder_with_a_broken_config_is_named(tmp_path, content, message):
+    from runtime.errors import UserError
+    from runtime.models.chameleon_folder import read_config
+
+    (tmp_path / "config.json").write_text(content)
+    with pytest.raises(UserError, match=re.escape(message)):
+        read_config(tmp_path)
+
+
+@pytest.mark.parametrize("field, value", [("num_attention_heads", 0), ("hidden_size", "big")])
+def test_chameleon_config_fields_are_checked(field, value):
+    import torch
+
+    from runtime.errors import UserError
+    from runtime.models.chameleon import config_from_hf
+
+    cfg = {"vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 4,
+           "intermediate_size": 64, field: value}
+    with pytest.raises(UserError, match=f"{field} must be a positive integer"):
+        config_from_hf(cfg, torch.arange(8), 16)
+
+
+def test_a_bundle_part_outside_the_bundle_is_refused(tmp_path):
+    from runtime.errors import UserError
+    from runtime.models.loading import BUNDLE_MANIFEST, read_bundle
+
+    (tmp_path / "outside.safetensors").write_bytes(b"")
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / BUNDLE_MANIFEST).write_text(json.dumps({"format": "lantern-runtime-bundle", "version": 1,
+                                                      "parts": {"gpt": {"file": "../outside.safetensors"}}}))
+    with pytest.raises(UserError, match="lies outside the bundle folder"):
+        read_bundle(bundle)
+
+
+def test_tune_refuses_a_folder_and_an_unwritable_place_before_calibrating(tmp_path):
+    folder = tmp_path / "x.toml"
+    folder.mkdir()
+    proc = subprocess.run([*RUNTIME, "tune", "--device", "cpu", "--force", "--out", str(folder)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "is a folder" in proc.stderr and "--force" not in proc.stderr.split("folder")[1]
+    blocked = tmp_path / "file"
+    blocked.write_text("a file where a folder goes")
+    proc = subprocess.run([*RUNTIME, "tune", "--device", "cpu", "--out", str(blocked / "p.toml")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: cannot write --out") and "Traceback" not in proc.stderr
+
+
+def test_an_empty_tokens_file_is_one_line(tmp_path):
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from runtime.cli.train_drafter_any import _load_labelled_tokens
+    from runtime.errors import UserError
+
+    np.save(tmp_path / "t.npy", np.zeros((0, 16), dtype=np.int64))
+    np.save(tmp_path / "l.npy", np.zeros((0,), dtype=np.int64))
+    target = SimpleNamespace(config=SimpleNamespace(block_size=16, vocab_size=32, num_classes=5))
+    with pytest.raises(UserError, match="holds no rows"):
+        _load_labelled_tokens(str(tmp_path / "t.npy"), str(tmp_path / "l.npy"), target)

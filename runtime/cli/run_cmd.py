@@ -114,13 +114,16 @@ def run(
                 staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=_parent(out_dir)))
         try:
             trace = staging / "trace.json" if (profile and staging is not None) else None
-            with _progress(len(mine), spec.method, enabled=ctx.is_main) as advance:
-                result = _maybe_profiled(backend, trace, lambda: run_generation(
-                    loaded, spec, my_conditions, seed=seed, backend=backend, indices=mine,
-                    cond_masks=my_masks, decoder=decoder, on_image=lambda j, t: advance()))
-            part = {"rank": ctx.rank, "indices": mine, "tokens": result.tokens.numpy(), "images": result.images,
-                    "seeds": result.seeds, "stats": result.stats, "total_s": result.total_s,
-                    "phases": result.phases, "memory": backend.memory_stats(), "device": backend.info()}
+            if mine:
+                with _progress(len(mine), spec.method, enabled=ctx.is_main) as advance:
+                    result = _maybe_profiled(backend, trace, lambda: run_generation(
+                        loaded, spec, my_conditions, seed=seed, backend=backend, indices=mine,
+                        cond_masks=my_masks, decoder=decoder, on_image=lambda j, t: advance()))
+                part = {"rank": ctx.rank, "indices": mine, "tokens": result.tokens.numpy(), "images": result.images,
+                        "seeds": result.seeds, "stats": result.stats, "total_s": result.total_s,
+                        "phases": result.phases, "memory": backend.memory_stats(), "device": backend.info()}
+            else:  # more ranks than images: this rank has none, and says so in the gathered parts
+                part = _idle_part(ctx.rank, backend)
             parts = gather_objects(part, ctx)
             if ctx.is_main:
                 settings = {"sampling_source": sources, "attention": attention, "batch_size": batch}
@@ -135,6 +138,14 @@ def run(
     finally:
         destroy(ctx)
         set_attention_kernel(previous_kernel)
+
+
+def _idle_part(rank: int, backend: Any) -> dict[str, Any]:
+    """The gathered record of a rank that made no image."""
+    stats = {"target_forwards": 0, "tokens": 0, "mean_accepted_length": 0.0, "per_depth_acceptance": [],
+             "mean_relaxation_mass": 0.0, "mean_drafted_depth": 0.0}
+    return {"rank": rank, "indices": [], "tokens": [], "images": [], "seeds": [], "stats": stats, "total_s": 0.0,
+            "phases": {}, "memory": backend.memory_stats(), "device": backend.info()}
 
 
 def _backend_name(device: str) -> str:

@@ -42,6 +42,8 @@ def _load_labelled_tokens(tokens_file: str, labels_file: str | None, target: Any
             raise UserError(f"{flag} {path}: cannot read a .npy array ({err})") from None
     tokens, labels = arrays
     cfg = target.config
+    if tokens.ndim >= 1 and len(tokens) == 0:
+        raise UserError(f"--tokens {tokens_file} holds no rows; give at least one image's tokens (N, {cfg.block_size})")
     if tokens.ndim != 2 or tokens.shape[1] != cfg.block_size or not np.issubdtype(tokens.dtype, np.integer):
         raise UserError(f"--tokens {tokens_file}: expected an integer array (N, {cfg.block_size}) for this target, "
                         f"got {tokens.dtype} {tuple(tokens.shape)}")

@@ -51,14 +51,17 @@ def tune_cmd(
     """Choose this device's static tree by measurement and write it as a profile."""
     from rich.console import Console
 
-    from runtime.atomic import atomic_path
+    from runtime.atomic import atomic_path, probe_writable
     from runtime.pipeline import load_model, parse_classes, resolve_spec
     from runtime.tune import tree_toml, tune
 
     if out.suffix != ".toml":
         raise UserError(f"--out {out}: a profile is a .toml file, e.g. profiles/my-device.toml")
-    if out.is_dir() or (out.exists() and not force):
+    if out.is_dir():
+        raise UserError(f"--out {out} is a folder; --out names the profile file, e.g. {out / 'my-device.toml'}")
+    if out.exists() and not force:
         raise UserError(f"--out {out} exists; pass --force to overwrite it or choose another name")
+    probe_writable(out)  # before the calibration, not after it
     for name, value, low, high in (("--max-nodes", max_nodes, 1, 128), ("--max-depth", max_depth, 1, 16),
                                    ("--ranks", ranks, 1, 8), ("--num-images", num_images, 1, 1024)):
         if not low <= value <= high:

@@ -314,6 +314,15 @@ def config_from_hf(hf: Any, image_token_ids: torch.Tensor, block_size: int) -> C
                         "(swin_norm false: Anole, Lumina-mGPT) is supported")
     if get("attention_bias", False) or get("mlp_bias", False):
         raise UserError("this Chameleon config has attention or MLP biases, which the adapter does not compute")
+    for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"):
+        value = get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise UserError(f"Chameleon config.json: {key} must be a positive integer, got {value!r}; fix the "
+                            "model folder's config.json")
+    heads, kv = get("num_attention_heads"), get("num_key_value_heads", None) or get("num_attention_heads")
+    if not isinstance(kv, int) or kv < 1 or get("hidden_size") % heads or heads % kv:
+        raise UserError("Chameleon config.json: hidden_size, num_attention_heads and num_key_value_heads must divide "
+                        "one another; fix the model folder's config.json")
     rope = get("rope_parameters", None) or {}
     base = float(rope.get("rope_theta", get("rope_theta", 10000.0)) if isinstance(rope, dict) else 10000.0)
     vocab_map = get("vocabulary_map", None) or {}

@@ -48,9 +48,15 @@ def read_config(folder: Path) -> dict[str, Any] | None:
         return None
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise UserError(f"{path} is not valid JSON ({str(err).splitlines()[0]}); fix or re-download the model "
+                        "folder's config.json") from None
+    except OSError:
         return None
-    return config if isinstance(config, dict) and config.get("model_type") == "chameleon" else None
+    if not isinstance(config, dict):
+        raise UserError(f"{path} must hold a JSON object (a model config), found a JSON {type(config).__name__}; "
+                        "fix or re-download the model folder's config.json")
+    return config if config.get("model_type") == "chameleon" else None
 
 
 def image_token_ids(vocabulary_map: dict[str, int], source: str) -> torch.Tensor:

@@ -574,7 +574,11 @@ def read_bundle(folder: str | os.PathLike[str]) -> Bundle:
     for name, entry in data["parts"].items():
         if not isinstance(entry, dict) or "file" not in entry:
             raise UserError(f"{manifest_path}: part {name!r} has no 'file'")
-        weights = folder / entry["file"]
+        weights = folder / str(entry["file"])
+        relative = os.path.normpath(str(entry["file"]))
+        if os.path.isabs(relative) or relative == ".." or relative.startswith(".." + os.sep):
+            raise UserError(f"{manifest_path}: part {name!r} file {entry['file']!r} lies outside the bundle folder; "
+                            "a bundle's parts are files inside it")
         if not weights.is_file():
             raise UserError(f"{manifest_path}: part {name!r} file {entry['file']} is missing")
         parts[name] = BundlePart(config=dict(entry.get("config") or {}), state=_read_safetensors(weights))
