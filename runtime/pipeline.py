@@ -277,9 +277,11 @@ def resolve_spec(method: str | None, flags: dict[str, Any], profile: Any, recomm
     return spec
 
 
-def sampling_sources(flags: dict[str, Any], profile: Any, loaded: LoadedModel) -> dict[str, str]:
+def sampling_sources(flags: dict[str, Any], profile: Any, loaded: LoadedModel,
+                     spec: MethodSpec | None = None) -> dict[str, str]:
     """Where each sampling setting `resolve_spec` picks comes from, for result files:
-    {"cfg": "flag (--cfg)", "top_k": "model default (LlamaGen sample_c2i.py)", ...}."""
+    {"cfg": "flag (--cfg)", "top_k": "model default (LlamaGen sample_c2i.py)", ...}; with `spec`,
+    also every method setting the method records (tree, lantern_k, lantern_lambda, depth, ...)."""
     layers = _layers(flags, profile, loaded.recommended)
 
     def label(key: str) -> str:
@@ -290,7 +292,8 @@ def sampling_sources(flags: dict[str, Any], profile: Any, loaded: LoadedModel) -
             return f"profile {profile.name}"
         return loaded.recommended_source if kind == "model" else "default"
 
-    return {key: label(key) for key in _SAMPLING_KEYS}
+    keys = _SAMPLING_KEYS + (tuple(k for k in _SPEC_KEYS if k in spec.describe()) if spec is not None else ())
+    return {key: label(key) for key in keys}
 
 
 def parse_classes(text: str | None, num_images: int | None, loaded: LoadedModel) -> list[int]:

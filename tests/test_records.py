@@ -12,15 +12,18 @@ from runtime.bench import environment
 
 def test_run_result_records_version_commit_command_and_class_names(tmp_path, run_cli):
     out = tmp_path / "out"
-    res = run_cli("run", "--device", "cpu", "--method", "ar", "--num-images", "2", "--out", str(out))
+    res = run_cli("run", "--device", "cpu", "--method", "lantern++", "--num-images", "2", "--out", str(out))
     assert res.exit_code == 0, res.stderr
     result = json.loads((out / "result.json").read_text())
     software = result["software"]
     assert software["version"] == runtime.__version__
-    assert software["command_line"] == ["runtime", "run", "--device", "cpu", "--method", "ar", "--num-images", "2",
-                                        "--out", str(out)]
+    assert software["command_line"] == ["runtime", "run", "--device", "cpu", "--method", "lantern++", "--num-images",
+                                        "2", "--out", str(out)]
     assert software["git_commit"] == environment.git_commit()
     assert all(isinstance(r["class_name"], str) and r["class_name"] for r in result["images"])
+    sources = result["sampling_source"]  # every setting the method used, with where it came from
+    assert sources["tree"] == "profile cpu" and sources["cfg"].startswith("model bundle")
+    assert set(sources) >= {"greedy", "temperature", "top_k", "top_p", "cfg", "cfg_interval"}
 
 
 def _repo(path):

@@ -97,7 +97,7 @@ def run(
                             image_size=image_size, drafter=drafter, gpt_type=gpt_type,
                             trust=trust_checkpoint, device=backend.device, dtype=backend.dtype)
         spec = resolve_spec(method, flags.as_dict(), prof, loaded.recommended)
-        sources = sampling_sources(flags.as_dict(), prof, loaded)
+        sources = sampling_sources(flags.as_dict(), prof, loaded, spec)
         conditions, cond_masks, labels = _conditions(loaded, classes, prompts, t5_path, num_images, backend)
         n = len(labels)
         mine = shard(list(range(n)), ctx)
