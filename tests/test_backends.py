@@ -395,3 +395,11 @@ def test_hpu_timer_and_memory() -> None:
     assert timer.summary()["verify"]["count"] == 1
     assert backend.memory_stats()["peak_bytes"] >= block.numel() * 4
     assert backend.info()["synapseai"]
+
+
+def test_runtime_devices_fits_80_columns() -> None:
+    completed = subprocess.run([sys.executable, "-m", "runtime", "devices"], capture_output=True, text=True,
+                               timeout=120, env={**os.environ, "COLUMNS": "80"})
+    assert completed.returncode == 0, completed.stderr
+    assert max(len(line) for line in completed.stdout.splitlines()) <= 80
+    assert "profile cpu" in completed.stdout

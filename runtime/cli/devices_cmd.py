@@ -59,18 +59,22 @@ def devices(
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
-    table = Table(title="Devices")
-    for column in ("backend", "available", "device", "count", "torch", "CUDA / driver / SynapseAI", "profile", "reason"):
-        table.add_column(column, overflow="fold")
+    Console().print(devices_table(rows))
+
+
+def devices_table(rows: list[dict[str, Any]]) -> Table:
+    """Backend and status, then the device (name x count, versions, profile) or why it is not
+    available, on lines of their own: fits 80 columns."""
+    table = Table(title=f"Devices (torch {rows[0]['torch']})" if rows else "Devices", title_justify="left")
+    table.add_column("backend", no_wrap=True)
+    table.add_column("available", no_wrap=True)
+    table.add_column("device / why not", overflow="fold", ratio=1)
     for row in rows:
-        table.add_row(
-            row["backend"],
-            "[green]yes[/green]" if row["available"] else "[red]no[/red]",
-            str(row.get("name", "-")),
-            str(row.get("count", "-")),
-            row["torch"],
-            _versions(row),
-            row.get("profile", "-"),
-            row["reason"] or "",
-        )
-    Console().print(table)
+        if row["available"]:
+            versions = _versions(row)
+            detail = (f"{row.get('name', '-')} x{row.get('count', '-')}\n[dim]"
+                      + (f"{versions}; " if versions != "-" else "") + f"profile {row.get('profile', '-')}[/]")
+        else:
+            detail = row["reason"] or "-"
+        table.add_row(row["backend"], "[green]yes[/green]" if row["available"] else "[red]no[/red]", detail)
+    return table
