@@ -391,3 +391,15 @@ def test_summary_line_and_warnings_of_a_committed_bench() -> None:
     warnings = bench_warnings(result)
     assert any("only 3 timed repeats" in w for w in warnings)
     assert any("spans 1: not distinguishable from ar" in w for w in warnings)
+
+
+def test_the_results_index_lists_each_file_with_its_fastest_method_and_command(run_cli: Any, tmp_path: Path) -> None:
+    committed = Path(__file__).resolve().parents[1] / "results" / "frontier_lanternpp_chain3_sampling.json"
+    index = tmp_path / "README.md"
+    result = run_cli("report", str(committed), "--index", str(index))
+    assert result.exit_code == 0, result.stderr
+    text = index.read_text()
+    row = next(line for line in text.splitlines() if "frontier_lanternpp_chain3_sampling.json" in line)
+    assert "1.61x [1.25, 2.04], tau 2.42" in row and "`runtime bench" in row and "cpu: AMD EPYC x1" in row
+    refused = run_cli("report", str(committed))
+    assert refused.exit_code == 2 and "give --out DIR" in refused.stderr
