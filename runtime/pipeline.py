@@ -19,7 +19,7 @@ import torch
 
 from runtime.core import Decoder, MethodSpec, SamplingParams, generate, neighbours_for
 from runtime.core.tree import load_tree
-from runtime.errors import UserError, did_you_mean
+from runtime.errors import UserError
 from runtime.method_flags import FLAG_METHODS
 
 _log = logging.getLogger(__name__)
@@ -98,12 +98,11 @@ def _load_model(*, model: str | None, gpt_model: str | None, gpt_ckpt: str | Non
             raise UserError("give either --model or --gpt-ckpt, not both")
         if vq_ckpt is None:
             raise UserError("--gpt-ckpt needs --vq-ckpt (the VQ tokenizer checkpoint, e.g. vq_ds16_c2i.pt)")
-        from runtime.models.configs import GPT_SHAPES
+        from runtime.models.configs import check_gpt_model
         from runtime.models.loading import build_drafter, build_gpt, build_vq
 
-        if gpt_model is not None and gpt_model not in GPT_SHAPES:  # before reading gigabytes of weights
-            raise UserError(f"unknown GPT model {gpt_model!r}{did_you_mean(gpt_model, GPT_SHAPES)}; choose one of "
-                            f"{', '.join(GPT_SHAPES)}")
+        if gpt_model is not None:
+            check_gpt_model(gpt_model)  # before reading gigabytes of weights
 
         target = build_gpt(gpt_model, gpt_ckpt, image_size, gpt_type, trust)
         vq = build_vq(vq_ckpt, trust=trust)

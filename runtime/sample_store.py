@@ -111,11 +111,13 @@ class SampleStore:
         n = chunks[-1].stop
         shape = (n, *first["images"].shape[1:])
         per_chunk: list[dict[str, Any]] = []
+        tokens: list[np.ndarray] = []
 
-        def images() -> Iterator[np.ndarray]:
+        def images() -> Iterator[np.ndarray]:  # each chunk read once: its images streamed, its tokens kept
             for c in chunks:
                 part = self.read(c)
                 per_chunk.append({"stats": part["stats"], "seconds": part["seconds"], "images": len(c)})
+                tokens.append(part["tokens"])
                 yield part["images"]
 
         class_conditional = all(isinstance(x, int) for x in labels)
@@ -124,7 +126,7 @@ class SampleStore:
             write_npz(tmp, shape, images(), extra)
         with atomic_path(self.root / "tokens.npy") as tmp:
             with open(tmp, "wb") as handle:
-                np.save(handle, np.concatenate([self.read(c)["tokens"] for c in chunks]))
+                np.save(handle, np.concatenate(tokens))
         if not class_conditional:
             atomic_write_text(self.root / "prompts.txt", "\n".join(str(x) for x in labels) + "\n")
         return {"chunks": per_chunk}

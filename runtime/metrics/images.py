@@ -85,20 +85,17 @@ def open_images(path: str | Path, *, size: int | None = None) -> ImageSet:
     if path.is_file():
         if path.suffix != ".npz":
             raise UserError(f"{path}: expected a run folder, a folder of images or an ADM-layout .npz")
-        return _with_prompts(NpzImages(path), None)
+        return NpzImages(path)
     if not path.is_dir():
         raise UserError(f"{path} not found; give a run folder, a folder of images or an ADM-layout .npz")
     if (path / SAMPLES_FILE).is_file():
-        return _with_prompts(NpzImages(path / SAMPLES_FILE), _recorded_prompts(path))
+        images = NpzImages(path / SAMPLES_FILE)
+        images.prompts = _recorded_prompts(path)
+        return images
     if (path / "result.json").is_file():
         return _run_folder(path)
     files = sorted(f for f in path.iterdir() if f.suffix.lower() in IMAGE_SUFFIXES)
     return FileImages(path, files, size=size)
-
-
-def _with_prompts(images: NpzImages, prompts: list[str] | None) -> NpzImages:
-    images.prompts = prompts  # type: ignore[attr-defined]
-    return images
 
 
 def _recorded_prompts(folder: Path) -> list[str] | None:

@@ -115,13 +115,20 @@ GPT_SHAPES: dict[str, dict[str, int]] = {
 }
 
 
-def gpt_config(name: str, *, model_type: str = "c2i", image_size: int = 256,
-               downsample: int = 16, **overrides: Any) -> GPTConfig:
-    """Build a named GPT config for an image size (block_size = (image_size/downsample)^2)."""
+def check_gpt_model(name: str) -> None:
+    """Refuse a name that is not one of `GPT_SHAPES`, naming the closest one."""
     from runtime.errors import UserError, did_you_mean
 
     if name not in GPT_SHAPES:
         raise UserError(f"unknown GPT model {name!r}{did_you_mean(name, GPT_SHAPES)}; choose one of {', '.join(GPT_SHAPES)}")
+
+
+def gpt_config(name: str, *, model_type: str = "c2i", image_size: int = 256,
+               downsample: int = 16, **overrides: Any) -> GPTConfig:
+    """Build a named GPT config for an image size (block_size = (image_size/downsample)^2)."""
+    from runtime.errors import UserError
+
+    check_gpt_model(name)
     if image_size % downsample:
         raise UserError(f"--image-size {image_size} is not a multiple of the VQ downsample {downsample}")
     base: dict[str, Any] = dict(GPT_SHAPES[name])
