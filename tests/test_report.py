@@ -401,5 +401,10 @@ def test_the_results_index_lists_each_file_with_its_fastest_method_and_command(r
     text = index.read_text()
     row = next(line for line in text.splitlines() if "frontier_lanternpp_chain3_sampling.json" in line)
     assert "1.61x [1.25, 2.04], tau 2.42" in row and "`runtime bench" in row and "cpu: AMD EPYC x1" in row
+    # a file without per-image timings still names its fastest method, by the same (mean) ratio
+    older = committed.with_name("cpu_demo_graph_ddd_greedy.json")
+    assert run_cli("report", str(older), "--index", str(index)).exit_code == 0
+    row = next(line for line in index.read_text().splitlines() if older.name in line)
+    assert "fastest `ddd`" in row and "0.96x (no interval: no per-image timings)" in row
     refused = run_cli("report", str(committed))
     assert refused.exit_code == 2 and "give --out DIR" in refused.stderr

@@ -758,18 +758,39 @@ def same_device(group: Sequence[BenchFile]) -> bool:
 MIN_REPEATS, MIN_IMAGES = 5, 12  # below these a bench's intervals are too wide to rank methods
 
 
+def fastest_run(result: BenchResult) -> tuple[RunResult, float, "Interval | None"] | None:
+    """The non-ar run with the largest mean-based speedup over ar at its batch size: (run, point,
+    95% interval), the interval None for files without per-image timings (the point is then the
+    file's `speedup_vs_ar`, which is mean-based since schema version 2). None without an ar run."""
+    best: tuple[RunResult, float, Any] | None = None
+    for run in result.runs:
+        base = ar_baseline(result.runs, run.params.batch_size)
+        if run.method == "ar" or base is None:
+            continue
+        ci = speedup_ci(run, base)
+        point = ci.point if ci is not None else run.speedup_vs_ar
+        if point is not None and (best is None or point > best[1]):
+            best = (run, point, ci)
+    return best
+
+
+def fastest_text(result: BenchResult) -> str:
+    """`fastest `M` (params): 1.61x [1.25, 2.04], tau 2.42`, or '-' without an ar run."""
+    best = fastest_run(result)
+    if best is None:
+        return "-"
+    run, point, ci = best
+    value = fmt_interval(ci) if ci is not None else f"{fmt_speedup(point)} (no interval: no per-image timings)"
+    return f"fastest `{run.method}` ({run.params.label()}): {value}, tau {fmt_tau(run.stats.mean_accepted_length)}"
+
+
 def summary_line(result: BenchResult) -> str | None:
     """The fastest method over ar by the mean-based speedup, with its 95% interval, tau and, where
     measured, its paired quality difference to ar; None without per-image timings or an ar run."""
-    best: tuple[float, RunResult, Any] | None = None
-    for run in result.runs:
-        base = ar_baseline(result.runs, run.params.batch_size)
-        ci = speedup_ci(run, base) if run.method != "ar" else None
-        if ci is not None and (best is None or ci.point > best[0]):
-            best = (ci.point, run, ci)
-    if best is None:
+    best = fastest_run(result)
+    if best is None or best[2] is None:
         return None
-    _, run, ci = best
+    run, _, ci = best
     text = (f"Summary: fastest `{run.method}` ({run.params.label()}): {fmt_interval(ci)} over ar "
             f"(mean-based, 95% interval), tau {fmt_tau(run.stats.mean_accepted_length)}")
     q = quality_estimates(run)
@@ -1197,9 +1218,7 @@ def results_index(paths: Sequence[str | os.PathLike[str]], index: str | os.PathL
     for bench in sorted(benches, key=lambda b: b.result.env.started_at, reverse=True):
         r, e = bench.result, bench.result.env
         link = os.path.relpath(Path(bench.path).absolute(), base)
-        summary = summary_line(r)
-        best = summary.split(": ", 1)[1].split("; quality", 1)[0].replace(" over ar (mean-based, 95% interval)", "") \
-            if summary else "-"
+        best = fastest_text(r)
         commit = (e.git_commit or "unknown")[:7]
         rows.append([f"[{Path(bench.path).name}]({link})", e.started_at[:10], device_label(r),
                      f"{r.workload.model}, {r.workload.num_images} images x {e.repeats} repeats", best, commit,
