@@ -3,6 +3,7 @@ compared, the HTML stands alone, and bad inputs stop everything before a file is
 
 from __future__ import annotations
 
+import io
 import re
 from pathlib import Path
 from typing import Any
@@ -408,3 +409,17 @@ def test_the_results_index_lists_each_file_with_its_fastest_method_and_command(r
     assert "fastest `ddd`" in row and "0.96x (no interval: no per-image timings)" in row
     refused = run_cli("report", str(committed))
     assert refused.exit_code == 2 and "give --out DIR" in refused.stderr
+
+
+def test_the_bench_console_table_fits_80_columns() -> None:
+    from rich.console import Console
+
+    from runtime.bench.schema import load_bench
+    from runtime.cli.bench_cmd import bench_table
+
+    path = Path(__file__).resolve().parents[1] / "results" / "frontier_lanternpp_chain3_sampling.json"
+    console = Console(width=80, record=True, file=io.StringIO())
+    console.print(bench_table(load_bench(path), path))
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "1.61x [1.25, 2.04]" in text and "rule=paper" in text  # nothing cut off: speedup and settings

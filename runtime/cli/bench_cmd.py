@@ -6,7 +6,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -93,7 +93,6 @@ def bench(
     methods = methods or "ar,sd,eagle2,lantern,lantern++"
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
 
     from runtime.bench.runner import bench as run_bench
     from runtime.bench.runner import plan_runs
@@ -158,28 +157,41 @@ def bench(
         if trace_staging is not None:
             shutil.rmtree(trace_staging, ignore_errors=True)  # already gone once published
 
-    from runtime.bench.report import bench_warnings, quality_text, speedup_text, summary_line
-    from runtime.bench.schema import ar_baseline
+    from runtime.bench.report import bench_warnings, summary_line
 
-    table = Table(title=f"runtime bench on {result.device.name} ({result.device.backend}) -> {path}")
-    for col in ("method", "params", "tau", "drafted depth", "speedup [95% CI]", "images/s", "p50 s", "step tvd",
-                "quality"):
-        table.add_column(col)
-    for run in result.runs:
-        qual = quality_text(run) if run.quality.measured else "-"
-        depth = run.stats.mean_drafted_depth
-        table.add_row(run.method, run.params.label(), f"{run.stats.mean_accepted_length:.2f}",
-                      "-" if not depth else f"{depth:.2f}",
-                      speedup_text(run, ar_baseline(result.runs, run.params.batch_size)),
-                      f"{run.images_per_s:.3f}", f"{run.latency_s.p50:.2f}",
-                      "-" if run.stats.step_tvd is None else f"{run.stats.step_tvd:.3f}", qual)
     console = Console()
-    console.print(table)
+    console.print(bench_table(result, path))
     summary = summary_line(result)
     if summary is not None:
         console.print(summary.replace("`", ""))
     for warning in bench_warnings(result):
         console.print(f"[yellow]warning:[/] {warning.replace('`', '')}")
+
+
+def bench_table(result: Any, path: Path) -> Any:
+    """The console summary of a bench: one row per run, its settings and quality on dim lines
+    under the method, so the table fits 80 columns."""
+    from rich import box
+    from rich.table import Table
+
+    from runtime.bench.report import quality_text, speedup_text
+    from runtime.bench.schema import ar_baseline
+
+    table = Table(title=f"runtime bench on {result.device.name} ({result.device.backend}) -> {path}",
+                  title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    table.add_column("method, settings, quality", overflow="fold", ratio=1)
+    for col in ("tau", "depth", "speedup [95% CI]", "img/s", "tvd"):
+        table.add_column(col, no_wrap=True, justify="right")
+    for run in result.runs:
+        detail = run.params.label()
+        if run.quality.measured:
+            detail += f"\nquality: {quality_text(run)}"
+        depth, tvd = run.stats.mean_drafted_depth, run.stats.step_tvd
+        table.add_row(f"[bold]{run.method}[/]\n[dim]{detail}[/]", f"{run.stats.mean_accepted_length:.2f}",
+                      "-" if not depth else f"{depth:.2f}",
+                      speedup_text(run, ar_baseline(result.runs, run.params.batch_size)),
+                      f"{run.images_per_s:.3f}", "-" if tvd is None else f"{tvd:.3f}")
+    return table
 
 
 def _staging_folder(target: Path) -> Path:
