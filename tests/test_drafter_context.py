@@ -8,7 +8,6 @@ state); a drafter config records it as `condition_context` ("all", the default, 
 from dataclasses import replace
 
 import pytest
-import torch
 
 from runtime.core import Decoder, MethodSpec, SamplingParams
 from runtime.errors import UserError

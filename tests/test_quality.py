@@ -11,7 +11,8 @@ import torch
 
 from runtime.demo.bundle import default_bundle_path
 from runtime.demo.dataset import EVAL_SEED, NUM_CLASSES, VAL_SEED, make_images, to_tensor_range
-from runtime.metrics.quality import class_accuracy, evaluate_images, frechet_distance
+from runtime.demo.quality import class_accuracy, evaluate_images
+from runtime.metrics.frechet import frechet_distance
 
 needs_bundle = pytest.mark.skipif(not (default_bundle_path() / "manifest.json").is_file(),
                                   reason="the packaged demo bundle (runtime/assets/demo) is not built")

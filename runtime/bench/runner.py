@@ -307,7 +307,7 @@ def _qualities(loaded: LoadedModel, specs: Sequence[MethodSpec], images: Sequenc
         return [schema.Quality.not_measured(reason)] * len(specs)
     if len(conditions) < 2:
         return [schema.Quality.not_measured("a Frechet distance needs at least 2 images")] * len(specs)
-    from runtime.metrics.quality import demo_quality, demo_quality_vs, demo_scores
+    from runtime.demo.quality import demo_quality, demo_quality_vs, demo_scores
 
     labels = np.asarray(conditions)
     scores = [demo_scores(loaded.bundle, im, labels) for im in images]

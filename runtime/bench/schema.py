@@ -37,6 +37,8 @@ from pydantic_core import PydanticCustomError
 
 from runtime.atomic import atomic_write_text
 from runtime.errors import UserError
+from runtime.validation import (METHOD_PATTERN as _METHOD_PATTERN, SHA256_PATTERN as _SHA256_PATTERN, Bool,
+                                Count, NonNegative, Number, Positive, PositiveInt, Text, Unit, describe, join_path as _join)
 
 SCHEMA_VERSION = 2  # 1: images_per_s and speedup_vs_ar from p50 (upgraded on load)
 Backend = Literal["cpu", "cuda", "hpu"]
@@ -46,19 +48,6 @@ AR_METHOD = "ar"
 # Relative tolerance for derived fields (speedup, images/s): the writer computes them exactly,
 # this only absorbs rounding by hand-made or third-party writers.
 DERIVED_RTOL = 1e-3
-_METHOD_PATTERN = r"^[a-z0-9][a-z0-9+_.-]*$"
-_SHA256_PATTERN = r"^[0-9a-f]{64}$"
-
-# Strict: a boolean is not a number, 1.0 is not an integer, "1" is neither.
-Count = Annotated[int, Strict(), Field(ge=0)]
-PositiveInt = Annotated[int, Strict(), Field(ge=1)]
-Number = Annotated[float, Strict()]
-NonNegative = Annotated[float, Strict(), Field(ge=0)]
-Positive = Annotated[float, Strict(), Field(gt=0)]
-Unit = Annotated[float, Strict(), Field(ge=0, le=1)]
-Text = Annotated[str, Strict(), Field(min_length=1)]
-Bool = Annotated[bool, Strict()]
-
 
 FROM_FILE = "file"  # validation context of data read from a file
 
@@ -555,36 +544,6 @@ def from_dict(data: Any, source: str = "<bench>") -> BenchResult:
 
 
 # Messages by pydantic error type, formatted with the error's context and `input`.
-_MESSAGES = {
-    "missing": "is missing", "extra_forbidden": "is not a known field; remove it",
-    "float_type": "must be a number", "finite_number": "must be a number", "int_type": "must be an integer",
-    "bool_type": "must be true or false", "string_type": "must be a non-empty string",
-    "string_too_short": "must be a non-empty string", "list_type": "must be a list", "too_short": "must not be empty",
-    "dict_type": "must be an object", "model_type": "must be an object",
-    "greater_than": "must be > {gt:g} (got {input})", "greater_than_equal": "must be >= {ge:g} (got {input})",
-    "less_than_equal": "must be <= {le:g} (got {input})", "literal_error": "must be one of {choices} (got {input!r})",
-}
-_PATTERNS = {_METHOD_PATTERN: "a lowercase method name such as 'ar' or 'lantern++'",
-             _SHA256_PATTERN: "64 lowercase hex digits"}
-
-
-def describe(err: ValidationError) -> str:
-    """`<json path> <problem>` for the first error, e.g. `runs[2].latency_s.p50 must be > 0 (got -1.0)`."""
-    first = err.errors(include_url=False)[0]
-    kind, ctx = first["type"], first.get("ctx", {})
-    path = ""
-    for key in (*first["loc"], *([ctx["field"]] if ctx.get("field") else [])):
-        path = path if key == "[key]" else _join(path, key)
-    if kind in ("schema", "value_error"):
-        problem = ctx.get("problem") or str(ctx.get("error", first["msg"]))
-    elif kind == "string_pattern_mismatch":
-        problem = f"must be {_PATTERNS[ctx['pattern']]}"
-    else:
-        choices = str(ctx.get("expected", "")).replace("'", "").replace(" or ", ", ")
-        problem = _MESSAGES.get(kind, first["msg"]).format(input=first["input"], choices=choices, **ctx)
-    return f"{path} {problem}" if path else problem
-
-
 def validate(result: BenchResult, source: str = "<bench>") -> None:
     """Raise `UserError` naming the first invalid field of `result`."""
     try:
@@ -626,8 +585,6 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number JSON allows")
 
 
-def _join(path: str, key: str | int) -> str:
-    return f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}" if path else key
 
 
 def _short(value: Any) -> str:

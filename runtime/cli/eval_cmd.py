@@ -66,7 +66,7 @@ def evaluate_run(run_dir: Path, model: str = "demo", n_real: int | None = None, 
 
     from runtime.demo.bundle import load_demo_bundle
     from runtime.demo.dataset import from_tensor_range
-    from runtime.metrics.quality import DEFAULT_N_REAL, demo_quality, demo_scores
+    from runtime.demo.quality import DEFAULT_N_REAL, demo_quality, demo_scores
 
     tokens, labels, _ = read_run(run_dir)
     bundle = load_demo_bundle(None if model == "demo" else model)

@@ -3,31 +3,20 @@
 from __future__ import annotations
 
 import shlex
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from runtime.cli.app import app
+from runtime.cli.progress import training_progress
 from runtime.errors import UserError
 
 train_app = typer.Typer(help="Train models shipped with the runtime.", no_args_is_help=True)
 app.add_typer(train_app, name="train")
 
-_STAGES = {
-    "vq": "VQ tokenizer",
-    "tokenize": "tokenise dataset",
-    "gpt": "target GPT",
-    "drafter": "drafter",
-    "classifier": "classifier",
-    "evaluate": "evaluate",
-}
 
 
 def _check_out(out: Path, force: bool) -> None:
@@ -73,7 +62,7 @@ def train_demo_command(
             setattr(cfg, name, value)
     command = canonical_command(out, cfg, micro)
 
-    with _training_progress() as progress:
+    with training_progress() as progress:
         manifest = train_demo(str(out), cfg, command=command, overwrite=force, progress=progress)
 
     Console().print(_summary(manifest, out))
@@ -165,7 +154,7 @@ def train_drafter_command(
                                                  "--steps", str(steps), "--seed", str(seed),
                                                  "--threads", str(threads)])
     # The source bundle is loaded whole (a missing one is refused) before anything is written.
-    with _training_progress() as progress:
+    with training_progress() as progress:
         manifest = retrain_drafter(None if model == "demo" else model, str(out), steps=steps, seed=seed,
                                    threads=threads, command=command, overwrite=force, progress=progress)
     record = manifest["training"]["drafter_retrain"]
@@ -202,36 +191,11 @@ def train_target_command(
         "--gpt-dim", str(dim), "--gpt-heads", str(heads), "--steps", str(steps), "--steps-drafter",
         str(steps_drafter), "--seed", str(seed), "--threads", str(threads)])
     # The source bundle is loaded whole (a missing one is refused) before anything is written.
-    with _training_progress() as progress:
+    with training_progress() as progress:
         manifest = retrain_target(None if model == "demo" else model, str(out), layers=layers, dim=dim, heads=heads,
                                   steps=steps, steps_drafter=steps_drafter, seed=seed, threads=threads,
                                   command=command, overwrite=force, progress=progress)
     Console().print(_summary(manifest, out, wall=manifest["training"]["target_retrain"]["wall_time_s"]))
-
-
-@contextmanager
-def _training_progress() -> Iterator[Callable[[str, int, int, dict[str, float]], None]]:
-    """Yield a training progress callback drawing one bar per stage on stderr (plain lines now
-    and then without a terminal)."""
-    console = Console(stderr=True)
-    tasks: dict[str, int] = {}
-    last_line = [0.0]
-    bar = Progress(TextColumn("{task.description:<18}"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn(), TextColumn("{task.fields[info]}"), console=console)
-
-    def progress(stage: str, done: int, total: int, info: dict[str, float]) -> None:
-        if stage not in tasks:
-            tasks[stage] = bar.add_task(_STAGES.get(stage, stage), total=max(total, 1), info="")
-        text = "  ".join(f"{k} {v:.4f}" for k, v in info.items())
-        bar.update(tasks[stage], completed=done, total=max(total, 1), info=text)
-        # Without a terminal the bar is not redrawn: log a plain line now and then instead.
-        now = time.monotonic()
-        if not console.is_terminal and (now - last_line[0] > 30 or done == total):
-            last_line[0] = now
-            console.print(f"{_STAGES.get(stage, stage)}: {done}/{total} {text}", highlight=False)
-
-    with bar:
-        yield progress
 
 
 def canonical_command(out: Path, cfg: "DemoTrainConfig", micro: bool) -> str:  # noqa: F821

@@ -94,7 +94,7 @@ def train_drafter_for_checkpoint(args: dict[str, Any]) -> dict[str, Any]:
     from backends import get_backend
     from runtime import drafter_training as dt
     from runtime.bench.environment import file_sha256
-    from runtime.cli.train_cmd import _training_progress
+    from runtime.cli.progress import training_progress
     from runtime.models.configs import DrafterConfig
     from runtime.models.drafter import Drafter
     from runtime.models.loading import build_gpt, save_drafter_folder
@@ -153,7 +153,7 @@ def train_drafter_for_checkpoint(args: dict[str, Any]) -> dict[str, Any]:
     command = _command({**args, **{k: v for k, v in values.items() if args.get(k) is not None}})
     started = time.perf_counter()
     settings = dt.TrainSettings(steps=values["steps"], batch=values["batch"], lr=values["lr"], seed=args["seed"])
-    with (_training_progress() if ctx.is_main else nullcontext(dt._quiet)) as progress:
+    with (training_progress() if ctx.is_main else nullcontext(dt._quiet)) as progress:
         out.mkdir(parents=True, exist_ok=True)
         index = (dt.read_index(data_dir, target) if reuse else
                  dt.distill(target, data_dir, classes, dt.DistillSettings(

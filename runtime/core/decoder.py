@@ -34,7 +34,7 @@ import torch
 
 from runtime.core.acceptance import (Accepted, GroupRule, Relaxation, accept_greedy, accept_grouped,
                                      accept_sampling)
-from runtime.core.drafting import make_policy
+from runtime.core.policies import make_policy
 from runtime.core.methods import MethodSpec
 from runtime.core.opcount import kernels_generated
 from runtime.core.rng import CounterRNG

@@ -40,7 +40,7 @@ from runtime.core.tree import (StaticTree, TreeBuffers, buffers_from_parents, lo
                                tree_constants)
 
 if TYPE_CHECKING:
-    from runtime.core.decoder import Decoder
+    from runtime.core.loop import DecodeLoop
 
 _SMALLEST_NORMAL = 1.1754944e-38
 # Floor for log q in EAGLE-2 scores: keeps filtered-out tokens finite and parent > child.
@@ -83,7 +83,7 @@ class DraftPolicy:
     sampled_q = False  # acceptance sees `loop.q` (drafts were sampled from it)
     needs_q = False  # the loop allocates `q` (N+1, V)
 
-    def __init__(self, loop: "Decoder") -> None:
+    def __init__(self, loop: "DecodeLoop") -> None:
         self.loop = loop
         self.tree = self.build_tree(loop.device)
 
@@ -675,17 +675,3 @@ class DynamicTreePolicy(DrafterPolicy):
         buffers_from_parents(parent, torch.sum(sib, -1, out=t.rank), t.max_depth, t.max_children,
                              earlier_sibling=sib, consts=self._tree_consts, out=t)
         torch.gather(tok, 1, sel, out=loop.tokens[:, 1:])
-
-
-def make_policy(loop: "Decoder") -> DraftPolicy:
-    """The policy of the loop's method (`MethodSpec.drafting`)."""
-    kind = loop.spec.drafting
-    if kind == "none":
-        return DraftPolicy(loop)
-    if kind == "static":
-        return StaticTreePolicy(loop)
-    if kind == "dynamic":
-        return DynamicTreePolicy(loop)
-    from runtime.core.jacobi import JacobiPolicy
-
-    return JacobiPolicy(loop)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import shutil
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Mapping
 
@@ -23,7 +22,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from torch import nn
 
-from runtime.bench.schema import Bool, Count, NonNegative, PositiveInt, Text, Unit, describe
+from runtime.assets import demo_bundle_path
+from runtime.validation import Bool, Count, NonNegative, PositiveInt, Text, Unit, describe
 from runtime.demo.classifier import ClassifierConfig, DemoClassifier
 from runtime.errors import UserError
 from runtime.models.configs import DrafterConfig, GPTConfig, VQConfig
@@ -70,8 +70,7 @@ class DemoBundle:
 
 def default_bundle_path() -> Path:
     """The bundle packaged with the runtime (`runtime/assets/demo`)."""
-    root = resources.files("runtime.assets").joinpath("demo")
-    return Path(str(root))
+    return demo_bundle_path()
 
 
 def storage_state(module: nn.Module, name: str) -> dict[str, torch.Tensor]:

@@ -2,7 +2,7 @@
 
 It plays the role Inception plays for ImageNet FID: `predict` gives the class accuracy of
 generated images (does an image of class c look like class c?) and `features` gives the
-penultimate activations in which `runtime.metrics.quality.frechet_distance` compares generated
+penultimate activations in which `runtime.metrics.frechet.frechet_distance` compares generated
 and real image distributions.
 
 Input: images (B, 3, 64, 64) float in [-1, 1] (the VQ's convention; `from_uint8` converts

@@ -41,7 +41,7 @@ CLASS_NAMES: tuple[str, ...] = (
 NUM_CLASSES = len(CLASS_NAMES)
 
 # Seeds with fixed roles: training images, held-out validation images, and the real reference
-# set that generated images are compared against (`runtime.metrics.quality`).
+# set that generated images are compared against (`runtime.demo.quality`).
 TRAIN_SEED = 0
 VAL_SEED = 1
 EVAL_SEED = 2

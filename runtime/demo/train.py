@@ -519,13 +519,14 @@ def sample_quality(gpt: "Transformer", vq: VQModel, classifier: "DemoClassifier"
     target could reach through this tokenizer)."""
     from runtime.core import MethodSpec, SamplingParams, generate
     from runtime.demo.dataset import EVAL_SEED, from_tensor_range
-    from runtime.metrics.quality import _run_classifier, frechet_distance, real_features
+    from runtime.demo.quality import classify, real_features
+    from runtime.metrics.frechet import frechet_distance
 
     real = real_features(classifier, n_real)
     # Reconstructions of held-out real images (indices past the reference set).
     x, y = _images_tensor(EVAL_SEED, np.arange(n_real, n_real + max(n, 2)))
     recon = from_tensor_range(vq.decode(vq.encode(x)[0]).numpy())
-    preds, feats = _run_classifier(classifier, recon)
+    preds, feats = classify(classifier, recon)
     out: dict[str, Any] = {"recon_class_accuracy": float((preds == y.numpy()).mean()),
                            "recon_fd": frechet_distance(feats, real), "n": n, "n_real": n_real}
     if n <= 0:
@@ -535,7 +536,7 @@ def sample_quality(gpt: "Transformer", vq: VQModel, classifier: "DemoClassifier"
     labels = np.arange(n) % NUM_CLASSES
     result = generate(gpt, None, spec, labels.tolist(), seed=seed)
     images = from_tensor_range(vq.decode_code(result.tokens).numpy())
-    preds, feats = _run_classifier(classifier, images)
+    preds, feats = classify(classifier, images)
     out.update({"ar_class_accuracy": float((preds == labels).mean()), "ar_fd": frechet_distance(feats, real),
                 "ar_settings": {k: sampling[k] for k in ("temperature", "top_k", "top_p", "cfg")}})
     return out

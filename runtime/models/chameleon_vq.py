@@ -13,7 +13,6 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-import torch
 from torch import Tensor, nn
 
 from runtime.errors import UserError

@@ -1,4 +1,4 @@
-"""Image-quality measures for the demo: class accuracy and a Frechet distance.
+"""Image-quality measures for the demo model: class accuracy and a Frechet distance.
 
 Both use the demo bundle's classifier (`runtime.demo.classifier.DemoClassifier`): accuracy is
 the fraction of generated images the classifier assigns to the class they were generated
@@ -18,6 +18,7 @@ import torch
 
 from runtime.demo.classifier import DemoClassifier
 from runtime.demo.dataset import EVAL_SEED, NUM_CLASSES, make_images
+from runtime.metrics.frechet import frechet_distance
 from runtime.metrics.intervals import Estimate, estimate
 
 if TYPE_CHECKING:
@@ -28,7 +29,7 @@ _BATCH = 256
 
 
 @torch.no_grad()
-def _run_classifier(classifier: DemoClassifier, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def classify(classifier: DemoClassifier, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Predictions (N,) int64 and features (N, F) float64 of uint8 images (N, H, W, 3)."""
     classifier.eval()
     param = next(classifier.parameters())
@@ -50,37 +51,8 @@ def class_accuracy(classifier: DemoClassifier, images: np.ndarray, labels: np.nd
         raise ValueError(f"class_accuracy: {len(images)} images but {len(labels)} labels")
     if len(labels) == 0:
         raise ValueError("class_accuracy: no images")
-    preds, _ = _run_classifier(classifier, images)
+    preds, _ = classify(classifier, images)
     return float((preds == labels).mean())
-
-
-def _sqrtm_psd(m: np.ndarray) -> np.ndarray:
-    """Square root of a symmetric positive semi-definite matrix; negative round-off eigenvalues
-    are clipped to zero."""
-    w, v = np.linalg.eigh((m + m.T) / 2)
-    return (v * np.sqrt(np.clip(w, 0.0, None))) @ v.T
-
-
-def frechet_distance(feats_a: np.ndarray, feats_b: np.ndarray) -> float:
-    """Frechet distance between Gaussian fits of two feature sets (N_a, F) and (N_b, F).
-
-    FD = |mu_a - mu_b|^2 + tr(S_a) + tr(S_b) - 2 tr((S_a^1/2 S_b S_a^1/2)^1/2).
-    The cross term is computed from a symmetric PSD product (rather than sqrtm of the
-    non-symmetric S_a S_b, as scipy-based FID code does), so it needs only `eigh` and stays
-    real; the two forms have the same trace. Both sets need at least 2 samples.
-    """
-    a = np.asarray(feats_a, dtype=np.float64)
-    b = np.asarray(feats_b, dtype=np.float64)
-    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[1]:
-        raise ValueError(f"frechet_distance: feature sets must be (N, F) with equal F, got {a.shape} and {b.shape}")
-    if len(a) < 2 or len(b) < 2:
-        raise ValueError("frechet_distance: need at least 2 samples in each set")
-    mu_a, mu_b = a.mean(0), b.mean(0)
-    cov_a, cov_b = np.cov(a, rowvar=False), np.cov(b, rowvar=False)
-    root_a = _sqrtm_psd(cov_a)
-    cross = _sqrtm_psd(root_a @ cov_b @ root_a)
-    fd = float(((mu_a - mu_b) ** 2).sum() + np.trace(cov_a) + np.trace(cov_b) - 2.0 * np.trace(cross))
-    return max(fd, 0.0)
 
 
 _REAL_CACHE: dict[tuple[int, int], np.ndarray] = {}
@@ -93,7 +65,7 @@ def real_features(classifier: DemoClassifier, n_real: int = DEFAULT_N_REAL) -> n
     if key not in _REAL_CACHE:
         images, _ = make_images(EVAL_SEED, np.arange(n_real))
         _REAL_CACHE.clear()  # one entry: a bundle's classifier per process is the common case
-        _REAL_CACHE[key] = _run_classifier(classifier, images)[1]
+        _REAL_CACHE[key] = classify(classifier, images)[1]
     return _REAL_CACHE[key]
 
 
@@ -111,7 +83,7 @@ def evaluate_images(bundle: "DemoBundle", images_uint8: np.ndarray, labels: np.n
         raise ValueError("evaluate_images: need at least 2 images for a Frechet distance")
     if labels.min() < 0 or labels.max() >= NUM_CLASSES:
         raise ValueError(f"evaluate_images: labels must be class ids in [0, {NUM_CLASSES})")
-    preds, feats = _run_classifier(bundle.classifier, images_uint8)
+    preds, feats = classify(bundle.classifier, images_uint8)
     fd = frechet_distance(feats, real_features(bundle.classifier, n_real))
     return {"class_accuracy": float((preds == labels).mean()), "fd": fd,
             "n": int(len(labels)), "n_real": int(n_real)}
@@ -138,7 +110,7 @@ def demo_scores(bundle: "DemoBundle", images_uint8: np.ndarray, labels: np.ndarr
                 n_real: int = DEFAULT_N_REAL) -> DemoScores:
     """Per-image classifier verdicts and features of uint8 images (N, 64, 64, 3) generated for `labels` (N,)."""
     labels = np.asarray(labels, dtype=np.int64).reshape(-1)
-    preds, feats = _run_classifier(bundle.classifier, images_uint8)
+    preds, feats = classify(bundle.classifier, images_uint8)
     return DemoScores(preds == labels, feats, real_features(bundle.classifier, n_real))
 
 

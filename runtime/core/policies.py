@@ -1,0 +1,24 @@
+"""The drafting policies by name (`MethodSpec.drafting`): the registry the decoder builds its
+policy from, so the policy modules never import the decoder (they see it as `loop.DecodeLoop`)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from runtime.core.drafting import DraftPolicy, DynamicTreePolicy, StaticTreePolicy
+from runtime.core.jacobi import JacobiPolicy
+
+if TYPE_CHECKING:
+    from runtime.core.loop import DecodeLoop
+
+POLICIES: dict[str, type[DraftPolicy]] = {
+    "none": DraftPolicy,  # AR: the root alone
+    "static": StaticTreePolicy,  # a drafter head over a static tree (sd chains, LANTERN++ trees)
+    "dynamic": DynamicTreePolicy,  # a drafter head over an EAGLE-2 dynamic tree (eagle2, ddd, lantern)
+    "jacobi": JacobiPolicy,  # no drafter: the target's own predictions over a window (sjd)
+}
+
+
+def make_policy(loop: "DecodeLoop") -> DraftPolicy:
+    """The policy of the loop's method."""
+    return POLICIES[loop.spec.drafting](loop)
