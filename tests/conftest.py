@@ -22,6 +22,22 @@ TINY_VQ_CONFIG = VQConfig(
     decoder_ch_mult=(1, 1, 2, 2, 4), z_channels=32, ch=32, num_res_blocks=1, norm_groups=8)
 
 
+# The fast tier (`python -m pytest -m fast`): core math, trees, RNG, acceptance, exactness,
+# refusals and the layer contract, for the edit-test loop; its slow-marked tests stay out.
+FAST_TIER = frozenset({
+    "test_acceptance_literal.py", "test_acceptance.py", "test_tree.py", "test_draft_tree_shape.py",
+    "test_sampling_support.py", "test_proximity.py", "test_relax_rules.py", "test_kv_cache.py",
+    "test_core_exactness.py", "test_refusals.py", "test_bench_stats.py", "test_bench_schema.py",
+    "test_atomic.py", "test_layers.py", "test_cli_reference.py", "test_golden_methods.py",
+})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.name in FAST_TIER and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.fast)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _one_thread():
     """Tiny models gain nothing from threads; one thread keeps timings stable on shared CPUs."""

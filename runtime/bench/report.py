@@ -162,11 +162,14 @@ def quality_estimates(run: RunResult) -> dict[str, tuple[float, float | None, fl
             if not name.endswith(("_lo", "_hi"))}
 
 
-def quality_text(run: RunResult) -> str:
+def quality_text(run: RunResult, *, own_only: bool = False) -> str:
+    """`name value [lo, hi]` for each quality figure; `own_only`: the run's own figures, not
+    its differences to ar (`*_vs_ar`, which the summary line gives for the fastest run)."""
     if not run.quality.measured:
         return f"not measured: {run.quality.reason}"
     return ", ".join(f"{name} {_sig(v, 3)}" + (f" [{_sig(lo, 3)}, {_sig(hi, 3)}]" if lo is not None else "")
-                     for name, (v, lo, hi) in quality_estimates(run).items())
+                     for name, (v, lo, hi) in quality_estimates(run).items()
+                     if not (own_only and name.endswith("_vs_ar")))
 
 
 def run_label(run: RunResult) -> str:

@@ -185,7 +185,7 @@ def bench_table(result: Any, path: Path) -> Any:
     for run in result.runs:
         detail = run.params.label()
         if run.quality.measured:
-            detail += f"\nquality: {quality_text(run)}"
+            detail += f"\nquality: {quality_text(run, own_only=True)}"
         depth, tvd = run.stats.mean_drafted_depth, run.stats.step_tvd
         table.add_row(f"[bold]{run.method}[/]\n[dim]{detail}[/]", f"{run.stats.mean_accepted_length:.2f}",
                       "-" if not depth else f"{depth:.2f}",
