@@ -32,8 +32,7 @@ from typing import Any, Callable
 
 import torch
 
-from runtime.core.acceptance import (Accepted, GroupRule, Relaxation, accept_greedy, accept_grouped,
-                                     accept_sampling)
+from runtime.core.acceptance import Accepted, GroupRule, Relaxation, acceptance_rule
 from runtime.core.policies import make_policy
 from runtime.core.methods import MethodSpec
 from runtime.core.opcount import kernels_generated
@@ -231,6 +230,7 @@ class Decoder:
         self.accepted = torch.ones(b, dtype=torch.long, device=dev)
         self.live_now = torch.ones(b, dtype=torch.long, device=dev)
         self.image_ids = torch.arange(b, device=dev)
+        self.accept_rule = acceptance_rule(self.params.greedy, self.rng, self.relax, self.group, rows=self.image_ids)
         per_image = self.rows // b
         # model rows of each image, and a condition-sized cache to prefill one image in
         self.image_rows = [i + b * torch.arange(per_image, device=dev) for i in range(b)]
@@ -442,13 +442,7 @@ class Decoder:
         n1 = tree.size
         tokens, p = self.tokens[:, :n1], self.p[:, :n1]
         q = self.q[:, :n1] if self.policy.sampled_q else None
-        if self.group is not None:
-            acc: Accepted = accept_grouped(tokens, p, q, tree, self.rng, self.group)
-        elif self.params.greedy:
-            acc = accept_greedy(tokens, p, tree, self.relax)
-        else:
-            acc = accept_sampling(tokens, p, tree, self.rng, q=q, relax=self.relax,
-                                  uniforms=self.policy.accept_uniforms(), rows=self.image_ids)
+        acc: Accepted = self.accept_rule(tokens, p, q, tree, self.policy.accept_uniforms())
         path, bonus = acc.path, acc.bonus  # (B, M), (B,)
         if path.size(1) < self.max_depth + 1:  # a prefix tree: pad as path_table does (repeat the last)
             path = torch.cat([path, path[:, -1:].expand(-1, self.max_depth + 1 - path.size(1))], 1)

@@ -51,7 +51,30 @@ from runtime.core.sampling import SamplingParams
 from runtime.core.tree import MAX_TREE_DEPTH, MAX_TREE_NODES
 from runtime.errors import UserError, did_you_mean
 
-METHODS = ("ar", "sd", "eagle2", "ddd", "lantern", "lantern++", "sjd")
+
+
+@dataclass(frozen=True)
+class MethodRow:
+    """A method as a row: the drafting policy it builds (`runtime.core.policies.POLICIES`) and
+    the relaxation its own flags turn on (`none`, additive `delta`, multiplicative `lambda`);
+    the acceptance rule object follows from it and the sampling settings
+    (`runtime.core.acceptance.acceptance_rule`)."""
+
+    drafting: str
+    relaxation: str
+    summary: str
+
+
+METHOD_TABLE: dict[str, MethodRow] = {
+    "ar": MethodRow("none", "none", "one token per target forward"),
+    "sd": MethodRow("static", "none", "a drafter chain of --depth tokens, exact"),
+    "eagle2": MethodRow("dynamic", "none", "EAGLE-2 dynamic tree, exact"),
+    "ddd": MethodRow("dynamic", "none", "EAGLE-2 tree whose depth is decided per iteration, exact"),
+    "lantern": MethodRow("dynamic", "delta", "EAGLE-2 dynamic tree, relaxed by an additive bound delta"),
+    "lantern++": MethodRow("static", "lambda", "static tree, relaxed by a multiplicative bound lambda"),
+    "sjd": MethodRow("jacobi", "none", "Jacobi window, no drafter; exact, relaxed (--relax) or grouped"),
+}
+METHODS = tuple(METHOD_TABLE)
 JACOBI_INITS = ("uniform", "repeat-h", "repeat-v")
 COUPLINGS = ("none", "maximal", "gumbel")
 ACCEPT_RULES = ("exact", "grouped")
@@ -184,7 +207,7 @@ class MethodSpec:
     @property
     def drafting(self) -> str:
         """"none", "static", "dynamic" or "jacobi"."""
-        return {"ar": "none", "sd": "static", "lantern++": "static", "sjd": "jacobi"}.get(self.method, "dynamic")
+        return METHOD_TABLE[self.method].drafting
 
     @property
     def expansions(self) -> int:
@@ -205,7 +228,7 @@ class MethodSpec:
 
     @property
     def own_relaxation(self) -> str:
-        return {"lantern": "delta", "lantern++": "lambda"}.get(self.method, "none")
+        return METHOD_TABLE[self.method].relaxation
 
     @property
     def relaxation_kind(self) -> str:
