@@ -20,7 +20,7 @@ import torch
 from runtime.core import Decoder, MethodSpec, SamplingParams, generate, neighbours_for
 from runtime.core.tree import load_tree
 from runtime.errors import UserError
-from runtime.method_flags import FLAG_METHODS
+from runtime.method_options import FLAG_METHODS, OPTION_TYPES, SAMPLING_KEYS
 
 _log = logging.getLogger(__name__)
 
@@ -188,13 +188,6 @@ def check_vocab_fits_codebook(vocab: int, codebook: int, source: str) -> None:
                         "use the VQ tokenizer the GPT was trained with")
 
 
-# types of method options given as text (`--methods sjd:coupling=maximal` in runtime bench)
-OPTION_TYPES: dict[str, type] = {"tree": str, "depth": int, "top_k_draft": int, "total_tokens": int,
-                                 "lantern_k": int, "lantern_delta": float, "lantern_lambda": float, "relax_rule": str,
-                                 "window": int, "init": str, "coupling": str, "proactive": str, "accept": str,
-                                 "group_window": int, "group_gap": float, "group_dist": float,
-                                 "ddd_threshold": float, "ddd_check_every": int, "ddd_min_depth": int,
-                                 "ddd_max_depth": int, "dynamic_depth": float}
 _SPEC_KEYS = tuple(OPTION_TYPES)  # the MethodSpec fields a flag, profile or model can set
 
 
@@ -210,7 +203,6 @@ def parse_proactive(text: str | None) -> tuple[int, int] | None:
     return k, d
 
 
-_SAMPLING_KEYS = ("greedy", "temperature", "top_k", "top_p", "cfg", "cfg_interval")
 _FLAG_NAMES = {"greedy": "--greedy/--sample"}
 
 
@@ -248,7 +240,7 @@ def resolve_spec(method: str | None, flags: dict[str, Any], profile: Any, recomm
             raise UserError(f"--{key.replace('_', '-')} does nothing for --method {'/'.join(sorted(users))} "
                             f"(it is read by {', '.join(sorted(readers))}); drop it")
     base = MethodSpec()
-    sampling = SamplingParams(**{k: pick(k, getattr(SamplingParams(), k)) for k in _SAMPLING_KEYS})
+    sampling = SamplingParams(**{k: pick(k, getattr(SamplingParams(), k)) for k in SAMPLING_KEYS})
     values = {k: pick(k, getattr(base, k)) for k in _SPEC_KEYS}
     values["proactive"] = parse_proactive(values["proactive"]) if isinstance(values["proactive"], str) else values["proactive"]
     if name == "sjd":
@@ -291,7 +283,7 @@ def sampling_sources(flags: dict[str, Any], profile: Any, loaded: LoadedModel,
             return f"profile {profile.name}"
         return loaded.recommended_source if kind == "model" else "default"
 
-    keys = _SAMPLING_KEYS + (tuple(k for k in _SPEC_KEYS if k in spec.describe()) if spec is not None else ())
+    keys = SAMPLING_KEYS + (tuple(k for k in _SPEC_KEYS if k in spec.describe()) if spec is not None else ())
     return {key: label(key) for key in keys}
 
 

@@ -21,9 +21,10 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, StringConstraints, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, Strict, StringConstraints, ValidationError, create_model
 
 from runtime.errors import UserError
+from runtime.method_options import METHOD_OPTIONS, MethodOption
 from runtime.toml_compat import tomllib
 
 if TYPE_CHECKING:
@@ -33,7 +34,6 @@ PROFILE_PACKAGE = "profiles"
 DTYPE_NAMES: tuple[str, ...] = ("bf16", "fp16", "fp32")
 HPU_MODES: tuple[str, ...] = ("lazy", "eager")
 METHOD_NAMES: tuple[str, ...] = ("ar", "sd", "eagle2", "ddd", "lantern", "lantern++")
-RELAX_RULES: tuple[str, ...] = ("paper", "bounded")  # as runtime.core.methods (this module imports no torch)
 _NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
 
 
@@ -90,32 +90,31 @@ class TreeSettings(_Section):
                     Field(description="a non-empty string")]
 
 
-class MethodSettings(_Section):
-    """``[method]``: the decoding method and any parameters the profile pins (None = not pinned)."""
+def _key_type(option: MethodOption) -> Any:
+    """A `[method]` key's type from the option's declaration (runtime.method_options)."""
+    if option.choices is not None:
+        return _choice(option.choices)
+    if option.kind is bool:
+        return _BOOLEAN
+    if option.kind is int:
+        return _integer(int(option.low if option.low is not None else -(2**63)))
+    return _real(option.low if option.low is not None else -math.inf,
+                 option.high if option.high is not None else math.inf, low_open=option.low_open)
 
-    name: _choice(METHOD_NAMES)
-    lantern_k: _integer(1) = None
-    lantern_lambda: _real(1.0) = None
-    lantern_delta: _real(0.0, 1.0) = None
-    relax_rule: _choice(RELAX_RULES) = None
-    temperature: _real(0.0, low_open=True) = None
-    top_k: _integer(0) = None
-    top_p: _real(0.0, 1.0, low_open=True) = None
-    cfg: _real(0.0) = None
-    cfg_interval: _integer(-1) = None
-    greedy: _BOOLEAN = None
-    depth: _integer(1) = None
-    top_k_draft: _integer(1) = None
-    total_tokens: _integer(2) = None
-    ddd_threshold: _real(-math.inf, 0.0, low_open=True) = None
-    ddd_check_every: _integer(1) = None
-    ddd_min_depth: _integer(1) = None
-    ddd_max_depth: _integer(1) = None
-    dynamic_depth: _real(0.0, 1.0) = None
 
+class _MethodTable(_Section):
     def pinned(self) -> dict[str, Any]:
         """The parameters this profile sets, without ``name``: ``{"top_k_draft": 10, ...}``."""
         return self.model_dump(exclude={"name"}, exclude_none=True)
+
+
+# ``[method]``: the decoding method and any parameters the profile pins (None = not pinned); the
+# keys, their types and ranges are the method options a profile may pin (`MethodOption.profile`).
+MethodSettings = create_model(
+    "MethodSettings", __base__=_MethodTable, __module__=__name__,
+    name=(_choice(METHOD_NAMES), ...),
+    **{o.name: (_key_type(o), None) for o in METHOD_OPTIONS if o.profile},
+)
 
 
 class BenchSettings(_Section):

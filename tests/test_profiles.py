@@ -95,7 +95,7 @@ def test_a_profile_may_pin_the_cfg_interval(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("old", "new", "expected"),
     [
-        ("lantern_k = 1000", "lamda = 2", "unknown key 'method.lamda' (known: name, lantern_k"),
+        ("lantern_k = 1000", "lamda = 2", "unknown key 'method.lamda' (known: name, greedy, temperature"),
         ('dtype = "bf16"', 'dtype = "int8"', "'device.dtype' must be one of 'bf16', 'fp16', 'fp32', got 'int8'"),
         ("graph = true", 'graph = "yes"', "'device.graph' must be true or false, got 'yes'"),
         ("graph = true", "graph = true\nbatch_size = 0", "'device.batch_size' must be an integer >= 1, got 0"),

@@ -191,14 +191,15 @@ def spec_from_run(run: Any, sampling: Any) -> MethodSpec:
     """The MethodSpec of a bench result file's run (its `params`) under the workload's sampling."""
     from runtime.core.sampling import SamplingParams
 
+    from runtime.method_options import OPTION_TYPES
+
     p = run.params
-    given = {k: v for k, v in dict(tree=p.tree if p.tree not in (None, "dynamic") else None, depth=p.depth,
-                                   top_k_draft=p.top_k_draft, total_tokens=p.total_tokens, lantern_k=p.lantern_k,
-                                   lantern_lambda=p.lantern_lambda, lantern_delta=p.lantern_delta,
-                                   window=p.window, init=p.init, coupling=p.coupling, accept=p.accept,
-                                   ddd_threshold=p.ddd_threshold, ddd_check_every=p.ddd_check_every,
-                                   ddd_min_depth=p.ddd_min_depth, dynamic_depth=p.dynamic_depth).items()
-             if v is not None}
+    # the recorded method settings (a file's `params` fields named as the options), proactive and
+    # the dynamic tree's "tree" label aside; relax_rule is read as recorded
+    given = {k: getattr(p, k) for k in OPTION_TYPES if k in type(p).model_fields and k != "proactive"
+             and getattr(p, k) is not None}
+    if given.get("tree") == "dynamic":
+        del given["tree"]
     if p.proactive:
         given["proactive"] = tuple(int(x) for x in p.proactive.split("x"))
     if run.method == "sjd":

@@ -25,6 +25,7 @@ from runtime.bench.environment import current_env
 from runtime.core import MethodSpec
 from runtime.core.opcount import phase_ops
 from runtime.errors import UserError, did_you_mean
+from runtime.method_options import OPTION_TYPES
 from runtime.pipeline import LoadedModel, make_decoder, resolve_spec, run_generation
 
 SWEEP_KEYS = {"lambda": ("lantern_lambda", float, "lantern++"), "delta": ("lantern_delta", float, "lantern"),
@@ -60,7 +61,6 @@ def parse_sweep(sweeps: Sequence[str]) -> list[tuple[str, type, str | None, list
 def parse_method_entry(entry: str) -> PlannedRun:
     """`sjd:coupling=maximal:proactive=3x2` -> PlannedRun("sjd", {"coupling": "maximal", ...})."""
     from runtime.core.methods import METHODS
-    from runtime.pipeline import OPTION_TYPES
 
     name, *options = entry.strip().split(":")
     if name not in METHODS:
@@ -271,15 +271,12 @@ def _run_result(spec: MethodSpec, out: Any, latencies: list[float], peak_bytes: 
                 state_bytes: int | None = None, phases: dict[str, schema.Phase] | None = None,
                 per_image: list[list[float]] | None = None, law: dict[str, Any] | None = None) -> schema.RunResult:
     d = spec.describe()
-    params = schema.MethodParams(
-        tree=d.get("tree", "dynamic" if spec.drafting == "dynamic" else None),
-        lantern_k=d.get("lantern_k"), lantern_lambda=d.get("lantern_lambda"), lantern_delta=d.get("lantern_delta"),
-        depth=d.get("depth"), top_k_draft=d.get("top_k_draft"), total_tokens=d.get("total_tokens"),
-        graph=bool(backend.graph_mode), window=d.get("window"), init=d.get("init"), coupling=d.get("coupling"),
-        proactive="x".join(map(str, d["proactive"])) if d.get("proactive") else None, accept=d.get("accept"),
-        ddd_threshold=d.get("ddd_threshold"), ddd_check_every=d.get("ddd_check_every"),
-        ddd_min_depth=d.get("ddd_min_depth"), dynamic_depth=d.get("dynamic_depth"), batch_size=batch_size,
-        relax_rule=d.get("relax_rule"))
+    # the settings the method records (`describe`), under the file's field names
+    recorded = {k: d.get(k) for k in schema.MethodParams.model_fields if k in OPTION_TYPES}
+    params = schema.MethodParams(**{
+        **recorded, "tree": d.get("tree", "dynamic" if spec.drafting == "dynamic" else None),
+        "proactive": "x".join(map(str, d["proactive"])) if d.get("proactive") else None,
+        "graph": bool(backend.graph_mode), "batch_size": batch_size})
     if phases is None:
         phases = mean_phases([out.phases])
     st = out.stats

@@ -16,6 +16,7 @@ from runtime.errors import UserError
 
 
 @app.command("bench")
+@opt.with_method_options()
 def bench(
     out: str = typer.Option(..., "--out", help="Result file (JSON, schema in docs/bench_schema.md)."),
     methods: Optional[str] = typer.Option(None, "--methods", show_default="ar,sd,eagle2,lantern,lantern++", help="Comma-separated methods; include ar for speedups. An entry may carry its own options: sjd:coupling=maximal:proactive=3x2 (a shared --lantern-lambda relaxes sjd too; give it per entry instead)."),
@@ -39,34 +40,8 @@ def bench(
     profile_name: opt.ProfileName = None,
     graph: opt.Graph = None,
     dtype: opt.Dtype = None,
-    greedy: opt.Greedy = None,
-    temperature: opt.Temperature = None,
-    top_k: opt.TopK = None,
-    top_p: opt.TopP = None,
-    cfg: opt.Cfg = None,
-    cfg_interval: opt.CfgInterval = None,
+    flags: opt.MethodFlags = None,  # every method option (runtime.method_options)
     attention: opt.Attention = "auto",
-    tree: opt.Tree = None,
-    lantern_k: opt.LanternK = None,
-    lantern_delta: opt.LanternDelta = None,
-    lantern_lambda: opt.LanternLambda = None,
-    relax_rule: opt.RelaxRule = None,
-    depth: opt.Depth = None,
-    top_k_draft: opt.TopKDraft = None,
-    total_tokens: opt.TotalTokens = None,
-    window: opt.Window = None,
-    init: opt.Init = None,
-    coupling: opt.Coupling = None,
-    proactive: opt.Proactive = None,
-    accept: opt.Accept = None,
-    group_window: opt.GroupWindow = None,
-    group_gap: opt.GroupGap = None,
-    group_dist: opt.GroupDist = None,
-    ddd_threshold: opt.DddThreshold = None,
-    ddd_check_every: opt.DddCheckEvery = None,
-    ddd_min_depth: opt.DddMinDepth = None,
-    ddd_max_depth: opt.DddMaxDepth = None,
-    dynamic_depth: opt.DynamicDepth = None,
     classes: opt.Classes = None,
     num_images: opt.NumImages = None,
     seed: opt.Seed = 0,
@@ -113,7 +88,7 @@ def bench(
         raise UserError(f"--out {out}: is a folder; --out names the result file, e.g. {Path(out) / 'bench.json'}")
     opt.check_num_images(num_images)
     plan = plan_runs(method_list, sweep)
-    flags = opt.MethodFlags.pick(locals()).as_dict()
+    flags = flags.as_dict()
     grids: list = []
     traces = Path(out).with_suffix(".traces")
     trace_staging = _staging_folder(traces) if profile else None

@@ -6,14 +6,16 @@ then to the model's recommended settings (see runtime.pipeline.resolve_spec).
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
-from dataclasses import dataclass, fields
-from typing import Annotated, Any, Optional
+import typing
+from typing import Annotated, Any, Callable, Optional, Sequence
 
 import typer
 
 from runtime.errors import UserError
-from runtime.method_flags import readers
+from runtime.method_options import METHOD_OPTIONS, OPTIONS_BY_NAME, MethodFlags
 
 Model = Annotated[Optional[str], typer.Option("--model", help="'demo' (default) or a bundle directory from 'runtime train demo'.", rich_help_panel='Model')]
 GptModel = Annotated[Optional[str], typer.Option("--gpt-model", help="Official LlamaGen config: GPT-B, GPT-L, GPT-XL, GPT-XXL, GPT-3B.", rich_help_panel='Model')]
@@ -28,35 +30,8 @@ ProfileName = Annotated[Optional[str], typer.Option("--profile-name", help="Hard
 Graph = Annotated[Optional[bool], typer.Option("--graph/--no-graph", help="Capture the fixed-shape steps as device graphs (default: the profile's).", rich_help_panel='Device')]
 Dtype = Annotated[Optional[str], typer.Option("--dtype", help="bf16, fp16 or fp32 (default: the profile's).", rich_help_panel='Device')]
 Method = Annotated[Optional[str], typer.Option("--method", help="ar, sd, eagle2, ddd, lantern, lantern++ or sjd (no drafter needed).", rich_help_panel='Method and sampling (every method)')]
-Greedy = Annotated[Optional[bool], typer.Option("--greedy/--sample", help="Greedy decoding instead of sampling.", rich_help_panel='Method and sampling (every method)')]
-Temperature = Annotated[Optional[float], typer.Option("--temperature", help="Sampling temperature.", rich_help_panel='Method and sampling (every method)')]
-TopK = Annotated[Optional[int], typer.Option("--top-k", help="Target top-k filter (0 = off).", rich_help_panel='Method and sampling (every method)')]
-TopP = Annotated[Optional[float], typer.Option("--top-p", help="Target nucleus filter (1 = off).", rich_help_panel='Method and sampling (every method)')]
-Cfg = Annotated[Optional[float], typer.Option("--cfg", help="Classifier-free guidance scale (<= 1 = off).", rich_help_panel='Method and sampling (every method)')]
-CfgInterval = Annotated[Optional[int], typer.Option("--cfg-interval", help="LlamaGen's cfg_interval: -1 = guide every token; N >= 0 = no guidance after decode step N (needs --cfg > 1).", rich_help_panel='Method and sampling (every method)')]
 Attention = Annotated[str, typer.Option("--attention", help="Attention kernel: auto (fastest available) or math (LlamaGen's reference kernel: bf16 tokens match the reference).", rich_help_panel='Method and sampling (every method)')]
-Tree = Annotated[Optional[str], typer.Option("--tree", help="Static tree: a preset (naive_extend_57, mc_sim_7b_63, chain, small_12), chainN, or a TOML file. Read by: " + readers("tree") + ".", rich_help_panel='Drafting (read by the methods named)')]
-LanternK = Annotated[Optional[int], typer.Option("--lantern-k", help="Nearest codebook neighbours considered for the proximity set. Read by: " + readers("lantern_k") + ".", rich_help_panel='Relaxed acceptance (read by the methods named)')]
-LanternDelta = Annotated[Optional[float], typer.Option("--lantern-delta", help="LANTERN total-variation budget (0 = exact). Read by: " + readers("lantern_delta") + ".", rich_help_panel='Relaxed acceptance (read by the methods named)')]
-LanternLambda = Annotated[Optional[float], typer.Option("--lantern-lambda", help="LANTERN++ multiplicative bound (1 = exact). Read by: " + readers("lantern_lambda") + ".", rich_help_panel='Relaxed acceptance (read by the methods named)')]
-RelaxRule = Annotated[Optional[str], typer.Option("--relax-rule", help="paper (default: the reference LANTERN code's acceptance) or bounded (each step's output within the stated TVD bound). Read by: " + readers("relax_rule") + " (sjd: with a relaxation).", rich_help_panel='Relaxed acceptance (read by the methods named)')]
-Depth = Annotated[Optional[int], typer.Option("--depth", help="Chain length (sd) or EAGLE-2 tree depth. Read by: " + readers("depth") + ".", rich_help_panel='Drafting (read by the methods named)')]
-TopKDraft = Annotated[Optional[int], typer.Option("--top-k-draft", help="EAGLE-2 children per expanded node. Read by: " + readers("top_k_draft") + ".", rich_help_panel='Drafting (read by the methods named)')]
-TotalTokens = Annotated[Optional[int], typer.Option("--total-tokens", help="EAGLE-2 verified tokens per step (root included). Read by: " + readers("total_tokens") + ".", rich_help_panel='Drafting (read by the methods named)')]
 BatchSize = Annotated[Optional[int], typer.Option("--batch-size", help="Images decoded together (default: the profile's, 1); every image's tokens are the same at any batch size.", rich_help_panel='Device')]
-Window = Annotated[Optional[int], typer.Option("--window", help="sjd: draft window length L (default 16).", rich_help_panel='sjd only')]
-Init = Annotated[Optional[str], typer.Option("--init", help="sjd: prior of fresh window positions: uniform, repeat-h (token to the left) or repeat-v (token above; default).", rich_help_panel='sjd only')]
-Coupling = Annotated[Optional[str], typer.Option("--coupling", help="sjd: how stale drafts are redrafted: none (default), maximal or gumbel.", rich_help_panel='sjd only')]
-Proactive = Annotated[Optional[str], typer.Option("--proactive", help="sjd: K,D = a K-ary tree of depth D drafted at the start of the window (SJD-PAC style).", rich_help_panel='sjd only')]
-Accept = Annotated[Optional[str], typer.Option("--accept", help="sjd: exact (default) or grouped (GSD-style, lossy; its TVD bound is reported).", rich_help_panel='sjd only')]
-GroupWindow = Annotated[Optional[int], typer.Option("--group-window", help="--accept grouped: rank window on each side of the draft (default 7).", rich_help_panel='sjd only')]
-GroupGap = Annotated[Optional[float], typer.Option("--group-gap", help="--accept grouped: largest probability gap to the draft (default 0.15).", rich_help_panel='sjd only')]
-GroupDist = Annotated[Optional[float], typer.Option("--group-dist", help="--accept grouped: largest squared distance of normalised embedding rows (default 0.5).", rich_help_panel='sjd only')]
-DddThreshold = Annotated[Optional[float], typer.Option("--ddd-threshold", help="ddd: stop drafting when log(sum of the beam's path probabilities) falls below this (default -0.3).", rich_help_panel='ddd only')]
-DddCheckEvery = Annotated[Optional[int], typer.Option("--ddd-check-every", help="ddd: expansions between two checks of the heuristic (default 2; each check is one host read).", rich_help_panel='ddd only')]
-DddMinDepth = Annotated[Optional[int], typer.Option("--ddd-min-depth", help="ddd: expansions before the first check (default 4).", rich_help_panel='ddd only')]
-DddMaxDepth = Annotated[Optional[int], typer.Option("--ddd-max-depth", help="ddd: most expansions (default 10).", rich_help_panel='ddd only')]
-DynamicDepth = Annotated[Optional[float], typer.Option("--dynamic-depth", help="sd/lantern++: cut the static tree at the first depth whose best drafted path probability is below this threshold (e.g. 0.2); off by default. Read by: " + readers("dynamic_depth") + ".", rich_help_panel='Drafting (read by the methods named)')]
 Classes = Annotated[Optional[str], typer.Option("--classes", help="Comma-separated class ids, cycled over the images (c2i).", rich_help_panel='Workload')]
 Prompts = Annotated[Optional[str], typer.Option("--prompts", help="Text file, one prompt per line (t2i; needs --t5-path).", rich_help_panel='Workload')]
 T5Path = Annotated[Optional[str], typer.Option("--t5-path", help="Local T5 encoder directory (flan-t5-xl for LlamaGen t2i).", rich_help_panel='Workload')]
@@ -64,45 +39,45 @@ NumImages = Annotated[Optional[int], typer.Option("--num-images", help="Images t
 Seed = Annotated[int, typer.Option("--seed", help="Run seed; image i uses a seed derived from (seed, i).", rich_help_panel='Workload')]
 
 
-@dataclass
-class MethodFlags:
-    """The method/sampling flags as given (None = not given)."""
+def method_parameters(only: Sequence[str] | None = None) -> list[inspect.Parameter]:
+    """Typer parameters for the method options (`runtime.method_options.METHOD_OPTIONS`, or those
+    named in `only`), each `--flag` with its help, panel and readers, default None (unset: the
+    profile's, then the model's, then the code default)."""
+    chosen = METHOD_OPTIONS if only is None else [OPTIONS_BY_NAME[name] for name in only]
+    return [inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                              annotation=Annotated[Optional[o.kind], typer.Option(  # type: ignore[name-defined]
+                                  o.cli_flag, help=o.cli_help, rich_help_panel=o.panel)])
+            for o in chosen]
 
-    greedy: bool | None = None
-    temperature: float | None = None
-    top_k: int | None = None
-    top_p: float | None = None
-    cfg: float | None = None
-    cfg_interval: int | None = None
-    tree: str | None = None
-    lantern_k: int | None = None
-    lantern_delta: float | None = None
-    lantern_lambda: float | None = None
-    relax_rule: str | None = None
-    depth: int | None = None
-    top_k_draft: int | None = None
-    total_tokens: int | None = None
-    window: int | None = None
-    init: str | None = None
-    coupling: str | None = None
-    proactive: str | None = None
-    accept: str | None = None
-    group_window: int | None = None
-    group_gap: float | None = None
-    group_dist: float | None = None
-    ddd_threshold: float | None = None
-    ddd_check_every: int | None = None
-    ddd_min_depth: int | None = None
-    ddd_max_depth: int | None = None
-    dynamic_depth: float | None = None
 
-    @classmethod
-    def pick(cls, params: dict[str, Any]) -> "MethodFlags":
-        """The method flags among a command's parameters (its `locals()`)."""
-        return cls(**{f.name: params[f.name] for f in fields(cls)})
+def with_method_options(only: Sequence[str] | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator for a command taking `flags: MethodFlags`: its command line gets the method
+    options in place of `flags` (every option, or those in `only`), and the function receives
+    them as one `MethodFlags`. The options are declared once, in `runtime.method_options`."""
 
-    def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        signature = inspect.signature(fn)
+        params = list(signature.parameters.values())
+        at = [p.name for p in params].index("flags")
+        generated = method_parameters(only)
+        names = [p.name for p in generated]
+
+        @functools.wraps(fn)
+        def command(**kwargs: Any) -> Any:
+            given = {name: kwargs.pop(name, None) for name in names}
+            return fn(**kwargs, flags=MethodFlags(**given))
+
+        # annotations resolved here (the command's module may postpone them as strings)
+        hints = typing.get_type_hints(fn, include_extras=True)
+        keyword = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=hints.get(p.name, p.annotation))
+                   for p in params]
+        command.__signature__ = signature.replace(parameters=keyword[:at] + generated + keyword[at + 1:],  # type: ignore[attr-defined]
+                                                  return_annotation=None)
+        command.__annotations__ = {p.name: p.annotation for p in keyword[:at] + generated + keyword[at + 1:]}
+        del command.__wrapped__  # typer reads the signature above, not fn's
+        return command
+
+    return wrap
 
 
 def open_backend(device: str, profile_name: str | None, graph: bool | None, dtype: str | None,

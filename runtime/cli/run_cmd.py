@@ -25,6 +25,7 @@ RESULT_SCHEMA_VERSION = 1
 
 
 @app.command("run")
+@opt.with_method_options()
 def run(
     out: str = typer.Option("out", "--out", help="Output folder: new or empty, or an earlier run's with --force (replaced whole)."),
     force: bool = typer.Option(False, "--force", help="Replace an earlier run in --out (the whole folder)."),
@@ -41,34 +42,8 @@ def run(
     graph: opt.Graph = None,
     dtype: opt.Dtype = None,
     method: opt.Method = None,
-    greedy: opt.Greedy = None,
-    temperature: opt.Temperature = None,
-    top_k: opt.TopK = None,
-    top_p: opt.TopP = None,
-    cfg: opt.Cfg = None,
-    cfg_interval: opt.CfgInterval = None,
+    flags: opt.MethodFlags = None,  # every method option (runtime.method_options)
     attention: opt.Attention = "auto",
-    tree: opt.Tree = None,
-    lantern_k: opt.LanternK = None,
-    lantern_delta: opt.LanternDelta = None,
-    lantern_lambda: opt.LanternLambda = None,
-    relax_rule: opt.RelaxRule = None,
-    depth: opt.Depth = None,
-    top_k_draft: opt.TopKDraft = None,
-    total_tokens: opt.TotalTokens = None,
-    window: opt.Window = None,
-    init: opt.Init = None,
-    coupling: opt.Coupling = None,
-    proactive: opt.Proactive = None,
-    accept: opt.Accept = None,
-    group_window: opt.GroupWindow = None,
-    group_gap: opt.GroupGap = None,
-    group_dist: opt.GroupDist = None,
-    ddd_threshold: opt.DddThreshold = None,
-    ddd_check_every: opt.DddCheckEvery = None,
-    ddd_min_depth: opt.DddMinDepth = None,
-    ddd_max_depth: opt.DddMaxDepth = None,
-    dynamic_depth: opt.DynamicDepth = None,
     classes: opt.Classes = None,
     prompts: opt.Prompts = None,
     t5_path: opt.T5Path = None,
@@ -82,7 +57,6 @@ def run(
     from runtime.models.layers import set_attention_kernel
     from runtime.pipeline import load_model, make_decoder, resolve_spec, run_generation, sampling_sources
 
-    flags = opt.MethodFlags.pick(locals())
     opt.check_num_images(num_images)
     if not out.strip():
         raise UserError("--out is empty; give the output folder's path")

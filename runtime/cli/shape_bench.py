@@ -46,7 +46,7 @@ def bench_shape(args: dict[str, Any]) -> None:
     if args["iterations"] < 2:
         raise UserError(f"--iterations must be >= 2, got {args['iterations']}")
     backend, prof = opt.open_backend(args["device"], args["profile_name"], args["graph"], args["dtype"])
-    flags = opt.MethodFlags.pick(args).as_dict()
+    flags = args["flags"].as_dict()
     if (args["tau_from"] is None) == (args["tau"] is None):
         raise UserError("--shape needs the tau of a trained model: --tau-from RESULT.json (every run in it) or "
                         "--tau X with one method in --methods")

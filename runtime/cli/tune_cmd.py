@@ -15,6 +15,8 @@ from runtime.errors import UserError
 
 
 @app.command("tune")
+@opt.with_method_options(only=("greedy", "temperature", "top_k", "top_p", "cfg", "lantern_k", "lantern_lambda",
+                                 "relax_rule"))
 def tune_cmd(
     out: Path = typer.Option(..., "--out", help="Profile to write, e.g. profiles/my-cpu.toml (a NAME.tree.toml and NAME.tune.json go beside it)."),
     device: opt.Device = "auto",
@@ -30,14 +32,7 @@ def tune_cmd(
     graph: opt.Graph = None,
     dtype: opt.Dtype = None,
     method: Optional[str] = typer.Option("lantern++", "--method", help="Method whose tree is tuned: lantern++ or sd."),
-    greedy: opt.Greedy = None,
-    temperature: opt.Temperature = None,
-    top_k: opt.TopK = None,
-    top_p: opt.TopP = None,
-    cfg: opt.Cfg = None,
-    lantern_k: opt.LanternK = None,
-    lantern_lambda: opt.LanternLambda = None,
-    relax_rule: opt.RelaxRule = None,
+    flags: opt.MethodFlags = None,  # the sampling and relaxation options it calibrates with
     batch_size: opt.BatchSize = None,
     classes: opt.Classes = None,
     num_images: Optional[int] = typer.Option(8, "--num-images", help="Calibration images (classes cycled)."),
@@ -70,9 +65,7 @@ def tune_cmd(
         raise UserError(f"--method {method}: runtime tune chooses a static tree, for lantern++ or sd")
     thresholds = _thresholds(ddd_thresholds)
 
-    full = opt.MethodFlags(greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, cfg=cfg,
-                           lantern_k=lantern_k, lantern_lambda=lantern_lambda,
-                           relax_rule=relax_rule).as_dict()
+    full = flags.as_dict()
     backend, prof = opt.open_backend(device, profile_name, graph, dtype)
     loaded = load_model(model=model, gpt_model=gpt_model, gpt_ckpt=gpt_ckpt, vq_ckpt=vq_ckpt, image_size=image_size,
                         drafter=drafter, gpt_type=gpt_type, trust=trust_checkpoint, device=backend.device,

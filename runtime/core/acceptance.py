@@ -457,39 +457,39 @@ def _sampled_stages(tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor, tree
     per-node shifts (B, N+1: the parent's) and a function giving the bonus rows (B, V) of the
     given parents (B,) after all their children were rejected.
     """
-    lay = tree.stages
-    rows0 = lay.rows[0]
-    p_sorted = p[:, lay.order]  # (B, P, V) in stage order
-    r, qm = p_sorted[:, :rows0], q[:, lay.order[:rows0]]
-    xs = tokens[:, lay.child[:rows0]]  # (B, rows0, K); a missing child (the root's token) is never read
+    stages = tree.stages
+    rows0 = stages.rows[0]
+    p_sorted = p[:, stages.order]  # (B, P, V) in stage order
+    r, qm = p_sorted[:, :rows0], q[:, stages.order[:rows0]]
+    xs = tokens[:, stages.child[:rows0]]  # (B, rows0, K); a missing child (the root's token) is never read
     q_x = qm.gather(2, xs)  # q(x_s)
     left = (1.0 - (q_x.cumsum(-1) - q_x)).clamp(min=_EPS)  # W_s: q's mass before stage s
     qs_x = q_x / left  # q_s(x_s)
     shift = None
     if relax.active:
         r, shift = relaxed_mixture(r, qm, relax)
-    t_x, z, last = [], [], []  # R_s(x_s), Z_s (s >= 1), the bonus rows
-    for s, n in enumerate(lay.rows):
+    target_x, z, last = [], [], []  # R_s(x_s), Z_s (s >= 1), the bonus rows
+    for s, n in enumerate(stages.rows):
         r, qm, x = r[:, :n], qm[:, :n], xs[:, :n, s, None]
-        t_x.append(r.gather(2, x).squeeze(2))
+        target_x.append(r.gather(2, x).squeeze(2))
         if s == 0:  # R_0 = r sums to 1
             r = torch.addcdiv(r, qm, left[:, :n, :1], value=-1.0).clamp(min=0.0)
         else:
             r = torch.addcmul(r, qm, z[-1][:, :n] / left[:, :n, s, None], value=-1.0).clamp(min=0.0)
-        if s + 1 < len(lay.rows):
+        if s + 1 < len(stages.rows):
             z.append(r.sum(-1, keepdim=True))
-        last.append(r[:, lay.rows[s + 1] if s + 1 < len(lay.rows) else 0:])  # parents whose last child this is
-    t_all = torch.cat(t_x, 1)  # (B, sum(rows)) in stage-major order
+        last.append(r[:, stages.rows[s + 1] if s + 1 < len(stages.rows) else 0:])  # parents whose last child this is
+    t_all = torch.cat(target_x, 1)  # (B, sum(rows)) in stage-major order
     if z:  # t_s(x_s) = R_s(x_s) / Z_s
-        z_all = torch.cat([z_s[:, :n, 0] for z_s, n in zip(z, lay.rows[1:])], 1).clamp(min=_EPS)
+        z_all = torch.cat([z_s[:, :n, 0] for z_s, n in zip(z, stages.rows[1:])], 1).clamp(min=_EPS)
         t_all = torch.cat([t_all[:, :rows0], t_all[:, rows0:] / z_all], 1)
-    q_all = torch.cat([qs_x[:, :n, s] for s, n in enumerate(lay.rows)], 1)
+    q_all = torch.cat([qs_x[:, :n, s] for s, n in enumerate(stages.rows)], 1)
     # min(1, t/q); a sample outside the proposal's support (q exhausted) is never accepted
-    a = (t_all.minimum(q_all) / q_all.clamp(min=torch.finfo(q_all.dtype).tiny))[:, lay.node_slot]
-    node_shift = shift[:, lay.parent_row] if shift is not None else torch.zeros_like(a)
+    a = (t_all.minimum(q_all) / q_all.clamp(min=torch.finfo(q_all.dtype).tiny))[:, stages.node_slot]
+    node_shift = shift[:, stages.parent_row] if shift is not None else torch.zeros_like(a)
     # bonus rows, stage order: parents with K children come from the last stage, ..., leaves keep p
     bonus_table = torch.cat(last[::-1] + [p_sorted[:, rows0:]], 1)
-    return a, node_shift, lambda best, rows: bonus_table[rows, lay.position[best]]
+    return a, node_shift, lambda best, rows: bonus_table[rows, stages.position[best]]
 
 
 def _budget(rx: torch.Tensor, z: torch.Tensor, nbm: torch.Tensor, relax: Relaxation
@@ -558,13 +558,13 @@ def _paper_sampled_stages(tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor
     skipped, as in the reference. Returns per-node acceptance probabilities (B, N+1),
     per-node shifts c_s / z (B, N+1) and the bonus-row function.
     """
-    lay = tree.stages
+    stages = tree.stages
     v = p.size(-1)
-    rows0 = lay.rows[0]
-    p_sorted = p[:, lay.order]  # (B, P, V) in stage order
+    rows0 = stages.rows[0]
+    p_sorted = p[:, stages.order]  # (B, P, V) in stage order
     res = F.pad(p_sorted[:, :rows0], (0, 1))  # (B, rows0, V+1); token V: mass 0
-    qm = F.pad(q[:, lay.order[:rows0]], (0, 1))
-    xs = tokens[:, lay.child[:rows0]]  # (B, rows0, K); a missing child (the root's token) is never read
+    qm = F.pad(q[:, stages.order[:rows0]], (0, 1))
+    xs = tokens[:, stages.child[:rows0]]  # (B, rows0, K); a missing child (the root's token) is never read
     read = torch.cat([xs[..., None], relax.padded[xs]], -1)  # (B, rows0, K, 1 + k)
     clear = relax.clear_padded[xs]  # (B, rows0, K, k + 2): x, then its k+1 nearest codes
     q_x = qm.gather(2, xs)
@@ -573,7 +573,7 @@ def _paper_sampled_stages(tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor
     drawn = qs_x > 0
     z = res.sum(-1)
     masses, gains, totals, last = [], [], [], []
-    for s, n in enumerate(lay.rows):
+    for s, n in enumerate(stages.rows):
         res, qm, z = res[:, :n], qm[:, :n], z[:, :n]
         m = res.gather(2, read[:, :n, s])
         c, used = _budget(m[..., 0], z, m[..., 1:], relax)
@@ -585,15 +585,15 @@ def _paper_sampled_stages(tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor
         scale = torch.where(drawn[:, :n, s], z / left[:, :n, s], 0.0)  # an undrawn stage changes nothing
         res = torch.addcmul(res, qm.scatter(2, cleared, 0.0), scale[..., None], value=-1.0).clamp(min=0.0)
         z = res.sum(-1)
-        last.append(res[:, lay.rows[s + 1] if s + 1 < len(lay.rows) else 0:, :v])
+        last.append(res[:, stages.rows[s + 1] if s + 1 < len(stages.rows) else 0:, :v])
     rx, c = torch.cat(masses, 1), torch.cat(gains, 1)
     z_all = torch.cat(totals, 1).clamp(min=_EPS)
-    q_all = torch.cat([qs_x[:, :n, s] for s, n in enumerate(lay.rows)], 1)
+    q_all = torch.cat([qs_x[:, :n, s] for s, n in enumerate(stages.rows)], 1)
     # min(1, t/q); a sample outside the proposal's support (q exhausted) is never accepted
     a = ((rx + c) / z_all).minimum(q_all) / q_all.clamp(min=torch.finfo(q_all.dtype).tiny)
     node_shift = c / z_all
     bonus_table = torch.cat(last[::-1] + [p_sorted[:, rows0:]], 1)
-    return a[:, lay.node_slot], node_shift[:, lay.node_slot], lambda best, rows: bonus_table[rows, lay.position[best]]
+    return a[:, stages.node_slot], node_shift[:, stages.node_slot], lambda best, rows: bonus_table[rows, stages.position[best]]
 
 
 @dataclass(frozen=True)

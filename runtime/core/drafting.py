@@ -520,7 +520,7 @@ class DynamicTreePolicy(DrafterPolicy):
         self._floor_logq = loop.constrain is not None or (
             not params.greedy and (params.top_k > 0 or params.top_p < 1.0))
         # the frontier between segments (ddd)
-        self.fr = {"tok": torch.zeros(b, k, dtype=torch.long, device=dev), "score": torch.zeros(b, k, device=dev),
+        self.frontier = {"tok": torch.zeros(b, k, dtype=torch.long, device=dev), "score": torch.zeros(b, k, device=dev),
                    "hidden": torch.zeros(loop.rows, k, loop.drafter.config.hidden_size, device=dev, dtype=loop.dtype),
                    "mask": torch.zeros(loop.rows, 1, k, self.dcache.capacity, device=dev,
                                        dtype=self.dcache.k_all.dtype)}
@@ -566,7 +566,7 @@ class DynamicTreePolicy(DrafterPolicy):
         """Expansions first+1..last, their candidate blocks (tokens, scores, frontier ids)
         written into the candidate buffers by the ops that make them; returns the last frontier
         (None after the last expansion). `start` begins with the drafter's level 0 and the
-        root's top-k. The frontier lives in locals within a segment and in `self.fr` between
+        root's top-k. The frontier lives in locals within a segment and in `self.frontier` between
         segments (ddd, `_run_segment`)."""
         k, checks = self.loop.spec.top_k_draft, self.loop.spec.ddd_checks
         # RoPE rows, slots and "sees itself" masks of every drafted node, once (the drafter
@@ -575,19 +575,19 @@ class DynamicTreePolicy(DrafterPolicy):
         root = self._level0() if start else None  # (rows, dim); advances the drafter cache
         own = dc.additive_mask_from(dc.mask_columns(e * k), e * k, self._c["eye_all"])  # (rows, 1, E*k, cap)
         ctx = (self.loop.drafter.rope_rows(dc.length[:, None] + self.level_offsets), dc.block_slots(e * k), own)
-        fr = self._root(root, own) if root is not None else dict(self.fr)
+        frontier = self._root(root, own) if root is not None else dict(self.frontier)
         for level in range(first + 1, last + 1):
-            fr = self._expand(level, fr, ctx)
+            frontier = self._expand(level, frontier, ctx)
         if last in checks:  # DDD's heuristic: log of the beam's summed path probability
-            self.alive &= torch.logsumexp(fr["score"], dim=-1) >= self.threshold
-        return fr
+            self.alive &= torch.logsumexp(frontier["score"], dim=-1) >= self.threshold
+        return frontier
 
     def _run_segment(self, first: int, last: int, start: bool = False) -> None:
         """ddd: one segment, then its frontier kept for the next."""
-        fr = self._segment(first, last, start)
-        if fr is not None:
+        frontier = self._segment(first, last, start)
+        if frontier is not None:
             for name in ("tok", "score", "hidden", "mask"):
-                self.fr[name].copy_(fr[name])
+                self.frontier[name].copy_(frontier[name])
 
     def _block(self, level: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Views of expansion `level`'s candidate block (B, k, k) in `cand_tok`, `cand_score`
@@ -619,9 +619,9 @@ class DynamicTreePolicy(DrafterPolicy):
         return {"tok": tok, "score": score,
                 "hidden": root[:, None].expand(-1, k, -1), "mask": own[:, :, :k]}
 
-    def _expand(self, level: int, fr: dict[str, torch.Tensor], ctx: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    def _expand(self, level: int, frontier: dict[str, torch.Tensor], ctx: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
                 ) -> dict[str, torch.Tensor] | None:
-        """One EAGLE-2 expansion: the frontier (its attention mask fr["mask"] (rows, 1, k, cap):
+        """One EAGLE-2 expansion: the frontier (its attention mask frontier["mask"] (rows, 1, k, cap):
         the committed slots, its ancestors' slots and its own) through the drafter, its k*k
         children scored into the candidate block of `level`; returns the best k of them as the
         next frontier (None after the last expansion, whose frontier nothing reads; its ids go
@@ -630,12 +630,12 @@ class DynamicTreePolicy(DrafterPolicy):
         loop, b, checks = self.loop, self.loop.batch, self.loop.spec.ddd_checks
         k = loop.spec.top_k_draft
         rot_all, slots_all, own = ctx
-        out = loop.drafter.forward_block(loop.expand_rows(fr["tok"]), fr["hidden"],
+        out = loop.drafter.forward_block(loop.expand_rows(frontier["tok"]), frontier["hidden"],
                                          rot_all[:, level - 1:level].expand(-1, k, *rot_all.shape[2:]),
-                                         slots_all[:, (level - 1) * k: level * k], fr["mask"], self.dcache)
+                                         slots_all[:, (level - 1) * k: level * k], frontier["mask"], self.dcache)
         tok, score = self._block(level)  # (B, k, k) views
         torch.topk(self._log_q(out, level), k, dim=-1, out=(score, tok))
-        parent = fr["score"][..., None]
+        parent = frontier["score"][..., None]
         torch.minimum(parent + score, _below_negative(parent), out=score)
         scores, ch_tok = score.view(b, -1), tok.view(b, -1)
         if checks and level > checks[0]:  # an image that stopped adds nothing
@@ -650,7 +650,7 @@ class DynamicTreePolicy(DrafterPolicy):
         ids = self.cand_fid[:, 1 + level * k: 1 + (level + 1) * k]
         torch.topk(scores, k, out=(best_score, ids))  # (B, k)
         parent_rows = loop.expand_rows(ids // k)  # (rows, k): each one's parent in the frontier
-        mask = fr["mask"]
+        mask = frontier["mask"]
         # a child sees what its parent saw, and itself
         seen = mask.gather(2, parent_rows[:, None, :, None].expand(-1, 1, -1, mask.size(-1)))
         return {"tok": ch_tok.gather(1, ids), "score": best_score,
