@@ -75,6 +75,7 @@ COMMAND_MODULES: list[str] = [
     "runtime.cli.bench_cmd",
     "runtime.cli.selfcheck_cmd",
     "runtime.cli.tune_cmd",
+    "runtime.cli.serve_cmd",
 ]
 
 

@@ -158,11 +158,13 @@ def bench_table(result: Any, path: Path) -> Any:
     for col in ("tau", "depth", "speedup [95% CI]", "img/s", "tvd"):
         table.add_column(col, no_wrap=True, justify="right")
     for run in result.runs:
-        detail = run.params.label()
+        lines = [run.params.label()] if run.params.label() != "-" else []
         if run.quality.measured:
-            detail += f"\nquality: {quality_text(run, own_only=True)}"
+            lines.append(f"quality: {quality_text(run, own_only=True)}")
+        detail = "\n".join(lines)
         depth, tvd = run.stats.mean_drafted_depth, run.stats.step_tvd
-        table.add_row(f"[bold]{run.method}[/]\n[dim]{detail}[/]", f"{run.stats.mean_accepted_length:.2f}",
+        table.add_row(f"[bold]{run.method}[/]" + (f"\n[dim]{detail}[/]" if detail else ""),
+                      f"{run.stats.mean_accepted_length:.2f}",
                       "-" if not depth else f"{depth:.2f}",
                       speedup_text(run, ar_baseline(result.runs, run.params.batch_size)),
                       f"{run.images_per_s:.3f}", "-" if tvd is None else f"{tvd:.3f}")

@@ -502,50 +502,97 @@ class Decoder:
         its slot starts the next. Returns each image's tokens (block_size,) on the device and
         statistics, in workload order; `on_image(j, tokens, stats)` is called as each is done.
         With fewer than B images the spare slots decode a copy of the last one, unused."""
-        if not conds:
-            return [], []
+        n = len(conds)
+        tokens: list[torch.Tensor | None] = [None] * n
+        stats: list[ImageStats | None] = [None] * n
+        order = iter(range(n))
+
+        def next_image() -> tuple[int, torch.Tensor, torch.Tensor | None, int] | None:
+            j = next(order, None)
+            return None if j is None else (j, *conds[j])
+
+        def done(j: int, t: torch.Tensor, s: ImageStats) -> None:
+            tokens[j], stats[j] = t, s
+            if on_image is not None:
+                on_image(j, t, s)
+
+        self.generate_stream(next_image, done)
+        return tokens, stats  # type: ignore[return-value]
+
+    def generate_stream(self, next_image: Callable[[], tuple[Any, torch.Tensor, torch.Tensor | None, int] | None],
+                        on_image: Callable[[Any, torch.Tensor, ImageStats], None], *,
+                        wait: Callable[[], tuple[Any, torch.Tensor, torch.Tensor | None, int] | None] | None = None,
+                        cancelled: Callable[[Any], bool] | None = None) -> None:
+        """Continuous batching: images join free slots between steps and leave when done.
+
+        next_image() -> (key, cond, mask, seed) or None (nothing waiting), asked whenever a slot
+        is free: when an image is done, and before each step for slots with no image. on_image(key,
+        tokens (block_size,) on the device, stats) as each image is done. wait() blocks until an
+        image arrives (returns it) or the caller stops (None); without it the loop ends when every
+        slot is free and next_image() has nothing. cancelled(key): the image's slot is freed before
+        the next step (its tokens are dropped). An image's tokens depend only on its seed, not on
+        when it joined or what decodes beside it."""
         timer = self._timer()
-        b, n = self.batch, len(conds)
-        first = [conds[min(i, n - 1)] for i in range(b)]
-        cond = torch.cat([c for c, _, _ in first])
-        mask = None if first[0][1] is None else torch.cat([m for _, m, _ in first])
+        b = self.batch
+        first: list[tuple[Any, torch.Tensor, torch.Tensor | None, int]] = []
+        while len(first) < b and (item := next_image()) is not None:
+            first.append(item)
+        if not first and (wait is None or (item := wait()) is None):
+            return
+        if not first:
+            first.append(item)
+        padded = [first[min(i, len(first) - 1)] for i in range(b)]  # spare slots decode a copy, unused
+        cond = torch.cat([c for _, c, _, _ in padded])
+        mask = None if padded[0][2] is None else torch.cat([m for _, _, m, _ in padded])
         if not self.captured:
             with timer.phase("capture"):
                 self._capture_steps(cond, mask)
         with timer.phase("prefill"):
-            self.prefill(cond, mask, [seed for _, _, seed in first])
-        holder: list[int | None] = [i if i < n else None for i in range(b)]  # image in each slot
-        queue = list(range(b, n))
-        tokens: list[torch.Tensor | None] = [None] * n
-        stats: list[ImageStats | None] = [None] * n
+            self.prefill(cond, mask, [seed for _, _, _, seed in padded])
+        holder: list[Any] = [first[i][0] if i < len(first) else None for i in range(b)]  # image key per slot
+        busy = [i < len(first) for i in range(b)]
         mark = getattr(self.backend, "mark_step", None)
-        active = torch.tensor([j is not None for j in holder], device=self.device)
+        active = torch.tensor(busy, device=self.device)
+
+        def start(i: int, item: tuple[Any, torch.Tensor, torch.Tensor | None, int]) -> None:
+            key, c, m, seed = item
+            holder[i], busy[i] = key, True
+            active[i] = True
+            with timer.phase("prefill"):
+                self.start_image(i, c, m, seed)
+
+        def free(i: int) -> None:
+            holder[i], busy[i] = None, False
+            active[i] = False
+
         while True:
             if bool(((self.count >= self.num_tokens) & active).any()):  # the one host sync per iteration
                 counts = self.count.tolist()  # only when an image is done
                 nonfinite = self.nonfinite.tolist()
             else:
                 counts = None
-            for i, j in enumerate(holder if counts is not None else ()):
-                if j is None or counts[i] < self.num_tokens:
+            for i in range(b if counts is not None else 0):
+                if not busy[i] or counts[i] < self.num_tokens:
                     continue
                 for part, at in zip(MODEL_PARTS, nonfinite):
                     if at[i] != NO_POSITION:
                         raise NonFiniteError(
-                            f"the {part} produced NaN or infinite logits for image {j} at image token {at[i]} "
-                            f"({str(self.dtype).replace('torch.', '')}); decoding stopped. Finite weights overflow "
-                            "in fp16: use --dtype bf16 or fp32")
-                tokens[j], stats[j] = self.out[i, : self.num_tokens].clone(), self._image_stats(i)
-                if on_image is not None:
-                    on_image(j, tokens[j], stats[j])
-                holder[i] = queue.pop(0) if queue else None
-                active[i] = holder[i] is not None
-                if holder[i] is not None:
-                    c, m, seed = conds[holder[i]]
-                    with timer.phase("prefill"):
-                        self.start_image(i, c, m, seed)
-            if all(j is None for j in holder):
-                break
+                            f"the {part} produced NaN or infinite logits for image {holder[i]} at image token "
+                            f"{at[i]} ({str(self.dtype).replace('torch.', '')}); decoding stopped. Finite weights "
+                            "overflow in fp16: use --dtype bf16 or fp32")
+                on_image(holder[i], self.out[i, : self.num_tokens].clone(), self._image_stats(i))
+                free(i)
+                if (item := next_image()) is not None:
+                    start(i, item)
+            for i in range(b):
+                if busy[i] and cancelled is not None and cancelled(holder[i]):
+                    free(i)
+                if not busy[i] and (item := next_image()) is not None:  # a waiting image joins
+                    start(i, item)
+            if not any(busy):
+                if wait is None or (item := wait()) is None:
+                    break
+                start(0, item)
             depth = self.max_depth
             if self._draft_segments:
                 with timer.phase("draft"):
@@ -560,7 +607,6 @@ class Decoder:
                 self._accept_at[depth]()
             if mark is not None:
                 mark()
-        return tokens, stats  # type: ignore[return-value]
 
     @torch.no_grad()
     def generate_one(self, cond: torch.Tensor, cond_mask: torch.Tensor | None = None,

@@ -1,0 +1,84 @@
+"""`runtime serve`: one model and method on one device behind OpenAI's images API (runtime/serve).
+
+SIGTERM (or a first Ctrl-C) stops admitting, lets the requests in flight finish and exits 0; a
+second Ctrl-C exits at once.
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+import typer
+
+from runtime.cli import options as opt
+from runtime.cli.app import app
+from runtime.errors import UserError
+
+
+@app.command("serve")
+@opt.with_method_options()
+def serve(
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
+    port: int = typer.Option(8000, "--port", help="TCP port."),
+    max_queue: int = typer.Option(64, "--max-queue", help="Images waiting for a slot before requests get 429."),
+    timeout: float = typer.Option(600.0, "--timeout", help="Seconds a request may take before it gets 504 (its "
+                                  "images are dropped)."),
+    model: opt.Model = None,
+    gpt_model: opt.GptModel = None,
+    gpt_ckpt: opt.GptCkpt = None,
+    gpt_type: opt.GptType = "c2i",
+    vq_ckpt: opt.VqCkpt = None,
+    image_size: opt.ImageSize = None,
+    drafter: opt.DrafterDir = None,
+    trust_checkpoint: opt.Trust = False,
+    device: opt.Device = "auto",
+    profile_name: opt.ProfileName = None,
+    graph: opt.Graph = None,
+    dtype: opt.Dtype = None,
+    method: opt.Method = None,
+    flags: opt.MethodFlags = None,  # every method option (runtime.method_options)
+    attention: opt.Attention = "auto",
+    batch_size: opt.BatchSize = None,
+) -> None:
+    """Serve image generation over HTTP (OpenAI images API, continuous batching, /metrics)."""
+    import logging
+
+    from runtime.models.layers import set_attention_kernel
+    from runtime.pipeline import load_model, resolve_spec
+    from runtime.serve import build_server
+
+    if not 0 < port < 65536:
+        raise UserError(f"--port must be in [1, 65535], got {port}")
+    if max_queue < 1:
+        raise UserError(f"--max-queue must be >= 1, got {max_queue}")
+    if not timeout > 0:
+        raise UserError(f"--timeout must be > 0 seconds, got {timeout}")
+    try:
+        import uvicorn
+    except ImportError:
+        raise UserError("runtime serve needs the serve extra: pip install 'lantern-runtime[serve]' "
+                        "(FastAPI, uvicorn, prometheus-client)") from None
+    set_attention_kernel(attention)
+    backend, prof = opt.open_backend(device, profile_name, graph, dtype)
+    loaded = load_model(model=model, gpt_model=gpt_model, gpt_ckpt=gpt_ckpt, vq_ckpt=vq_ckpt, image_size=image_size,
+                        drafter=drafter, gpt_type=gpt_type, trust=trust_checkpoint, device=backend.device,
+                        dtype=backend.dtype)
+    spec = resolve_spec(method, flags.as_dict(), prof, loaded.recommended)
+    batch = opt.batch_size(batch_size, prof)
+    web, engine, served = build_server(loaded, spec, backend, batch_size=batch, max_queue=max_queue,
+                                       timeout_s=timeout)
+
+    logging.getLogger("runtime").info("serving %s with %s on %s:%d (batch %d)", loaded.name, spec.method, host,
+                                      port, batch)
+    server = uvicorn.Server(uvicorn.Config(web, host=host, port=port, log_level="warning", lifespan="on",
+                                           timeout_graceful_shutdown=max(timeout, 1.0)))
+    # uvicorn handles SIGTERM / SIGINT itself (graceful, then forced on a second Ctrl-C) and
+    # raises them again once done: a drained SIGTERM is a clean exit here
+    previous: dict[int, Any] = {signal.SIGTERM: signal.signal(signal.SIGTERM, lambda *_: None)}
+    try:
+        server.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        engine.stop(drain=False, timeout=5)

@@ -1,0 +1,28 @@
+"""`runtime serve`: speculative image generation as an HTTP service (engine.py: continuous
+batching over the captured decoder; api.py: OpenAI's images API, health, readiness, metrics)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def build_server(loaded: Any, spec: Any, backend: Any, *, batch_size: int, max_queue: int, timeout_s: float,
+                 warm_up: bool = True) -> tuple[Any, Any, Any]:
+    """(FastAPI app, engine, served) for a loaded model and a resolved method; the engine thread
+    is started, and captures its steps on one thrown-away image first when `warm_up`."""
+    from runtime import __version__
+    from runtime.pipeline import make_decoder
+    from runtime.serve.api import Served, create_app
+    from runtime.serve.engine import Engine, Job
+
+    if loaded.config.model_type != "c2i" or loaded.prompt_encoder is not None:
+        from runtime.errors import UserError
+
+        raise UserError("runtime serve serves class-conditional models for now (the demo, LlamaGen c2i); "
+                        "generate from text prompts with runtime run --prompts")
+    decoder = make_decoder(loaded, spec, backend, batch_size=batch_size)
+    engine = Engine(decoder, backend.device, max_queue=max_queue)
+    served = Served(loaded, spec, batch_size=batch_size, timeout_s=timeout_s, version=__version__)
+    app = create_app(engine, served)
+    engine.start(warm_up=Job("warm-up", 0, 0, 0) if warm_up else None)
+    return app, engine, served

@@ -1,0 +1,258 @@
+"""The HTTP API of `runtime serve`: OpenAI's images API on FastAPI, plus health, readiness and
+Prometheus metrics.
+
+    POST /v1/images/generations   {"prompt": "3" | "stripes", "n": 2, "seed": 7, ...}
+        -> {"created": ..., "data": [{"b64_json": PNG, "index": 0, "seed": ..., "stats": {...}}]}
+    GET  /health    200 while the process runs
+    GET  /ready     200 once the steps are captured and warm, 503 before and while draining
+    GET  /metrics   Prometheus text: queue depth, busy slots, images, tau, latency and queue time
+
+Image i of a request with seed S uses the seed `derive_seed(S, i)`, as image i of `runtime run
+--seed S` does, so the same request gives the same tokens (and, decoded alone, the same image) as
+`runtime run --seed S --classes C --num-images 1`. Sampling settings are those the server's steps
+were captured with; a request may restate them (`cfg`, `temperature`, `top_k`) but not change them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import io
+import secrets
+import time
+import uuid
+from typing import Any, Literal
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from runtime.serve.engine import Engine, Job, QueueFull
+from runtime.serve.metrics import ServeMetrics
+
+MAX_IMAGES_PER_REQUEST = 16
+
+
+class ImageRequest(BaseModel):
+    """OpenAI's images request, and this server's extensions (`seed`, `return_tokens`, ...)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: str = Field(..., min_length=1, description="A class id ('3') or class name ('stripes') of the "
+                        "class-conditional model being served.")
+    n: int = Field(1, ge=1, le=MAX_IMAGES_PER_REQUEST, description="Images to generate.")
+    response_format: Literal["b64_json"] = Field("b64_json", description="Only b64_json: PNG bytes, base64.")
+    model: str | None = Field(None, description="Ignored unless given: must name the model being served.")
+    size: str | None = Field(None, description="Ignored unless given: must be the model's size, e.g. '256x256'.")
+    seed: int | None = Field(None, ge=0, lt=2**63, description="Run seed; image i uses a seed derived from "
+                             "(seed, i), as `runtime run --seed`. Default: a random one, returned.")
+    cfg: float | None = Field(None, description="Must equal the server's guidance scale if given.")
+    temperature: float | None = Field(None, description="Must equal the server's temperature if given.")
+    top_k: int | None = Field(None, description="Must equal the server's top-k if given.")
+    return_tokens: bool = Field(False, description="Also return each image's VQ tokens.")
+    user: str | None = None
+
+
+class ImageStats(BaseModel):
+    tau: float = Field(description="Tokens per target forward for this image.")
+    latency_s: float = Field(description="Seconds from queued to done.")
+    queue_s: float = Field(description="Seconds waiting for a slot.")
+
+
+class ImageData(BaseModel):
+    b64_json: str
+    index: int
+    seed: int
+    class_id: int
+    revised_prompt: str | None = None
+    tokens: list[int] | None = None
+    stats: ImageStats
+
+
+class ImagesResponse(BaseModel):
+    created: int
+    data: list[ImageData]
+
+
+class ErrorBody(BaseModel):
+    error: dict[str, Any]
+
+
+def create_app(engine: Engine, served: "Served") -> Any:
+    """The FastAPI application over a started `engine` and what it serves."""
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI):  # type: ignore[no-untyped-def]
+        yield
+        # shutdown: the ASGI server has stopped admitting and finished the requests in flight
+        served.draining = True
+        await asyncio.get_running_loop().run_in_executor(None, engine.stop)
+
+    app = FastAPI(title="lantern-runtime", version=served.version, lifespan=lifespan,
+                  description="Speculative visual autoregressive image generation (OpenAI images API).")
+    metrics = ServeMetrics(engine, served.method)
+    app.state.metrics = metrics
+
+    def error(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> JSONResponse:
+        return JSONResponse({"error": {"message": message, "type": kind}}, status_code=status, headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        return error(422, f"{where}: {first.get('msg', 'invalid')}" if where else first.get("msg", "invalid"),
+                     "invalid_request_error")
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/ready", responses={503: {"model": ErrorBody}})
+    async def ready() -> Any:
+        if not engine.ready.is_set() or served.draining:
+            return error(503, "warming up" if not engine.ready.is_set() else "draining", "unavailable")
+        return {"status": "ready", "method": served.method, "model": served.model, "batch_size": served.batch_size}
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    async def prometheus() -> PlainTextResponse:
+        body, content_type = metrics.render()
+        return PlainTextResponse(body, media_type=content_type)
+
+    @app.post("/v1/images/generations", response_model=ImagesResponse,
+              responses={422: {"model": ErrorBody}, 429: {"model": ErrorBody}, 503: {"model": ErrorBody},
+                         504: {"model": ErrorBody}})
+    async def generate(body: ImageRequest, request: Request) -> Any:
+        problem = served.check(body)
+        if problem is not None:
+            return error(422, problem, "invalid_request_error")
+        if served.draining or not engine.ready.is_set():
+            return error(503, "the server is not ready (warming up or draining)", "unavailable",
+                         {"Retry-After": "5"})
+        label = served.label(body.prompt)
+        seed = body.seed if body.seed is not None else secrets.randbelow(2**31)
+        rid = uuid.uuid4().hex
+        jobs = [Job(rid, i, label, served.image_seed(seed, i)) for i in range(body.n)]
+        try:
+            engine.submit(jobs)
+        except QueueFull as full:
+            metrics.rejected.inc()
+            return error(429, str(full), "rate_limit_error", {"Retry-After": str(int(full.retry_after + 0.999))})
+        except RuntimeError as stopping:
+            return error(503, str(stopping), "unavailable")
+        waiting = [asyncio.wrap_future(job.future) for job in jobs]
+        try:
+            done = await _until_done(waiting, request, served.timeout_s)
+        except asyncio.TimeoutError:
+            engine.cancel(rid)
+            return error(504, f"the images were not done within {served.timeout_s:g} s", "timeout")
+        except _Disconnected:
+            engine.cancel(rid)
+            return error(499, "client closed the request", "cancelled")
+        except Exception as err:  # an engine error: this request fails, the server goes on
+            engine.cancel(rid)
+            return error(500, f"generation failed: {err}", "server_error")
+        tokens = [t for t, _ in done]
+        pngs = await asyncio.get_running_loop().run_in_executor(None, served.encode, tokens)
+        data = []
+        for i, (job, (tok, info), png) in enumerate(zip(jobs, done, pngs)):
+            data.append(ImageData(b64_json=png, index=i, seed=job.seed, class_id=label,
+                                  revised_prompt=served.class_name(label),
+                                  tokens=tok.tolist() if body.return_tokens else None,
+                                  stats=ImageStats(tau=info["tau"], latency_s=info["latency_s"],
+                                                   queue_s=info["queue_s"])))
+        return ImagesResponse(created=int(time.time()), data=data).model_dump(exclude_none=True)
+
+    return app
+
+
+class _Disconnected(Exception):
+    pass
+
+
+async def _until_done(waiting: list[asyncio.Future], request: Any, timeout_s: float) -> list[Any]:
+    """The futures' results, checking every 0.25 s whether the client went away."""
+    gathered = asyncio.gather(*waiting)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            gathered.cancel()
+            raise asyncio.TimeoutError
+        try:
+            return await asyncio.wait_for(asyncio.shield(gathered), timeout=min(0.25, left))
+        except asyncio.TimeoutError:
+            if await request.is_disconnected():
+                gathered.cancel()
+                raise _Disconnected from None
+
+
+class Served:
+    """What the server serves, and how a request maps onto it."""
+
+    def __init__(self, loaded: Any, spec: Any, *, batch_size: int, timeout_s: float, version: str) -> None:
+        self.loaded, self.spec = loaded, spec
+        self.model = loaded.name
+        self.method = spec.method
+        self.batch_size = batch_size
+        self.timeout_s = timeout_s
+        self.version = version
+        self.draining = False
+        size = loaded.image_size
+        self.size = f"{size}x{size}"
+
+    def image_seed(self, seed: int, index: int) -> int:
+        from runtime.core.rng import derive_seed
+
+        return derive_seed(seed, index)
+
+    def class_name(self, label: int) -> str | None:
+        names = self.loaded.class_names
+        return names[label] if names is not None and label < len(names) else None
+
+    def label(self, prompt: str) -> int:
+        """The class id of a prompt (`check` has accepted it)."""
+        text = prompt.strip()
+        if text.isdigit():
+            return int(text)
+        return [n.lower() for n in self.loaded.class_names].index(text.lower())
+
+    def check(self, body: ImageRequest) -> str | None:
+        """One line naming what a valid request cannot have, or None."""
+        text = body.prompt.strip()
+        n_classes = self.loaded.num_classes
+        if text.isdigit():
+            if int(text) >= n_classes:
+                return f"prompt: class {text} is out of range; this model has classes 0..{n_classes - 1}"
+        else:
+            names = self.loaded.class_names
+            if names is None or text.lower() not in [n.lower() for n in names]:
+                known = f"one of {', '.join(names)}" if names else f"a class id 0..{n_classes - 1}"
+                return f"prompt: {text!r} is no class of this model; give {known}"
+        if body.model is not None and body.model != self.model:
+            return f"model: this server serves {self.model!r}, not {body.model!r}"
+        if body.size is not None and body.size != self.size:
+            return f"size: this model makes {self.size} images, not {body.size}"
+        s = self.spec.sampling
+        for name, given, actual in (("cfg", body.cfg, s.cfg), ("temperature", body.temperature, s.temperature),
+                                    ("top_k", body.top_k, s.top_k)):
+            if given is not None and given != actual:
+                return (f"{name}: this server's steps were captured at {name} {actual:g}; omit it or restart "
+                        f"the server with --{name.replace('_', '-')} {given:g}")
+        return None
+
+    def encode(self, tokens: list[Any]) -> list[str]:
+        """PNG bytes (base64) of each image's tokens, each decoded on its own (as `runtime run`
+        decodes a one-image run)."""
+        import torch
+        from PIL import Image
+
+        from runtime.pipeline import decode_tokens
+
+        out = []
+        for t in tokens:
+            image = decode_tokens(self.loaded.vq, torch.as_tensor(t)[None])[0]
+            buf = io.BytesIO()
+            Image.fromarray(image).save(buf, format="PNG")
+            out.append(base64.b64encode(buf.getvalue()).decode("ascii"))
+        return out

@@ -1,0 +1,203 @@
+"""The serving engine: one thread drives the captured decoder; requests' images join free slots
+between steps and leave when done (`Decoder.generate_stream`).
+
+An image is a `Job` (its class, seed and a future for its tokens). `Engine.submit` queues a
+request's jobs or refuses them whole when the queue would exceed `max_queue` (the server answers
+429); `Engine.cancel` frees a request's slots before the next step (a client that went away).
+Each image's tokens depend only on its seed (the core's guarantee), so a request's images equal
+`runtime run`'s with the same seed and index whatever else is decoding. An engine error fails
+the jobs it touched and the engine carries on with the queue; the server stays up.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+_log = logging.getLogger("runtime.serve")
+
+
+class QueueFull(Exception):
+    """The queue cannot take a request's images now; retry after `retry_after` seconds."""
+
+    def __init__(self, retry_after: float) -> None:
+        super().__init__(f"queue full; retry after {retry_after:.0f} s")
+        self.retry_after = retry_after
+
+
+@dataclass
+class Job:
+    """One image to make: class id `label`, random stream `seed`; `future` gets
+    (tokens (block_size,) long CPU, stats dict) or the engine's exception."""
+
+    request: str
+    index: int
+    label: int
+    seed: int
+    future: Future = field(default_factory=Future)
+    queued_at: float = field(default_factory=time.perf_counter)
+    started_at: float | None = None
+
+
+@dataclass
+class EngineStats:
+    """Counters the metrics endpoint reads (the engine thread writes them)."""
+
+    images_done: int = 0
+    images_failed: int = 0
+    busy_slots: int = 0
+    accepted_tokens: int = 0
+    target_forwards: int = 0
+
+
+class Engine:
+    """Owns the decoder; `start()` runs its thread, `stop(drain)` ends it (after finishing what is
+    queued and running when `drain`)."""
+
+    def __init__(self, decoder: Any, device: torch.device, *, max_queue: int = 64,
+                 on_done: Callable[[Job, dict[str, Any]], None] | None = None) -> None:
+        self.decoder = decoder
+        self.device = device
+        self.max_queue = max_queue
+        self.on_done = on_done
+        self.stats = EngineStats()
+        self._queue: collections.deque[Job] = collections.deque()
+        self._cv = threading.Condition()
+        self._cancelled: set[str] = set()
+        self._running: dict[int, Job] = {}  # id(job) -> job, for the slots busy now
+        self._stopping = False
+        self._drain = True
+        self._thread: threading.Thread | None = None
+        self._seconds_per_image = 1.0  # a running estimate, for Retry-After
+        self.ready = threading.Event()
+
+    # -- the server's side -------------------------------------------------------------------
+    @property
+    def queue_depth(self) -> int:
+        return len(self._queue)
+
+    def submit(self, jobs: list[Job]) -> None:
+        """Queue a request's jobs, or raise QueueFull (nothing queued) / RuntimeError (stopping)."""
+        with self._cv:
+            if self._stopping:
+                raise RuntimeError("the server is shutting down")
+            if len(self._queue) + len(jobs) > self.max_queue:
+                wait = (len(self._queue) + len(jobs)) * self._seconds_per_image / max(self.decoder.batch, 1)
+                raise QueueFull(max(1.0, wait))
+            self._queue.extend(jobs)
+            self._cv.notify()
+
+    def cancel(self, request: str) -> None:
+        """Drop a request: its queued jobs leave the queue and its running ones free their slots."""
+        with self._cv:
+            self._cancelled.add(request)
+            kept = [j for j in self._queue if j.request != request]
+            dropped = [j for j in self._queue if j.request == request]
+            self._queue = collections.deque(kept)
+        for job in dropped:
+            job.future.cancel()
+
+    def start(self, warm_up: Job | None = None) -> None:
+        """Start the engine thread; `warm_up` (an image decoded and thrown away) captures the
+        steps before `ready` is set."""
+        self._thread = threading.Thread(target=self._run, args=(warm_up,), name="runtime-serve-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, drain: bool = True, timeout: float | None = None) -> None:
+        """Stop admitting; with `drain` finish the queued and running images first, else drop them."""
+        with self._cv:
+            self._stopping, self._drain = True, drain
+            if not drain:
+                for job in self._queue:
+                    job.future.cancel()
+                self._queue.clear()
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    # -- the engine thread ---------------------------------------------------------------------
+    def _item(self, job: Job) -> tuple[Job, torch.Tensor, None, int]:
+        job.started_at = time.perf_counter()
+        self._running[id(job)] = job
+        self.stats.busy_slots = len(self._running)
+        return job, torch.tensor([job.label], device=self.device), None, job.seed
+
+    def _next(self) -> tuple[Job, torch.Tensor, None, int] | None:
+        with self._cv:
+            while self._queue:
+                job = self._queue.popleft()
+                if job.request not in self._cancelled and not job.future.cancelled():
+                    return self._item(job)
+            return None
+
+    def _wait(self) -> tuple[Job, torch.Tensor, None, int] | None:
+        with self._cv:
+            while not self._queue and not self._stopping:
+                self._cv.wait()
+            if self._stopping and (not self._drain or not self._queue):
+                return None
+        return self._next() or self._wait()
+
+    def _is_cancelled(self, job: Job) -> bool:
+        if job.request in self._cancelled or job.future.cancelled():
+            self._release(job)
+            return True
+        return False
+
+    def _release(self, job: Job) -> None:
+        self._running.pop(id(job), None)
+        self.stats.busy_slots = len(self._running)
+
+    def _done(self, job: Job, tokens: torch.Tensor, stats: Any) -> None:
+        self._release(job)
+        now = time.perf_counter()
+        info = {"tau": stats.accepted_tokens / max(stats.target_forwards, 1),
+                "latency_s": now - job.queued_at, "queue_s": (job.started_at or now) - job.queued_at,
+                "target_forwards": stats.target_forwards, "accepted_tokens": stats.accepted_tokens}
+        self.stats.images_done += 1
+        self.stats.accepted_tokens += stats.accepted_tokens
+        self.stats.target_forwards += stats.target_forwards
+        self._seconds_per_image = 0.9 * self._seconds_per_image + 0.1 * (now - (job.started_at or now))
+        if self.on_done is not None:
+            self.on_done(job, info)
+        if not job.future.cancelled():
+            job.future.set_result((tokens.cpu(), info))
+
+    def _run(self, warm_up: Job | None) -> None:
+        torch.set_grad_enabled(False)
+        if warm_up is not None:
+            try:
+                self.decoder.generate_stream(lambda: None, lambda *a: None,
+                                             wait=_once(self._item(warm_up)))
+            finally:
+                self._release(warm_up)
+        self.ready.set()
+        while True:
+            try:
+                self.decoder.generate_stream(self._next, self._done, wait=self._wait, cancelled=self._is_cancelled)
+                return  # stopped
+            except Exception as err:  # noqa: BLE001 - fail the images it touched, keep serving
+                _log.error("engine error: %s", err)
+                failed = list(self._running.values())
+                self._running.clear()
+                self.stats.busy_slots = 0
+                for job in failed:
+                    self.stats.images_failed += 1
+                    if not job.future.done():
+                        job.future.set_exception(err)
+                with self._cv:
+                    if self._stopping and not self._queue:
+                        return
+
+
+def _once(item: Any) -> Callable[[], Any]:
+    """A `wait` that yields `item` once, then None (the loop ends)."""
+    box = [item]
+    return lambda: box.pop() if box else None

@@ -1,0 +1,51 @@
+"""Prometheus metrics of `runtime serve` (its own registry, so several servers in one process,
+as in the tests, do not collide)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
+TAU_BUCKETS = (1, 1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 8)
+
+
+class ServeMetrics:
+    """Gauges read from the engine at scrape time, and histograms fed as each image is done."""
+
+    def __init__(self, engine: Any, method: str) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+
+        self.registry = registry = CollectorRegistry()
+        self.engine = engine
+        Info("lantern_method", "The decoding method in use.", registry=registry).info({"method": method})
+        Gauge("lantern_queue_depth", "Images waiting for a slot.", registry=registry).set_function(
+            lambda: engine.queue_depth)
+        Gauge("lantern_slots_busy", "Decoder slots holding an image.", registry=registry).set_function(
+            lambda: engine.stats.busy_slots)
+        Gauge("lantern_slots", "Decoder slots (the batch size).", registry=registry).set_function(
+            lambda: engine.decoder.batch)
+        Gauge("lantern_tau", "Tokens per target forward over every image served.", registry=registry).set_function(
+            lambda: engine.stats.accepted_tokens / max(engine.stats.target_forwards, 1))
+        self.images = Counter("lantern_images", "Images generated.", registry=registry)
+        Gauge("lantern_images_failed", "Images an engine error failed (since start).", registry=registry).set_function(
+            lambda: engine.stats.images_failed)
+        self.rejected = Counter("lantern_requests_rejected", "Requests refused with 429 (queue full).",
+                                registry=registry)
+        self.latency = Histogram("lantern_image_latency_seconds", "Seconds from queued to done, per image.",
+                                 buckets=LATENCY_BUCKETS, registry=registry)
+        self.queue_time = Histogram("lantern_image_queue_seconds", "Seconds waiting for a slot, per image.",
+                                    buckets=LATENCY_BUCKETS, registry=registry)
+        self.tau = Histogram("lantern_image_tau", "Tokens per target forward, per image.", buckets=TAU_BUCKETS,
+                             registry=registry)
+        engine.on_done = self.observe
+
+    def observe(self, job: Any, info: dict[str, Any]) -> None:
+        self.images.inc()
+        self.latency.observe(info["latency_s"])
+        self.queue_time.observe(info["queue_s"])
+        self.tau.observe(info["tau"])
+
+    def render(self) -> tuple[bytes, str]:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,210 @@
+"""`runtime serve`: continuous batching keeps every image what `runtime run` makes of it, a full
+queue answers 429, bad requests 422, a cancelled request frees its slots, the metrics count,
+and SIGTERM drains (a real process)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("fastapi", reason="runtime serve needs the serve extra (in the test extra)")
+pytest.importorskip("httpx", reason="FastAPI's test client needs httpx (in the test extra)")
+
+from fastapi.testclient import TestClient  # noqa: E402
+
+from runtime.cli.options import open_backend  # noqa: E402
+from runtime.core import generate  # noqa: E402
+from runtime.pipeline import decode_tokens, load_model, resolve_spec  # noqa: E402
+from runtime.serve import build_server  # noqa: E402
+from runtime.serve.engine import Job, QueueFull  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def demo():
+    backend, prof = open_backend("cpu", None, False, None)
+    loaded = load_model(model=None, gpt_model=None, gpt_ckpt=None, vq_ckpt=None, image_size=None, drafter=None,
+                        gpt_type="c2i", trust=False, device=backend.device, dtype=backend.dtype)
+    spec = resolve_spec("lantern++", {"tree": "chain3"}, prof, loaded.recommended)
+    return backend, loaded, spec
+
+
+@pytest.fixture(scope="module")
+def server(demo):
+    backend, loaded, spec = demo
+    app, engine, served = build_server(loaded, spec, backend, batch_size=3, max_queue=12, timeout_s=120)
+    assert engine.ready.wait(120)
+    yield TestClient(app), engine, served
+    engine.stop(drain=False, timeout=30)
+
+
+def _offline_tokens(demo, label: int, seed: int, n: int) -> torch.Tensor:
+    """What `runtime run --seed seed --classes label --num-images n` decodes (one image at a time)."""
+    backend, loaded, spec = demo
+    return generate(loaded.target, loaded.drafter, spec, [label] * n, seed=seed, vq=loaded.vq).tokens
+
+
+def _png_array(b64: str) -> np.ndarray:
+    from PIL import Image
+
+    return np.asarray(Image.open(io.BytesIO(base64.b64decode(b64))).convert("RGB"))
+
+
+def test_concurrent_requests_get_the_images_runtime_run_makes(server, demo):
+    client, engine, _ = server
+    asks = [dict(prompt="3", n=2, seed=11), dict(prompt="rings", n=1, seed=4), dict(prompt="0", n=3, seed=99),
+            dict(prompt="7", n=1, seed=11), dict(prompt="checkerboard", n=2, seed=0)]
+    answers: dict[int, dict] = {}
+
+    def ask(k: int) -> None:
+        answers[k] = client.post("/v1/images/generations", json={**asks[k], "return_tokens": True}).json()
+
+    threads = [threading.Thread(target=ask, args=(k,)) for k in range(len(asks))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert len(answers) == len(asks)
+    _, loaded, _ = demo
+    for k, body in answers.items():
+        data = body["data"]
+        assert [d["index"] for d in data] == list(range(asks[k]["n"]))
+        label = data[0]["class_id"]
+        expected = _offline_tokens(demo, label, asks[k]["seed"], asks[k]["n"])
+        for i, d in enumerate(data):
+            assert d["tokens"] == expected[i].tolist(), (k, i)
+            assert (_png_array(d["b64_json"]) == decode_tokens(loaded.vq, expected[i:i + 1])[0]).all()
+            assert d["stats"]["tau"] >= 1.0 and d["stats"]["latency_s"] >= d["stats"]["queue_s"] >= 0
+    assert engine.stats.busy_slots == 0
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"prompt": "12"}, "prompt: class 12 is out of range"),
+    ({"prompt": "zebra"}, "prompt: 'zebra' is no class of this model; give one of circle"),
+    ({"prompt": "3", "n": 0}, "n: Input should be greater than or equal to 1"),
+    ({"prompt": "3", "n": 17}, "n: Input should be less than or equal to 16"),
+    ({"prompt": "3", "response_format": "url"}, "response_format: Input should be 'b64_json'"),
+    ({"prompt": "3", "cfg": 7.5}, "cfg: this server's steps were captured at cfg 3"),
+    ({"prompt": "3", "size": "1024x1024"}, "size: this model makes 64x64 images"),
+    ({"prompt": "3", "colour": "red"}, "colour: Extra inputs are not permitted"),
+    ({"n": 1}, "prompt: Field required"),
+])
+def test_a_bad_request_gets_422_with_one_line(server, body, message):
+    client, _, _ = server
+    answer = client.post("/v1/images/generations", json=body)
+    assert answer.status_code == 422
+    assert answer.json()["error"]["message"].startswith(message), answer.json()
+
+
+def test_a_full_queue_answers_429_with_retry_after_and_queues_nothing(server):
+    client, engine, _ = server
+    answer = client.post("/v1/images/generations", json={"prompt": "1", "n": 13})  # more than --max-queue 12
+    assert answer.status_code == 429 and int(answer.headers["Retry-After"]) >= 1
+    assert engine.queue_depth == 0
+
+
+def test_a_cancelled_request_leaves_the_queue_and_frees_its_slots(server):
+    _, engine, _ = server
+    jobs = [Job("gone", i, 2, 1000 + i) for i in range(6)]
+    engine.submit(jobs)
+    engine.cancel("gone")
+    deadline = time.time() + 60
+    while engine.stats.busy_slots and time.time() < deadline:
+        time.sleep(0.05)
+    assert engine.stats.busy_slots == 0 and engine.queue_depth == 0
+    assert all(job.future.cancelled() or job.future.done() for job in jobs)
+
+
+def test_engine_refuses_when_stopping_and_queue_full_is_typed(server):
+    _, engine, _ = server
+    with pytest.raises(QueueFull):
+        engine.submit([Job("big", i, 0, i) for i in range(engine.max_queue + 1)])
+
+
+def test_health_ready_and_metrics(server):
+    client, _, served = server
+    assert client.get("/health").json() == {"status": "ok"}
+    ready = client.get("/ready")
+    assert ready.status_code == 200 and ready.json()["method"] == "lantern++"
+    client.post("/v1/images/generations", json={"prompt": "5", "seed": 1})
+    text = client.get("/metrics").text
+    for name in ("lantern_queue_depth", "lantern_slots_busy", "lantern_images_total", "lantern_tau",
+                 "lantern_image_latency_seconds_bucket", "lantern_image_queue_seconds_count",
+                 'lantern_method_info{method="lantern++"}', "lantern_requests_rejected_total"):
+        assert name in text, name
+
+
+def test_the_committed_openapi_schema_is_the_servers(server):
+    client, _, _ = server
+    committed = Path(__file__).resolve().parents[1] / "docs" / "reference" / "openapi.json"
+    served = client.get("/openapi.json").json()
+    served["info"]["version"] = "VERSION"
+    assert json.loads(committed.read_text()) == served, (
+        "docs/reference/openapi.json is stale: python -m runtime.serve.schema --out docs/reference/openapi.json")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str, timeout: float = 5) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+@pytest.mark.slow
+def test_sigterm_drains_the_requests_in_flight_and_exits_0(tmp_path):
+    port = _free_port()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "runtime", "serve", "--device", "cpu", "--no-graph", "--port",
+                             str(port), "--batch-size", "2", "--method", "ar"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline:
+            try:
+                if _get(base + "/ready")[0] == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.3)
+        else:
+            pytest.fail("the server did not become ready: " + proc.stderr.read()[-2000:])
+        result: dict[str, object] = {}
+
+        def ask() -> None:
+            body = json.dumps({"prompt": "4", "n": 4, "seed": 3}).encode()
+            req = urllib.request.Request(base + "/v1/images/generations", data=body,
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=180) as r:
+                result["status"], result["body"] = r.status, json.loads(r.read())
+
+        asker = threading.Thread(target=ask)
+        asker.start()
+        time.sleep(1.0)  # the request is in flight
+        proc.send_signal(signal.SIGTERM)
+        asker.join(180)
+        assert result.get("status") == 200 and len(result["body"]["data"]) == 4  # type: ignore[index]
+        assert proc.wait(60) == 0, proc.stderr.read()[-2000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
