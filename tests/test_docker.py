@@ -196,7 +196,7 @@ def test_base_images_are_the_documented_families() -> None:
 def test_hpu_image_pairs_synapse_and_torch_as_released() -> None:
     # SynapseAI release -> the torch its pytorch-installer image ships (reference/habana.md §5).
     pairs = {"1.19.0": "2.5.1", "1.20.0": "2.6.0", "1.21.0": "2.6.0", "1.22.0": "2.7.1", "1.22.2": "2.7.1",
-             "1.23.0": "2.9.0"}
+             "1.23.0": "2.9.0", "1.24.0": "2.10.0", "1.24.1": "2.11.0"}
     args = dockerfile("hpu").args
     assert pairs.get(args["GAUDI_VERSION"]) == args["GAUDI_TORCH"], args
 
@@ -216,7 +216,8 @@ def test_accelerator_images_never_install_torch(image: str) -> None:
 
 @pytest.mark.parametrize("image", IMAGES)
 def test_dependency_list_matches_pyproject_without_torch(image: str) -> None:
-    expected = sorted(d for d in project_dependencies() if requirement_name(d) != "torch")
+    serve = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["serve"]
+    expected = sorted([d for d in project_dependencies() if requirement_name(d) != "torch"] + serve)
     by_name = [
         sorted(targets) for _, argv in pip_installs(image)
         for _, targets in [pip_targets(argv)]
@@ -291,8 +292,8 @@ def test_hpu_base_image_is_a_pinned_build() -> None:
     parsed = dockerfile("hpu")
     tag = parsed.args["GAUDI_TAG"]
     assert tag != "latest" and tag.startswith(parsed.args["GAUDI_VERSION"] + "-"), tag
-    assert parsed.base_image == ("vault.habana.ai/gaudi-docker/1.22.2/ubuntu24.04/habanalabs/"
-                                 "pytorch-installer-2.7.1:1.22.2-32")
+    assert parsed.base_image == ("vault.habana.ai/gaudi-docker/1.24.0/ubuntu24.04/habanalabs/"
+                                 "pytorch-installer-2.10.0:1.24.0-1007")
     assert "DL3007" not in (DOCKER / "Dockerfile.hpu").read_text()  # no `latest` left to excuse
 
 

@@ -46,3 +46,13 @@ def test_a_non_editable_install_reads_the_commit_of_the_checkout_it_runs_in(tmp_
     assert environment.git_commit() == head
     monkeypatch.setenv(environment.COMMIT_ENV, "abc123")
     assert environment.git_commit() == "abc123"
+
+
+def test_commit_flag_is_recorded_and_a_bad_one_refused(tmp_path, run_cli, monkeypatch):
+    monkeypatch.delenv(environment.COMMIT_ENV, raising=False)  # restored after the test
+    out = tmp_path / "out"
+    res = run_cli("--commit", "0123456789abcdef", "run", "--device", "cpu", "--num-images", "1", "--out", str(out))
+    assert res.exit_code == 0, res.stderr
+    assert json.loads((out / "result.json").read_text())["software"]["git_commit"] == "0123456789abcdef"
+    bad = run_cli("--commit", "main", "models")
+    assert bad.exit_code == 2 and "--commit 'main': expected a git commit hash" in bad.stderr

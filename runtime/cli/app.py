@@ -54,12 +54,21 @@ def _root(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Errors only (no warnings)."),
     version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
                                  help="Print the lantern-runtime version and exit."),
+    commit: str = typer.Option(None, "--commit", help="The git commit to record in result files (default: "
+                               "$LANTERN_COMMIT, else the checkout's HEAD where one is found)."),
 ) -> None:
     """lantern-runtime: fast visual AR image generation with LANTERN++ speculative decoding."""
+    import os
+    import re
+
     from runtime.errors import UserError
 
     if verbose and quiet:
         raise UserError("-v/--verbose and -q/--quiet contradict each other; give one")
+    if commit is not None:
+        if not re.fullmatch(r"[0-9a-f]{7,40}(-dirty)?", commit):
+            raise UserError(f"--commit {commit!r}: expected a git commit hash (7 to 40 hex digits)")
+        os.environ["LANTERN_COMMIT"] = commit  # runtime.bench.environment.COMMIT_ENV
     configure_logging(-1 if quiet else verbose)
 
 
