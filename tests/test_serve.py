@@ -208,3 +208,16 @@ def test_sigterm_drains_the_requests_in_flight_and_exits_0(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+@pytest.mark.slow
+def test_the_load_test_checks_every_image_and_compares_with_offline(tmp_path):
+    out = tmp_path / "load.json"
+    proc = subprocess.run([sys.executable, "-m", "runtime.serve.load", "--requests", "6", "--concurrency", "3",
+                           "--max-n", "2", "--verify", "3", "--out", str(out), "--", "--device", "cpu", "--no-graph",
+                           "--method", "sd", "--batch-size", "2"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(out.read_text())
+    assert result["images"] == 9 and result["failed_requests"] == 0 and result["token_mismatches"] == 0
+    assert result["server_exit_code"] == 0 and result["offline"]["images"] == 9
+    assert result["latency_s"]["p99"] >= result["latency_s"]["p50"] > 0

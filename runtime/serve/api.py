@@ -112,7 +112,8 @@ def create_app(engine: Engine, served: "Served") -> Any:
     async def ready() -> Any:
         if not engine.ready.is_set() or served.draining:
             return error(503, "warming up" if not engine.ready.is_set() else "draining", "unavailable")
-        return {"status": "ready", "method": served.method, "model": served.model, "batch_size": served.batch_size}
+        return {"status": "ready", "method": served.method, "model": served.model, "batch_size": served.batch_size,
+                "settings": served.spec.describe()}
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus() -> PlainTextResponse:

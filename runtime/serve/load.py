@@ -1,0 +1,205 @@
+"""A load test of `runtime serve` on loopback: concurrent clients, mixed `n` and seeds, every image
+checked, throughput and latency percentiles against offline batches on the same device.
+
+    python -m runtime.serve.load --requests 200 --concurrency 16 --out results/serve_load_cpu.json \
+        -- --device cpu --batch-size 8 --method ar
+
+starts `runtime serve` with the arguments after `--` on a free port, waits for `/ready`, sends
+the requests (request k: n = 1 + k % `--max-n`, seed k, class k % classes, with its tokens), then
+SIGTERMs the server and checks that it exits 0. Every image must come back with the tokens the
+same seed gives offline (`runtime.core.generate` on the same model and method, checked for
+`--verify` requests spread over the run). Offline throughput: the same images through
+`Decoder.generate_many` at the server's batch size, timed in this process after the server has
+stopped. The result file holds both, the latency percentiles and every request's timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(url: str, body: dict[str, Any], timeout: float) -> tuple[int, dict[str, Any]]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"{}")
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-quantile (0..1) by linear interpolation between order statistics."""
+    ordered = sorted(values)
+    pos = q * (len(ordered) - 1)
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def run_load(base: str, *, requests: int, concurrency: int, max_n: int, classes: int,
+             timeout: float) -> tuple[list[dict[str, Any]], float]:
+    """Send the requests from `concurrency` threads; (per-request records, wall seconds)."""
+    records: list[dict[str, Any]] = [{} for _ in range(requests)]
+    todo = iter(range(requests))
+    lock = threading.Lock()
+
+    def client() -> None:
+        while True:
+            with lock:
+                k = next(todo, None)
+            if k is None:
+                return
+            body = {"prompt": str(k % classes), "n": 1 + k % max_n, "seed": k, "return_tokens": True}
+            start = time.perf_counter()
+            status, answer = _post(base + "/v1/images/generations", body, timeout)
+            while status == 429:  # the queue is full: wait as told, then again
+                time.sleep(float(answer.get("retry_after", 1.0)) if isinstance(answer, dict) else 1.0)
+                status, answer = _post(base + "/v1/images/generations", body, timeout)
+            records[k] = {"request": body, "status": status, "seconds": time.perf_counter() - start,
+                          "data": answer.get("data", []), "error": answer.get("error")}
+
+    threads = [threading.Thread(target=client) for _ in range(concurrency)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return records, time.perf_counter() - start
+
+
+def main(argv: list[str] | None = None) -> int:
+    args_in = sys.argv[1:] if argv is None else argv
+    split = args_in.index("--") if "--" in args_in else len(args_in)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--max-n", type=int, default=3, help="request k asks for 1 + k %% max-n images")
+    parser.add_argument("--verify", type=int, default=16, help="requests whose tokens are checked against offline")
+    parser.add_argument("--timeout", type=float, default=1800.0)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(args_in[:split])
+    serve_args = args_in[split + 1:]
+
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    log = args.out.with_suffix(".server.log")
+    with open(log, "w") as server_log:
+        proc = subprocess.Popen([sys.executable, "-m", "runtime", "serve", "--port", str(port), *serve_args],
+                                stdout=server_log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 600
+        ready: dict[str, Any] = {}
+        while time.time() < deadline and proc.poll() is None:
+            try:
+                with urllib.request.urlopen(base + "/ready", timeout=2) as r:
+                    ready = json.loads(r.read())
+                    break
+            except (OSError, ValueError):
+                time.sleep(0.5)
+        if not ready:
+            print(f"the server did not become ready; see {log}", file=sys.stderr)
+            return 1
+        classes = 12  # the demo's; a c2i model has at least as many
+        records, wall = run_load(base, requests=args.requests, concurrency=args.concurrency, max_n=args.max_n,
+                                 classes=classes, timeout=args.timeout)
+        with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
+            metrics = r.read().decode()
+        proc.send_signal(signal.SIGTERM)
+        exit_code = proc.wait(600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+    failed = [r for r in records if r.get("status") != 200 or len(r["data"]) != r["request"]["n"]]
+    images = sum(len(r["data"]) for r in records if r.get("status") == 200)
+    latencies = [r["seconds"] for r in records if r.get("status") == 200]
+    mismatches, offline = _offline(records, serve_args, ready, args.verify)
+    result = {
+        "command": ["python", "-m", "runtime.serve.load", *args_in],
+        "server": ready, "requests": args.requests, "concurrency": args.concurrency, "images": images,
+        "failed_requests": len(failed), "server_exit_code": exit_code, "token_mismatches": mismatches,
+        "wall_s": wall, "images_per_s": images / wall if wall else 0.0,
+        "latency_s": {"p50": percentile(latencies, 0.5), "p90": percentile(latencies, 0.9),
+                      "p99": percentile(latencies, 0.99), "mean": statistics.fmean(latencies)} if latencies else {},
+        "offline": offline,
+        "served_over_offline": (images / wall) / offline["images_per_s"] if offline.get("images_per_s") else None,
+        "metrics": metrics,
+        "records": [{k: v for k, v in r.items() if k != "data"} | {"seeds": [d["seed"] for d in r.get("data", [])]}
+                    for r in records],
+    }
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"{images} images from {args.requests} requests ({args.concurrency} clients) in {wall:.1f} s: "
+          f"{result['images_per_s']:.3f} images/s served, {offline.get('images_per_s', 0):.3f} offline "
+          f"(batch {ready.get('batch_size')}); latency p50 {result['latency_s'].get('p50', 0):.2f} s, "
+          f"p99 {result['latency_s'].get('p99', 0):.2f} s; {len(failed)} failed, {mismatches} token mismatches, "
+          f"server exit {exit_code}")
+    return 0 if not failed and not mismatches and exit_code == 0 else 1
+
+
+def _offline(records: list[dict[str, Any]], serve_args: list[str], ready: dict[str, Any],
+             verify: int) -> tuple[int, dict[str, Any]]:
+    """(token mismatches among `verify` requests, offline throughput of every image served)."""
+    import torch
+
+    from runtime.cli.options import open_backend
+    from runtime.core import generate
+    from runtime.core.rng import derive_seed
+    from runtime.method_options import OPTION_TYPES, SAMPLING_KEYS
+    from runtime.pipeline import load_model, make_decoder, resolve_spec
+
+    def flag(name: str, default: Any = None) -> Any:
+        return serve_args[serve_args.index(name) + 1] if name in serve_args else default
+
+    backend, prof = open_backend(flag("--device", "auto"), flag("--profile-name"),
+                                 False if "--no-graph" in serve_args else (True if "--graph" in serve_args else None),
+                                 flag("--dtype"))
+    loaded = load_model(model=flag("--model"), gpt_model=None, gpt_ckpt=None, vq_ckpt=None, image_size=None,
+                        drafter=None, gpt_type="c2i", trust=False, device=backend.device, dtype=backend.dtype)
+    settings = dict(ready.get("settings", {}))  # the server's resolved method, as result files record it
+    if settings.get("proactive"):
+        settings["proactive"] = "x".join(map(str, settings["proactive"]))
+    flags = {k: v for k, v in settings.items() if k in OPTION_TYPES or k in SAMPLING_KEYS}
+    spec = resolve_spec(ready.get("method"), flags, prof, loaded.recommended)
+    served = [r for r in records if r.get("status") == 200]
+    mismatches = 0
+    step = max(1, len(served) // max(verify, 1))
+    for r in served[::step][:verify]:
+        req = r["request"]
+        expected = generate(loaded.target, loaded.drafter, spec, [int(req["prompt"])] * req["n"], seed=req["seed"],
+                            vq=loaded.vq).tokens
+        mismatches += sum(d["tokens"] != expected[i].tolist() for i, d in enumerate(r["data"]))
+    work = [(torch.tensor([int(r["request"]["prompt"])], device=backend.device), None, derive_seed(r["request"]["seed"], i))
+            for r in served for i in range(r["request"]["n"])]
+    decoder = make_decoder(loaded, spec, backend, batch_size=int(ready.get("batch_size", 1)))
+    decoder.generate_many(work[: decoder.batch])  # warm-up (capture)
+    backend.synchronize()
+    start = time.perf_counter()
+    decoder.generate_many(work)
+    backend.synchronize()
+    seconds = time.perf_counter() - start
+    return mismatches, {"images": len(work), "seconds": seconds, "images_per_s": len(work) / seconds,
+                        "batch_size": decoder.batch, "method": spec.method}
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    raise SystemExit(main())
