@@ -219,12 +219,30 @@ def _source_of(key: str, layers: list[tuple[str, dict[str, Any]]]) -> str:
     return next((kind for kind, values in layers if values.get(key) is not None), "default")
 
 
+AUTO = "auto"
+
+
+def auto_method(profile: Any, occupancy: int, flags: dict[str, Any]) -> str:
+    """`--method auto`: the lossless method the profile's `[auto]` table names for `occupancy`
+    images decoding together (what `runtime tune` measured fastest there)."""
+    table = getattr(profile, "auto", None)
+    if table is None:
+        raise UserError(f"--method auto needs a profile with an [auto] table (profile {getattr(profile, 'name', '?')} "
+                        "has none); write one with runtime tune --out profiles/NAME.toml, then --profile-name NAME")
+    for key in ("lantern_delta", "lantern_lambda", "relax_rule"):
+        if flags.get(key) is not None:
+            raise UserError(f"--{key.replace('_', '-')} relaxes acceptance, and --method auto picks lossless methods "
+                            "only; drop it or name the method")
+    return table.method_for(occupancy)
+
+
 def resolve_spec(method: str | None, flags: dict[str, Any], profile: Any, recommended: dict[str, Any],
-                 run_methods: Sequence[str] | None = None) -> MethodSpec:
+                 run_methods: Sequence[str] | None = None, lossless: bool = False) -> MethodSpec:
     """MethodSpec from flag > profile > model recommendation > default. `flags` None = unset.
 
     A cfg_interval >= 0 without guidance (cfg <= 1) would do nothing and is refused, and so
-    is a method flag that none of `run_methods` (default: this method) reads. sjd is exact
+    is a method flag that none of `run_methods` (default: this method) reads. `lossless`: the
+    relaxation is turned off (what `--method auto` runs). sjd is exact
     unless --lantern-delta or --lantern-lambda is given as a flag (the model's recommended
     relaxation is for its drafter methods).
     """
@@ -256,6 +274,10 @@ def resolve_spec(method: str | None, flags: dict[str, Any], profile: Any, recomm
             for key in ("group_window", "group_gap", "group_dist"):
                 if flags.get(key) is not None:
                     raise UserError(f"--{key.replace('_', '-')} does nothing without --accept grouped; drop it")
+    if lossless:  # --method auto: the method's exact rule (lantern++ over its tree at lambda 1)
+        values.update(lantern_lambda=1.0, lantern_delta=0.0)
+        if name == "sjd":
+            values["relax"] = "none"
     spec = MethodSpec(method=name, sampling=sampling, **values)
     if sampling.cfg_interval >= 0 and not sampling.uses_cfg:
         where = {"flag": "--cfg-interval", "profile": f"profile {getattr(profile, 'name', '?')} cfg_interval",

@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib.resources
 import math
 import re
+import typing
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -124,6 +125,39 @@ class BenchSettings(_Section):
     repeats: _integer(1)
 
 
+# Methods `--method auto` may pick: lossless ones (each image's law is the target's whatever is
+# picked; lantern++ runs with lambda 1, its exact tree).
+AUTO_METHODS: tuple[str, ...] = ("ar", "sd", "eagle2", "ddd", "lantern++", "sjd")
+
+
+class AutoSettings(_Section):
+    """``[auto]``: the fastest lossless method at each batch occupancy, as `runtime tune` measured
+    it: ``by_occupancy = { 1 = "lantern++", 8 = "ar" }`` (images decoding together -> method).
+    `--method auto` takes the entry of the largest occupancy not above the current one."""
+
+    by_occupancy: Annotated[dict[Annotated[str, StringConstraints(pattern=r"^[1-9][0-9]*$")], _choice(AUTO_METHODS)],
+                            Field(min_length=1, description="a table of occupancy (1, 2, ...) -> one of "
+                                  + ", ".join(f"'{m}'" for m in AUTO_METHODS))]
+
+    def method_for(self, occupancy: int) -> str:
+        """The method for `occupancy` images decoding together."""
+        table = sorted((int(k), v) for k, v in self.by_occupancy.items())
+        chosen = table[0][1]
+        for at, method in table:
+            if at <= max(occupancy, 1):
+                chosen = method
+        return chosen
+
+    @property
+    def methods(self) -> list[str]:
+        """The distinct methods of the table, in occupancy order."""
+        seen: list[str] = []
+        for _, method in sorted((int(k), v) for k, v in self.by_occupancy.items()):
+            if method not in seen:
+                seen.append(method)
+        return seen
+
+
 class _ProfileFile(_Section):
     """A whole profile file: its top-level keys."""
 
@@ -132,6 +166,7 @@ class _ProfileFile(_Section):
     tree: TreeSettings
     method: MethodSettings
     bench: BenchSettings
+    auto: AutoSettings | None = None
 
 
 class Profile(_ProfileFile):
@@ -155,8 +190,11 @@ def _describe(err: ValidationError) -> str:
     # Unknown keys first (top level, then sections): a misspelt key also leaves its intended key missing.
     first = min(err.errors(include_url=False), key=lambda e: (len(e["loc"]), e["type"] != "extra_forbidden"))
     loc, kind = first["loc"], first["type"]
-    key = ".".join(map(str, loc))
+    key = ".".join(str(part) for part in loc if part != "[key]")
     model = _ProfileFile if len(loc) == 1 else _ProfileFile.model_fields[str(loc[0])].annotation
+    model = next((a for a in typing.get_args(model) if isinstance(a, type) and issubclass(a, BaseModel)), model)
+    if len(loc) > 2:  # inside a table-valued key (auto.by_occupancy.<occupancy>): the key's own description
+        loc = loc[:2]
     if kind == "extra_forbidden":
         return f"unknown key '{key}' (known: {', '.join(model.model_fields)})"
     if kind == "missing":

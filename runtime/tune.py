@@ -441,3 +441,34 @@ def _write_tree(tree: StaticTree) -> Path:
     with open(fd, "w") as fh:
         fh.write(tree_toml(tree.paths, tree.name))
     return Path(name)
+
+
+def occupancy_table(loaded: Any, specs: dict[str, MethodSpec], backend: Any, conditions: Sequence[int],
+                    occupancies: Sequence[int], *, seed: int = 0,
+                    progress: Callable[[str, int, int], None] | None = None) -> list[dict[str, Any]]:
+    """Which lossless method is fastest at each batch occupancy, measured: for each occupancy B
+    and method, a decoder of batch B makes 2B images (conditions cycled) after an untimed batch
+    that captures its steps; images per second from the synchronised wall time.
+    Rows {"occupancy", "images_per_s": {method: value}, "fastest"}."""
+    from runtime.core.rng import derive_seed
+    from runtime.pipeline import make_decoder
+
+    rows = []
+    total, done = len(occupancies) * len(specs), 0
+    for b in occupancies:
+        rates: dict[str, float] = {}
+        for name, spec in specs.items():
+            decoder = make_decoder(loaded, spec, backend, batch_size=b)
+            work = [(torch.tensor([int(conditions[i % len(conditions)])], device=backend.device), None,
+                     derive_seed(seed, i)) for i in range(2 * b)]
+            decoder.generate_many(work[:b])  # capture and warm up
+            backend.synchronize()
+            start = time.perf_counter()
+            decoder.generate_many(work)
+            backend.synchronize()
+            rates[name] = len(work) / (time.perf_counter() - start)
+            done += 1
+            if progress is not None:
+                progress("occupancy", done, total)
+        rows.append({"occupancy": b, "images_per_s": rates, "fastest": max(rates, key=rates.get)})
+    return rows

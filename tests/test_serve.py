@@ -221,3 +221,33 @@ def test_the_load_test_checks_every_image_and_compares_with_offline(tmp_path):
     assert result["images"] == 9 and result["failed_requests"] == 0 and result["token_mismatches"] == 0
     assert result["server_exit_code"] == 0 and result["offline"]["images"] == 9
     assert result["latency_s"]["p99"] >= result["latency_s"]["p50"] > 0
+
+
+def test_method_auto_serves_each_occupancy_with_the_tables_method(demo):
+    """[auto] = {1: lantern++ (exact), 2: ar}: a lone image is made by lantern++ at lambda 1, a
+    request of four (occupancy 2 = the batch) by AR; each image's tokens are that method's."""
+    from runtime.profiles import AutoSettings
+
+    backend, loaded, _ = demo
+    _, prof = open_backend("cpu", None, False, None)
+    table = AutoSettings(by_occupancy={"1": "lantern++", "2": "ar"})
+    specs = {m: resolve_spec(m, {"tree": "chain3"} if m == "lantern++" else {}, prof, loaded.recommended,
+                             lossless=True) for m in table.methods}
+    assert specs["lantern++"].lantern_lambda == 1.0
+    app, engine, _ = build_server(loaded, specs["lantern++"], backend, batch_size=2, max_queue=16, timeout_s=120,
+                                  auto=(specs, table))
+    try:
+        assert engine.ready.wait(120)
+        client = TestClient(app)
+        lone = client.post("/v1/images/generations", json={"prompt": "2", "seed": 5, "return_tokens": True}).json()
+        four = client.post("/v1/images/generations", json={"prompt": "6", "n": 4, "seed": 8, "return_tokens": True}).json()
+        by = {m: generate(loaded.target, loaded.drafter, specs[m], [2], seed=5, vq=loaded.vq).tokens for m in specs}
+        assert lone["data"][0]["tokens"] == by["lantern++"][0].tolist() != by["ar"][0].tolist()
+        ar4 = generate(loaded.target, None, specs["ar"], [6] * 4, seed=8).tokens
+        assert [d["tokens"] for d in four["data"]] == ar4.tolist()
+        assert engine.switches >= 1 and engine.current == "ar"
+        text = client.get("/metrics").text
+        assert 'lantern_method_in_use{method="ar"} 1.0' in text and 'lantern_method_info{method="auto"}' in text
+        assert client.get("/ready").json()["in_use"] == "ar"
+    finally:
+        engine.stop(drain=False, timeout=30)

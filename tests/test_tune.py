@@ -93,9 +93,16 @@ def test_probe_trees_are_complete_ternary_trees():
 def test_tune_writes_a_profile_that_loads_and_runs(tmp_path, run_cli):
     out = tmp_path / "tuned.toml"
     r = run_cli("tune", "--device", "cpu", "--no-graph", "--num-images", "1", "--max-nodes", "4",
-                "--max-depth", "2", "--ranks", "2", "--ddd-thresholds", "-0.3", "--out", str(out))
+                "--max-depth", "2", "--ranks", "2", "--ddd-thresholds", "-0.3", "--occupancies", "1,2", "--out", str(out))
     assert r.exit_code == 0, r.stderr
     profile = load_profile(out)
+    # --method auto's table: the faster of AR and the tuned tree (exact) at each occupancy, measured
+    record_rows = json.loads((tmp_path / "tuned.tune.json").read_text())["occupancy"]
+    assert [row["occupancy"] for row in record_rows] == [1, 2]
+    assert profile.auto is not None and profile.auto.by_occupancy == {str(r["occupancy"]): r["fastest"]
+                                                                      for r in record_rows}
+    for row in record_rows:
+        assert row["fastest"] == max(row["images_per_s"], key=row["images_per_s"].get)
     assert profile.tree.name.endswith("tuned.tree.toml") and profile.method.name == "lantern++"
     assert profile.method.ddd_threshold == -0.3
     record = json.loads((tmp_path / "tuned.tune.json").read_text())
@@ -117,6 +124,7 @@ def test_tune_writes_a_profile_that_loads_and_runs(tmp_path, run_cli):
     (["--method", "eagle2"], "chooses a static tree"),
     (["--max-depth", "0"], "--max-depth must be in"),
     (["--ddd-thresholds", "0.5"], "log probabilities"),
+    (["--occupancies", "0,2"], "batch sizes in [1, 256]"),
 ])
 def test_tune_refuses_bad_arguments(tmp_path, run_cli, args, message):
     r = run_cli("tune", "--device", "cpu", "--out", str(tmp_path / "p.toml"), *args)
@@ -129,3 +137,40 @@ def test_all_trees_enumerator_counts_small_cases():
     # {}, {0}, {0,1}, {0,00}
     assert sorted(all_trees(2, 2, 2)) == sorted([(), ((0,),), ((0,), (1,)), ((0,), (0, 0))])
     assert len(list(itertools.chain(all_trees(3, 1, 3)))) == 4
+
+
+AUTO_PROFILE = """description = "auto"
+[device]
+dtype = "fp32"
+graph = false
+batch_size = 1
+[tree]
+name = "chain3"
+[method]
+name = "lantern++"
+lantern_lambda = 5.0
+[bench]
+warmup = 0
+repeats = 1
+[auto]
+by_occupancy = { 1 = "lantern++", 2 = "ar" }
+"""
+
+
+def test_method_auto_runs_the_tables_lossless_method_for_the_batch(tmp_path, run_cli):
+    profile = tmp_path / "auto.toml"
+    profile.write_text(AUTO_PROFILE)
+    for batch, method in ((1, "lantern++"), (2, "ar")):
+        out = tmp_path / f"b{batch}"
+        r = run_cli("run", "--device", "cpu", "--profile-name", str(profile), "--method", "auto", "--num-images", "2",
+                    "--batch-size", str(batch), "--out", str(out))
+        assert r.exit_code == 0, r.stderr
+        result = json.loads((out / "result.json").read_text())
+        assert result["method"] == method and result["sampling_source"]["method"].startswith("--method auto")
+        if method == "lantern++":
+            assert result["sampling"]["lantern_lambda"] == 1.0  # auto is lossless: the exact tree
+    refused = run_cli("run", "--device", "cpu", "--method", "auto", "--out", str(tmp_path / "x"))
+    assert refused.exit_code == 2 and "--method auto needs a profile with an [auto] table" in refused.stderr
+    relaxed = run_cli("run", "--device", "cpu", "--profile-name", str(profile), "--method", "auto", "--lantern-lambda",
+                      "3", "--out", str(tmp_path / "y"))
+    assert relaxed.exit_code == 2 and "picks lossless methods only" in relaxed.stderr

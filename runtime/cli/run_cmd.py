@@ -55,7 +55,8 @@ def run(
     """Generate images (default: the embedded demo with LANTERN++ sampling) into --out."""
     from runtime.distributed import destroy, gather_objects, init_distributed, shard
     from runtime.models.layers import set_attention_kernel
-    from runtime.pipeline import load_model, make_decoder, resolve_spec, run_generation, sampling_sources
+    from runtime.pipeline import (AUTO, auto_method, load_model, make_decoder, resolve_spec, run_generation,
+                                  sampling_sources)
 
     opt.check_num_images(num_images)
     if not out.strip():
@@ -70,13 +71,19 @@ def run(
         loaded = load_model(model=model, gpt_model=gpt_model, gpt_ckpt=gpt_ckpt, vq_ckpt=vq_ckpt,
                             image_size=image_size, drafter=drafter, gpt_type=gpt_type,
                             trust=trust_checkpoint, device=backend.device, dtype=backend.dtype)
-        spec = resolve_spec(method, flags.as_dict(), prof, loaded.recommended)
-        sources = sampling_sources(flags.as_dict(), prof, loaded, spec)
+        auto = method == AUTO  # the profile's fastest lossless method at this run's batch occupancy
+        spec = None if auto else resolve_spec(method, flags.as_dict(), prof, loaded.recommended)
         conditions, cond_masks, labels = _conditions(loaded, classes, prompts, t5_path, num_images, backend)
         n = len(labels)
         mine = shard(list(range(n)), ctx)
         # no wider than the images this rank makes: --batch-size 10000 for 2 images decodes 2 at once
         batch = min(opt.batch_size(batch_size, prof), max(len(mine), 1))
+        if spec is None:
+            spec = resolve_spec(auto_method(prof, batch, flags.as_dict()), flags.as_dict(), prof, loaded.recommended,
+                                lossless=True)
+        sources = sampling_sources(flags.as_dict(), prof, loaded, spec)
+        if auto:
+            sources["method"] = f"--method auto: profile {prof.name} [auto] at occupancy {batch}"
         decoder = make_decoder(loaded, spec, backend, batch_size=batch)
 
         my_conditions = _select(conditions, mine)

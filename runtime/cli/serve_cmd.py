@@ -45,7 +45,7 @@ def serve(
     import logging
 
     from runtime.models.layers import set_attention_kernel
-    from runtime.pipeline import load_model, resolve_spec
+    from runtime.pipeline import AUTO, auto_method, load_model, resolve_spec
     from runtime.serve import build_server
 
     if not 0 < port < 65536:
@@ -64,10 +64,18 @@ def serve(
     loaded = load_model(model=model, gpt_model=gpt_model, gpt_ckpt=gpt_ckpt, vq_ckpt=vq_ckpt, image_size=image_size,
                         drafter=drafter, gpt_type=gpt_type, trust=trust_checkpoint, device=backend.device,
                         dtype=backend.dtype)
-    spec = resolve_spec(method, flags.as_dict(), prof, loaded.recommended)
     batch = opt.batch_size(batch_size, prof)
+    given = flags.as_dict()
+    auto = None
+    if method == AUTO:  # one decoder per method of the profile's [auto] table, picked by occupancy
+        auto_method(prof, batch, given)  # refuses a profile without the table, and relaxation flags
+        names = prof.auto.methods
+        specs = {m: resolve_spec(m, given, prof, loaded.recommended, run_methods=names, lossless=True) for m in names}
+        spec, auto = specs[names[0]], (specs, prof.auto)
+    else:
+        spec = resolve_spec(method, given, prof, loaded.recommended)
     web, engine, served = build_server(loaded, spec, backend, batch_size=batch, max_queue=max_queue,
-                                       timeout_s=timeout)
+                                       timeout_s=timeout, auto=auto)
 
     logging.getLogger("runtime").info("serving %s with %s on %s:%d (batch %d)", loaded.name, spec.method, host,
                                       port, batch)

@@ -40,6 +40,9 @@ def tune_cmd(
     max_depth: int = typer.Option(6, "--max-depth", help="Deepest tree considered."),
     ranks: int = typer.Option(4, "--ranks", help="Most children of a node (ranks measured per depth)."),
     ddd_thresholds: str = typer.Option("-0.1,-0.3,-0.6,-1.0", "--ddd-thresholds", help="DDD thresholds to time, or 'none'."),
+    occupancies: str = typer.Option("1,2,4,8", "--occupancies", help="Batch occupancies at which AR and the tuned "
+                                    "tree (exact) are timed; the faster at each is written as the profile's [auto] "
+                                    "table (--method auto). 'none' skips it."),
     seed: opt.Seed = 0,
     force: bool = typer.Option(False, "--force", help="Overwrite an existing profile."),
 ) -> None:
@@ -64,6 +67,7 @@ def tune_cmd(
     if method not in ("lantern++", "sd"):
         raise UserError(f"--method {method}: runtime tune chooses a static tree, for lantern++ or sd")
     thresholds = _thresholds(ddd_thresholds)
+    occupancy_list = _occupancies(occupancies)
 
     full = flags.as_dict()
     backend, prof = opt.open_backend(device, profile_name, graph, dtype)
@@ -97,10 +101,24 @@ def tune_cmd(
         Path(tmp).write_text(tree_toml([tuple(p) for p in c["paths"]],
                                        f"runtime tune: {c['nodes']} nodes, depth {c['depth']}, "
                                        f"expected {c['expected_tokens']:.2f} tokens per iteration"))
+    occupancy: list[dict[str, Any]] = []
+    if occupancy_list:
+        from dataclasses import replace
+
+        from runtime.core.methods import MethodSpec
+        from runtime.tune import occupancy_table, on_tree
+
+        exact = on_tree(replace(spec, method="lantern++", lantern_lambda=1.0), str(tree_path))
+        specs = {"ar": MethodSpec(method="ar", sampling=spec.sampling), "lantern++": exact}
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console) as bar:
+            task = bar.add_task("tune: occupancy", total=len(occupancy_list) * len(specs))
+            occupancy = occupancy_table(loaded, specs, backend, conditions, occupancy_list, seed=seed,
+                                        progress=lambda what, done, total: bar.update(task, completed=done))
     with atomic_path(record_path) as tmp:
-        Path(tmp).write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+        Path(tmp).write_text(json.dumps({**result.to_dict(), "occupancy": occupancy}, indent=2) + "\n")
     with atomic_path(out) as tmp:
-        Path(tmp).write_text(profile_toml(result, prof, spec, tree_path.name, record_path.name))
+        Path(tmp).write_text(profile_toml(result, prof, spec, tree_path.name, record_path.name, occupancy))
     console.print(f"tree: {c['nodes']} nodes, depth {c['depth']}, expected {c['expected_tokens']:.2f} tokens per "
                   f"iteration, {c['iteration_s'] * 1e3:.1f} ms per iteration, expected {c['expected_speedup']:.2f}x "
                   f"over AR" + (f"; ddd threshold {result.ddd['threshold']}" if result.ddd else ""))
@@ -119,7 +137,20 @@ def _thresholds(text: str) -> tuple[float, ...]:
     return values
 
 
-def profile_toml(result: Any, base: Any, spec: Any, tree_file: str, record_file: str) -> str:
+def _occupancies(text: str) -> tuple[int, ...]:
+    if text.strip().lower() in ("none", "off", ""):
+        return ()
+    try:
+        values = tuple(int(t) for t in text.split(",") if t.strip())
+    except ValueError:
+        raise UserError(f"--occupancies {text!r}: expected comma-separated batch sizes like 1,2,4,8") from None
+    if not values or any(not 1 <= v <= 256 for v in values):
+        raise UserError(f"--occupancies {text!r}: batch sizes in [1, 256]")
+    return tuple(sorted(set(values)))
+
+
+def profile_toml(result: Any, base: Any, spec: Any, tree_file: str, record_file: str,
+                 occupancy: list[dict[str, Any]] | None = None) -> str:
     """The tuned profile: the base profile's device and bench settings, the chosen tree and
     method settings, and comments saying what was measured and why this tree won."""
     c, costs = result.choice, result.costs
@@ -172,4 +203,12 @@ def profile_toml(result: Any, base: Any, spec: Any, tree_file: str, record_file:
         if key in pinned:
             lines.append(f"{key} = {pinned[key]}")
     lines += ["", "[bench]", f"warmup = {base.bench.warmup}", f"repeats = {base.bench.repeats}", ""]
+    if occupancy:
+        lines += ["# --method auto: the faster of AR and the tree above (exact, lambda 1) at each batch occupancy, "
+                  "measured (images/s):",
+                  *[f"#   {row['occupancy']}: " + ", ".join(f"{m} {v:.3f}" for m, v in row["images_per_s"].items())
+                    for row in occupancy],
+                  "[auto]",
+                  "by_occupancy = { " + ", ".join(f'{row["occupancy"]} = "{row["fastest"]}"' for row in occupancy)
+                  + " }", ""]
     return "\n".join(lines)

@@ -112,8 +112,8 @@ def create_app(engine: Engine, served: "Served") -> Any:
     async def ready() -> Any:
         if not engine.ready.is_set() or served.draining:
             return error(503, "warming up" if not engine.ready.is_set() else "draining", "unavailable")
-        return {"status": "ready", "method": served.method, "model": served.model, "batch_size": served.batch_size,
-                "settings": served.spec.describe()}
+        return {"status": "ready", "method": served.method, "in_use": engine.current, "model": served.model,
+                "batch_size": served.batch_size, "settings": served.spec.describe()}
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus() -> PlainTextResponse:
@@ -191,10 +191,11 @@ async def _until_done(waiting: list[asyncio.Future], request: Any, timeout_s: fl
 class Served:
     """What the server serves, and how a request maps onto it."""
 
-    def __init__(self, loaded: Any, spec: Any, *, batch_size: int, timeout_s: float, version: str) -> None:
+    def __init__(self, loaded: Any, spec: Any, *, batch_size: int, timeout_s: float, version: str,
+                 method: str | None = None) -> None:
         self.loaded, self.spec = loaded, spec
         self.model = loaded.name
-        self.method = spec.method
+        self.method = method or spec.method
         self.batch_size = batch_size
         self.timeout_s = timeout_s
         self.version = version

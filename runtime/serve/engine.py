@@ -58,12 +58,22 @@ class EngineStats:
 
 
 class Engine:
-    """Owns the decoder; `start()` runs its thread, `stop(drain)` ends it (after finishing what is
-    queued and running when `drain`)."""
+    """Owns the decoders; `start()` runs its thread, `stop(drain)` ends it (after finishing what is
+    queued and running when `drain`).
 
-    def __init__(self, decoder: Any, device: torch.device, *, max_queue: int = 64,
+    decoders: method -> a decoder of that method (all of one batch size). One decoder: it serves
+    everything. Several (`--method auto`): `choose(occupancy)` names the method for the images
+    waiting and running (at most the batch size); when it names another method than the one
+    decoding, no image joins until the running ones are done, then the engine switches decoders
+    (each image is made by one method, start to end)."""
+
+    def __init__(self, decoders: dict[str, Any], device: torch.device, *, max_queue: int = 64,
+                 choose: Callable[[int], str] | None = None,
                  on_done: Callable[[Job, dict[str, Any]], None] | None = None) -> None:
-        self.decoder = decoder
+        self.decoders = decoders
+        self.choose = choose
+        self.current = next(iter(decoders))
+        self.switches = 0
         self.device = device
         self.max_queue = max_queue
         self.on_done = on_done
@@ -79,6 +89,11 @@ class Engine:
         self.ready = threading.Event()
 
     # -- the server's side -------------------------------------------------------------------
+    @property
+    def decoder(self) -> Any:
+        """The decoder in use."""
+        return self.decoders[self.current]
+
     @property
     def queue_depth(self) -> int:
         return len(self._queue)
@@ -129,8 +144,16 @@ class Engine:
         self.stats.busy_slots = len(self._running)
         return job, torch.tensor([job.label], device=self.device), None, job.seed
 
+    def _desired(self) -> str:
+        """The method for the images waiting and running now (the one in use without `choose`)."""
+        if self.choose is None:
+            return self.current
+        return self.choose(max(1, min(self.decoder.batch, len(self._running) + len(self._queue))))
+
     def _next(self) -> tuple[Job, torch.Tensor, None, int] | None:
         with self._cv:
+            if self._queue and self._desired() != self.current:
+                return None  # a switch is due: let the running images finish first
             while self._queue:
                 job = self._queue.popleft()
                 if job.request not in self._cancelled and not job.future.cancelled():
@@ -143,6 +166,8 @@ class Engine:
                 self._cv.wait()
             if self._stopping and (not self._drain or not self._queue):
                 return None
+            if self._desired() != self.current:
+                return None  # every slot is free: the engine switches decoders
         return self._next() or self._wait()
 
     def _is_cancelled(self, job: Job) -> bool:
@@ -173,16 +198,15 @@ class Engine:
     def _run(self, warm_up: Job | None) -> None:
         torch.set_grad_enabled(False)
         if warm_up is not None:
-            try:
-                self.decoder.generate_stream(lambda: None, lambda *a: None,
-                                             wait=_once(self._item(warm_up)))
-            finally:
-                self._release(warm_up)
+            for decoder in self.decoders.values():  # capture every decoder's steps before `ready`
+                try:
+                    decoder.generate_stream(lambda: None, lambda *a: None, wait=_once(self._item(warm_up)))
+                finally:
+                    self._release(warm_up)
         self.ready.set()
         while True:
             try:
                 self.decoder.generate_stream(self._next, self._done, wait=self._wait, cancelled=self._is_cancelled)
-                return  # stopped
             except Exception as err:  # noqa: BLE001 - fail the images it touched, keep serving
                 _log.error("engine error: %s", err)
                 failed = list(self._running.values())
@@ -192,9 +216,14 @@ class Engine:
                     self.stats.images_failed += 1
                     if not job.future.done():
                         job.future.set_exception(err)
-                with self._cv:
-                    if self._stopping and not self._queue:
-                        return
+            with self._cv:
+                if self._stopping and (not self._drain or not self._queue):
+                    return
+                wanted = self._desired()
+                if wanted != self.current:
+                    _log.info("occupancy %d: switching from %s to %s", len(self._queue), self.current, wanted)
+                    self.current = wanted
+                    self.switches += 1
 
 
 def _once(item: Any) -> Callable[[], Any]:

@@ -17,7 +17,13 @@ class ServeMetrics:
 
         self.registry = registry = CollectorRegistry()
         self.engine = engine
-        Info("lantern_method", "The decoding method in use.", registry=registry).info({"method": method})
+        Info("lantern_method", "The decoding method the server was started with (auto: chosen by occupancy).",
+             registry=registry).info({"method": method})
+        in_use = Gauge("lantern_method_in_use", "1 for the method decoding now.", ["method"], registry=registry)
+        for name in getattr(engine, "decoders", None) or {}:
+            in_use.labels(method=name).set_function(lambda name=name: float(engine.current == name))
+        Gauge("lantern_method_switches", "Times --method auto switched methods.", registry=registry).set_function(
+            lambda: engine.switches)
         Gauge("lantern_queue_depth", "Images waiting for a slot.", registry=registry).set_function(
             lambda: engine.queue_depth)
         Gauge("lantern_slots_busy", "Decoder slots holding an image.", registry=registry).set_function(
