@@ -160,7 +160,7 @@ class Decoder:
         self.dtype = target.tok_embeddings.weight.dtype
         self.params = spec.sampling
         # target.constrain(logits (B, T, V), image index (B, T)) -> logits: a layout's fixed tokens (None: none)
-        self.constrain = getattr(target, "constrain", None)
+        self.constrain = target.constrain
         if batch_size < 1:
             raise UserError(f"--batch-size must be >= 1, got {batch_size}")
         self.batch = batch_size

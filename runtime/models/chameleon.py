@@ -34,8 +34,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from runtime.errors import UserError
-from runtime.models.kv_cache import StaticKVCache
-from runtime.models.layers import RMSNorm, SwiGLU, attend, prefix_mask, run_prefix
+from runtime.models.layers import RMSNorm, SwiGLU, attend, prefix_mask
+from runtime.models.target import CachedDecoding
 
 
 @dataclass(frozen=True)
@@ -165,7 +165,7 @@ class RowHead(RowTable):
         return F.linear(hidden, self.weight)
 
 
-class ChameleonTarget(nn.Module):
+class ChameleonTarget(CachedDecoding, nn.Module):
     """A Chameleon decoder with an image-only output vocabulary; see the module docstring."""
 
     def __init__(self, config: ChameleonConfig, image_token_ids: torch.Tensor) -> None:
@@ -266,29 +266,15 @@ class ChameleonTarget(nn.Module):
         row_end = ((index + 1) % self.config.row_width == 0)[..., None]
         return torch.where(row_end, self._row_rule[0], logits + self._row_rule[1])
 
-    def new_cache(self, batch: int, capacity: int, device: torch.device | str,
-                  dtype: torch.dtype | None = None) -> StaticKVCache:
-        cfg = self.config
-        return StaticKVCache(cfg.n_layer, batch, cfg.kv_heads, cfg.head_dim, capacity, device,
-                             dtype or self.embed_tokens.weight.dtype)
-
-    def prefill(self, cond: torch.Tensor, cache: StaticKVCache,
-                cond_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Run the prompt (B, L) (mask (B, L)) into an empty cache; returns hidden (B, L, dim)."""
+    # new_cache / prefill / forward_cached: CachedDecoding (runtime/models/target.py)
+    def embed_prefix(self, cond: torch.Tensor) -> torch.Tensor:
+        """The prompt token ids (B, L) embedded; L must be the decoder's prompt length."""
         if cond.size(1) != self.config.cls_token_num:
             raise ValueError(f"prompt length {cond.size(1)} != the decoder's {self.config.cls_token_num} (for_prompts)")
-        return run_prefix(self, self.embed_tokens(cond), cache, cond_mask)
+        return self.embed_tokens(cond)
 
-    def forward_cached(self, x: torch.Tensor, positions: torch.Tensor, block_mask: torch.Tensor,
-                       cache: StaticKVCache, offset: int = 0) -> torch.Tensor:
-        """A block of T inputs (B, T, dim) at `positions` under `block_mask`, through the cache
-        without committing; post-norm hidden states (B, T, dim). As `Transformer.forward_cached`."""
-        rope = self.rope(positions)
-        slots = cache.block_slots(x.size(1), offset)
-        mask = cache.additive_mask(block_mask, offset)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, rope, layer=i, cache=cache, slots=slots, mask=mask)
-        return self.norm(x)
+    def rotary(self, positions: torch.Tensor) -> Any:
+        return self.rope(positions)
 
     def forward_train(self, cond: torch.Tensor, idx: torch.Tensor,
                       cond_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

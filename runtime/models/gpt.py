@@ -17,7 +17,8 @@ from torch import nn
 
 from runtime.models.configs import GPTConfig
 from runtime.models.kv_cache import StaticKVCache
-from runtime.models.layers import RMSNorm, SwiGLU, attend, prefix_mask, run_prefix
+from runtime.models.layers import RMSNorm, SwiGLU, attend, prefix_mask
+from runtime.models.target import CachedDecoding
 from runtime.models.rope import apply_rope, rope_table_2d, rotation_table
 
 # Zero RoPE rows after the last image token: room for draft tokens that overshoot the image.
@@ -110,7 +111,7 @@ class TransformerBlock(nn.Module):
         return h + ffn
 
 
-class Transformer(nn.Module):
+class Transformer(CachedDecoding, nn.Module):
     """The LlamaGen GPT. Logits are returned in fp32; hidden states are post-final-norm."""
 
     def __init__(self, config: GPTConfig) -> None:
@@ -196,29 +197,9 @@ class Transformer(nn.Module):
         return self.logits(hidden)[:, cls - 1:], hidden
 
     # -- inference -------------------------------------------------------------------------
-    def new_cache(self, batch: int, capacity: int, device: torch.device | str,
-                  dtype: torch.dtype | None = None) -> StaticKVCache:
-        cfg = self.config
-        return StaticKVCache(cfg.n_layer, batch, cfg.kv_heads, cfg.head_dim, capacity, device,
-                             dtype or self.tok_embeddings.weight.dtype)
+    # new_cache / prefill / forward_cached: CachedDecoding (runtime/models/target.py)
+    def embed_prefix(self, cond: torch.Tensor) -> torch.Tensor:
+        return self.embed_condition(cond)
 
-    def prefill(self, cond: torch.Tensor, cache: StaticKVCache,
-                cond_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Run the condition positions 0..cls-1 into an empty cache; returns hidden (B, cls, dim)."""
-        return run_prefix(self, self.embed_condition(cond), cache, cond_mask)
-
-    def forward_cached(self, x: torch.Tensor, positions: torch.Tensor, block_mask: torch.Tensor,
-                       cache: StaticKVCache, offset: int = 0) -> torch.Tensor:
-        """Run a block of T new inputs through the cache without committing it.
-
-        x: (B, T, dim) input embeddings (see `tok_embeddings`), written at slots
-        `cache.length + arange(T)` of each row; positions: (T,) or per row (B, T) RoPE rows;
-        block_mask: (T, T) or (B, T, T) bool, which new tokens each new token sees (itself and its tree ancestors).
-        Returns post-norm hidden states (B, T, dim). The caller commits with `cache.commit`.
-        """
-        freqs = self.rope_rows(positions)
-        slots = cache.block_slots(x.size(1), offset)
-        mask = cache.additive_mask(block_mask, offset)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, freqs, layer=i, cache=cache, slots=slots, mask=mask)
-        return self.norm(x)
+    def rotary(self, positions: torch.Tensor) -> torch.Tensor:
+        return self.rope_rows(positions)

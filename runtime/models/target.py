@@ -1,0 +1,88 @@
+"""The target interface the decoding core uses, declared (`Target`), and the cached-decoding half
+both model families share (`CachedDecoding`): a LlamaGen GPT (`gpt.Transformer`) and a
+Chameleon-family decoder (`chameleon.ChameleonTarget`) differ only in how they embed a condition
+and which rotary table they use.
+
+Shapes: B model rows, T new positions, D the width, V the image-token vocabulary.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol
+
+import torch
+from torch import nn
+
+from runtime.models.kv_cache import StaticKVCache
+from runtime.models.layers import run_prefix
+
+
+class Target(Protocol):
+    """What `runtime.core` calls on a target model."""
+
+    config: Any  # block_size (image tokens), cls_token_num (condition positions), vocab_size V, dim D, ...
+    tok_embeddings: nn.Module  # image token ids (...) -> (..., D)
+    # a layout's fixed tokens: constrain(logits (B, T, V), image index (B, T)) -> logits, or None
+    constrain: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None
+
+    @property
+    def max_position(self) -> int:
+        """Largest sequence position the rotary table covers, plus one."""
+        ...
+
+    def new_cache(self, batch: int, capacity: int, device: torch.device | str,
+                  dtype: torch.dtype | None = None) -> StaticKVCache: ...
+
+    def prefill(self, cond: torch.Tensor, cache: StaticKVCache,
+                cond_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The condition into an empty cache; hidden states (B, cls, D)."""
+        ...
+
+    def forward_cached(self, x: torch.Tensor, positions: torch.Tensor, block_mask: torch.Tensor,
+                       cache: StaticKVCache, offset: int = 0) -> torch.Tensor:
+        """A block of T inputs (B, T, D) through the cache without committing; hidden (B, T, D)."""
+        ...
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., D) -> (..., V) fp32."""
+        ...
+
+    def null_condition(self, cond: torch.Tensor) -> torch.Tensor: ...
+
+    def null_condition_mask(self, cond_mask: torch.Tensor) -> torch.Tensor: ...
+
+
+class CachedDecoding:
+    """`new_cache`, `prefill` and `forward_cached` for a decoder whose subclass provides
+    `config` (n_layer, kv_heads, head_dim), `layers`, `norm`, `embed_prefix(cond)` -> (B, cls, D)
+    and `rotary(positions)` -> the rotation its layers take."""
+
+    constrain: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+
+    def new_cache(self, batch: int, capacity: int, device: torch.device | str,
+                  dtype: torch.dtype | None = None) -> StaticKVCache:
+        cfg = self.config  # type: ignore[attr-defined]
+        return StaticKVCache(cfg.n_layer, batch, cfg.kv_heads, cfg.head_dim, capacity, device,
+                             dtype or self.tok_embeddings.weight.dtype)  # type: ignore[attr-defined]
+
+    def prefill(self, cond: torch.Tensor, cache: StaticKVCache,
+                cond_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Run the condition positions 0..cls-1 into an empty cache; returns hidden (B, cls, D)."""
+        return run_prefix(self, self.embed_prefix(cond), cache, cond_mask)  # type: ignore[attr-defined]
+
+    def forward_cached(self, x: torch.Tensor, positions: torch.Tensor, block_mask: torch.Tensor,
+                       cache: StaticKVCache, offset: int = 0) -> torch.Tensor:
+        """Run a block of T new inputs through the cache without committing it.
+
+        x: (B, T, D) input embeddings (see `tok_embeddings`), written at slots
+        `cache.length + arange(T)` of each row; positions: (T,) or per row (B, T) rotary rows;
+        block_mask: (T, T) or (B, T, T) bool, which new tokens each new token sees (itself and its
+        tree ancestors). Returns post-norm hidden states (B, T, D). The caller commits with
+        `cache.commit`.
+        """
+        rotation = self.rotary(positions)  # type: ignore[attr-defined]
+        slots = cache.block_slots(x.size(1), offset)
+        mask = cache.additive_mask(block_mask, offset)
+        for i, layer in enumerate(self.layers):  # type: ignore[attr-defined]
+            x = layer(x, rotation, layer=i, cache=cache, slots=slots, mask=mask)
+        return self.norm(x)  # type: ignore[attr-defined]
