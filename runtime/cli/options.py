@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import logging
 import typing
 from typing import Annotated, Any, Callable, Optional, Sequence
 
@@ -16,6 +15,7 @@ import typer
 
 from runtime.errors import UserError
 from runtime.method_options import METHOD_OPTIONS, OPTIONS_BY_NAME, MethodFlags
+from runtime.device_setup import open_backend  # noqa: F401 - the commands' backend and profile, re-exported
 
 Model = Annotated[Optional[str], typer.Option("--model", help="'demo' (default) or a bundle directory from 'runtime train demo'.", rich_help_panel='Model')]
 GptModel = Annotated[Optional[str], typer.Option("--gpt-model", help="Official LlamaGen config: GPT-B, GPT-L, GPT-XL, GPT-XXL, GPT-3B.", rich_help_panel='Model')]
@@ -78,27 +78,6 @@ def with_method_options(only: Sequence[str] | None = None) -> Callable[[Callable
         return command
 
     return wrap
-
-
-def open_backend(device: str, profile_name: str | None, graph: bool | None, dtype: str | None,
-                 index: int | None = None):
-    """(backend, profile): the backend for --device and the profile for it (or --profile-name)."""
-    from backends import get_backend
-    from runtime.profiles import default_profile_for, load_profile
-
-    given = load_profile(profile_name) if profile_name else None
-    # Gaudi's lazy/eager mode is fixed when habana_frameworks is first imported, which probing
-    # does: choose it from the profile (gaudi2 is the only HPU profile) before probing.
-    lazy = (given or load_profile("gaudi2")).device.hpu_lazy_mode if device in ("hpu", "auto") else None
-    probe = get_backend(device, graph_mode=False, index=index, hpu_lazy_mode=lazy)
-    profile = given or default_profile_for(probe.name, str(probe.info().get("name", "")))
-    graph_mode = profile.device.graph if graph is None else graph
-    backend = get_backend(probe.name, dtype=dtype or profile.device.dtype, graph_mode=graph_mode,
-                          index=index, hpu_lazy_mode=profile.device.hpu_lazy_mode)
-    logging.getLogger("runtime.cli").info("device %s (%s), profile %s (%s), graph mode %s, dtype %s", backend.name,
-                                          probe.info().get("name", "?"), profile.name, profile.source,
-                                          "on" if graph_mode else "off", dtype or profile.device.dtype)
-    return backend, profile
 
 
 IN_MEMORY_IMAGES = 100_000  # run / bench keep every image in memory; beyond this, runtime sample

@@ -160,10 +160,10 @@ def _offline(records: list[dict[str, Any]], serve_args: list[str], ready: dict[s
     """(token mismatches among `verify` requests, offline throughput of every image served)."""
     import torch
 
-    from runtime.cli.options import open_backend
     from runtime.core import generate
     from runtime.core.rng import derive_seed
     from runtime.method_options import OPTION_TYPES, SAMPLING_KEYS
+    from runtime.device_setup import open_backend
     from runtime.pipeline import load_model, make_decoder, resolve_spec
 
     def flag(name: str, default: Any = None) -> Any:
