@@ -37,7 +37,7 @@ from runtime.core.policies import make_policy
 from runtime.core.methods import MethodSpec
 from runtime.core.opcount import kernels_generated
 from runtime.core.rng import CounterRNG
-from runtime.core.sampling import apply_cfg, cfg_off_mask, probabilities
+from runtime.core.state import DecodeState
 from runtime.errors import UserError
 from runtime.models.drafter import Drafter
 from runtime.models.gpt import Transformer
@@ -172,8 +172,11 @@ class Decoder:
             raise UserError(f"method {spec.method} needs a drafter; pass --drafter DIR or use --method ar")
         dev = self.device
 
-        # -- the drafting policy owns the tree shape -----------------------------------------
-        self.policy = make_policy(self)
+        # -- the state the phases share; the drafting policy owns the tree shape ------------
+        self.rng = CounterRNG(self.device, streams=batch_size)
+        self.state = DecodeState(spec, target, drafter, self.device, self.dtype, batch_size, self.rows, self.cls,
+                                 self.vocab, self.num_tokens, self.rng, constrain=self.constrain)
+        self.policy = make_policy(self.state)
         self.tree = self.policy.tree
         if self.tree.max_children > self.vocab:
             raise UserError(f"the draft tree gives a node {self.tree.max_children} children (ranks 0.."
@@ -205,14 +208,12 @@ class Decoder:
         committed = self.cls + self.num_tokens + m
         b = batch_size
         self.cache = target.new_cache(self.rows, committed + self.n1, dev)
-        self.rng = CounterRNG(dev, streams=b)
-        # a done image's block still lands (unread) past its end: room for two blocks
-        self.out = torch.zeros(b, self.num_tokens + 2 * m + 1, dtype=torch.long, device=dev)
-        self.count = torch.zeros(b, dtype=torch.long, device=dev)  # tokens known, pending root included
-        self.tokens = torch.zeros(b, self.n1, dtype=torch.long, device=dev)
-        self.p = torch.zeros(b, self.n1, self.vocab, device=dev)
-        self.q = torch.zeros(b, self.n1, self.vocab, device=dev) if self.policy.needs_q else None
-        self.hidden = torch.zeros(self.rows, self.n1, cfg.dim, device=dev, dtype=self.dtype)
+        state = self.state
+        state.max_depth, state.group = self.max_depth, self.group
+        state.allocate(self.n1, cfg.dim, self.policy.needs_q)
+        # the shared buffers, by the names the loop below uses (the same tensors)
+        self.out, self.count, self.tokens, self.p, self.q, self.hidden = (state.out, state.count, state.tokens,
+                                                                          state.p, state.q, state.hidden)
         # count_hist[i, c]: iterations of image i that accepted c nodes (root included); every
         # other counter (iterations, accepted drafts, per-depth acceptance) follows from it and
         # `count`
@@ -222,13 +223,11 @@ class Decoder:
         # NO_POSITION if none: read when an image is done (the loop's existing host read)
         self.nonfinite = torch.full((len(MODEL_PARTS), b), NO_POSITION, dtype=torch.long, device=dev)
         self.no_position = torch.tensor(NO_POSITION, device=dev)
-        self.block_ids = torch.arange(m, device=dev)
+        self.block_ids = state.block_ids
         # the accept step's results, written in place: each image's new tokens (accepted drafts,
         # then the bonus) and accepted node count (0 once done); the drafter policies read them
         # as their pending block. `live_now`: what `live()` last wrote.
-        self.block = torch.zeros(b, m, dtype=torch.long, device=dev)
-        self.accepted = torch.ones(b, dtype=torch.long, device=dev)
-        self.live_now = torch.ones(b, dtype=torch.long, device=dev)
+        self.block, self.accepted, self.live_now = state.block, state.accepted, state.live_now
         self.image_ids = torch.arange(b, device=dev)
         self.accept_rule = acceptance_rule(self.params.greedy, self.rng, self.relax, self.group, rows=self.image_ids)
         per_image = self.rows // b
@@ -294,23 +293,8 @@ class Decoder:
 
     def dist(self, logits: torch.Tensor, depth: torch.Tensor | int | None = None, *, draft: bool = False,
              log: bool = False) -> torch.Tensor:
-        """(rows, T, V) logits -> (B, T, V) processed distribution (CFG, temperature, top-k/p).
-
-        depth: tree depth of the T nodes these logits follow ((T,) or per image (B, T) tensor,
-        or an int for all); the token they predict has image index count + depth, which
-        decides whether `cfg_interval` has switched guidance off. None = the prefill (guidance
-        always on). draft: the drafter's logits, mixed by the fused CFG (`apply_cfg`); log:
-        the log of the distribution (`probabilities`).
-        """
-        off = None
-        if depth is not None and self.params.uses_cfg and self.params.cfg_interval >= 0:
-            index = (self.count[:, None] + depth).expand(self.batch, logits.size(1))
-            off = cfg_off_mask(index, self.params.cfg_interval)
-        mixed = apply_cfg(logits, self.params.cfg, off, fused=draft)
-        if self.constrain is not None:  # tokens the model's layout fixes or forbids at an image index
-            index = (self.count[:, None] + depth if depth is not None else torch.zeros_like(self.count)[:, None])
-            mixed = self.constrain(mixed, index.expand(mixed.size(0), mixed.size(1)))
-        return probabilities(mixed, self.params, log=log)
+        """`DecodeState.dist`: (rows, T, V) logits -> (B, T, V) processed distribution."""
+        return self.state.dist(logits, depth, draft=draft, log=log)
 
     def pick(self, probs: torch.Tensor, streams: torch.Tensor | None = None) -> torch.Tensor:
         """One token per row of (B, ..., V): argmax (greedy) or a sample (image i's stream;
@@ -320,14 +304,12 @@ class Decoder:
         return self.rng.race(probs, streams=streams)  # see `sample`
 
     def expand_rows(self, t: torch.Tensor) -> torch.Tensor:
-        """Per-image (B, ...) -> per model row (rows, ...): the cond and uncond rows share it."""
-        # a view at B = 1 (the stride-0 dim merges), one copy for larger batches
-        return t[None].expand(2, *t.shape).flatten(0, 1) if self.params.uses_cfg else t
+        """`DecodeState.expand_rows`: per-image (B, ...) -> per model row (rows, ...)."""
+        return self.state.expand_rows(t)
 
     def live(self) -> torch.Tensor:
-        """(B,) long: 1 for images still generating, 0 for those done (their advances are 0).
-        Written into `live_now` (one kernel, no conversion): the same tensor every call."""
-        return torch.lt(self.count, self.num_tokens, out=self.live_now)
+        """`DecodeState.live`: (B,) long, 1 for images still generating (written into `live_now`)."""
+        return self.state.live()
 
     def state_bytes(self) -> int:
         """Bytes of the decode state (KV caches, p/q/hidden buffers): what grows with the batch."""

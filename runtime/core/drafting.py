@@ -3,8 +3,8 @@
 A policy owns the tree shape and whatever state its drafts come from; the loop owns the rest
 (target cache, tokens, p, acceptance, output). Per iteration the loop calls
 
-    draft()                 fill `loop.tokens[:, 1:]` (node 0 is the root the last accept
-                            set), `loop.q` (B, N+1, V) where the drafts were sampled (q[:, i] =
+    draft()                 fill `state.tokens[:, 1:]` (node 0 is the root the last accept
+                            set), `state.q` (B, N+1, V) where the drafts were sampled (q[:, i] =
                             the distribution node i's children were drawn from) and, for
                             dynamic trees, the tree buffers in place (one tree per image)
     committed(path, n, block)
@@ -13,8 +13,8 @@ A policy owns the tree shape and whatever state its drafts come from; the loop o
                             for an image that is done), block (B, D+1) the new tokens after
                             the root (bonus at n-1)
 
-Every tensor of the loop has the batch of B images first; model rows are `loop.rows`
-(`loop.expand_rows` maps per-image tensors onto them).
+Every tensor of the loop has the batch of B images first; model rows are `state.rows`
+(`state.expand_rows` maps per-image tensors onto them).
 
 Both run on the device with fixed shapes and no host reads, so the loop captures them with
 its other steps. Policies:
@@ -40,7 +40,7 @@ from runtime.core.tree import (StaticTree, TreeBuffers, buffers_from_parents, lo
                                tree_constants)
 
 if TYPE_CHECKING:
-    from runtime.core.loop import DecodeLoop
+    from runtime.core.state import DecodeState
 
 _SMALLEST_NORMAL = 1.1754944e-38
 # Floor for log q in EAGLE-2 scores: keeps filtered-out tokens finite and parent > child.
@@ -80,12 +80,12 @@ class DraftPolicy:
     """Base: the AR policy (root only, nothing drafted). Subclasses override the hooks."""
 
     kind = "none"
-    sampled_q = False  # acceptance sees `loop.q` (drafts were sampled from it)
+    sampled_q = False  # acceptance sees `state.q` (drafts were sampled from it)
     needs_q = False  # the loop allocates `q` (N+1, V)
 
-    def __init__(self, loop: "DecodeLoop") -> None:
-        self.loop = loop
-        self.tree = self.build_tree(loop.device)
+    def __init__(self, state: "DecodeState") -> None:
+        self.state = state
+        self.tree = self.build_tree(state.device)
 
     def build_tree(self, device: torch.device) -> TreeBuffers:
         z = torch.zeros(1, dtype=torch.long, device=device)
@@ -161,34 +161,34 @@ class DrafterPolicy(DraftPolicy):
         return self.tree.size
 
     def allocate(self, committed: int) -> None:
-        loop = self.loop
-        dev, rows, m = loop.device, loop.rows, loop.max_depth + 1
-        drafter = loop.drafter
+        state = self.state
+        dev, rows, m = state.device, state.rows, state.max_depth + 1
+        drafter = state.drafter
         self.dcache = drafter.new_cache(rows, committed + self.draft_slots(), dev)
         # condition positions 0..cls-2 of one image, run before its slot takes them
-        self.start_dcache = drafter.new_cache(rows // loop.batch, loop.cls - 1, dev) if loop.cls > 1 else None
-        self.draft_hidden = torch.zeros(rows, loop.n1, drafter.config.hidden_size, device=dev, dtype=loop.dtype)
+        self.start_dcache = drafter.new_cache(rows // state.batch, state.cls - 1, dev) if state.cls > 1 else None
+        self.draft_hidden = torch.zeros(rows, state.n1, drafter.config.hidden_size, device=dev, dtype=state.dtype)
         # the pending block's tokens and counts are the loop's accept results themselves
-        self.pend_tokens, self.pend_count = loop.block, loop.accepted
-        self.pend_hidden = torch.zeros(rows, m, loop.target.config.dim, device=dev, dtype=loop.dtype)
+        self.pend_tokens, self.pend_count = state.block, state.accepted
+        self.pend_hidden = torch.zeros(rows, m, state.target.config.dim, device=dev, dtype=state.dtype)
         # the pending block's causal mask, additive once (not per draft)
         self.causal_m = self.dcache.additive(torch.ones(m, m, dtype=torch.bool, device=dev).tril())
 
     def start(self, i: int, rows: torch.Tensor, hidden: torch.Tensor, first: torch.Tensor,
               cond_mask: torch.Tensor | None) -> None:
-        loop = self.loop
+        state = self.state
         # the condition positions the drafter attends to are the ones it was trained with:
         # padded caption positions too ("all", LANTERN's and `runtime train drafter`'s), or not
-        if getattr(loop.drafter.config, "condition_context", "all") == "all":
+        if getattr(state.drafter.config, "condition_context", "all") == "all":
             cond_mask = None
         if self.start_dcache is not None:  # condition positions 0..cls-2 pair token 0 with the target hidden
-            c1, tmp = loop.cls - 1, self.start_dcache
+            c1, tmp = state.cls - 1, self.start_dcache
             tmp.reset()
             if cond_mask is not None:
                 tmp.mark_prefix(cond_mask[:, :c1])
-            zeros = torch.zeros(rows.numel(), c1, dtype=torch.long, device=loop.device)
-            loop.drafter.forward_cached(zeros, hidden[:, :c1], torch.arange(c1, device=loop.device),
-                                        torch.ones(c1, c1, dtype=torch.bool, device=loop.device).tril(), tmp)
+            zeros = torch.zeros(rows.numel(), c1, dtype=torch.long, device=state.device)
+            state.drafter.forward_cached(zeros, hidden[:, :c1], torch.arange(c1, device=state.device),
+                                        torch.ones(c1, c1, dtype=torch.bool, device=state.device).tril(), tmp)
             tmp.advance(c1)
             self.dcache.load_rows(rows, tmp)
         else:
@@ -204,17 +204,17 @@ class DrafterPolicy(DraftPolicy):
     def committed(self, path: torch.Tensor, n: torch.Tensor, block: torch.Tensor) -> None:
         # pend_tokens / pend_count are block / n already (0 for a done image: its drafter
         # cache stops advancing); the hidden states that predicted them:
-        loop = self.loop
-        rows_path = loop.expand_rows(path)
-        torch.gather(loop.hidden, 1, rows_path[..., None].expand(-1, -1, loop.hidden.size(-1)), out=self.pend_hidden)
+        state = self.state
+        rows_path = state.expand_rows(path)
+        torch.gather(state.hidden, 1, rows_path[..., None].expand(-1, -1, state.hidden.size(-1)), out=self.pend_hidden)
 
     def _level0(self) -> torch.Tensor:
         """Drafter over the last accepted block; returns the root's drafter output (rows, dim)."""
-        loop = self.loop
-        positions = self.dcache.length[:, None] + loop.block_ids
-        out = loop.drafter.forward_cached(loop.expand_rows(self.pend_tokens), self.pend_hidden, positions,
+        state = self.state
+        positions = self.dcache.length[:, None] + state.block_ids
+        out = state.drafter.forward_cached(state.expand_rows(self.pend_tokens), self.pend_hidden, positions,
                                           self.causal_m, self.dcache)
-        count = loop.expand_rows(self.pend_count)
+        count = state.expand_rows(self.pend_count)
         last = (count - 1).clamp(min=0)[:, None, None].expand(-1, 1, out.size(-1))
         root = out.gather(1, last).squeeze(1)
         self.dcache.advance(count)
@@ -222,13 +222,13 @@ class DrafterPolicy(DraftPolicy):
 
     def _dist(self, out: torch.Tensor, depth: torch.Tensor | int, log: bool = False) -> torch.Tensor:
         """The drafts' distribution (its log with `log`) after drafter outputs `out` (rows, T, dim)."""
-        return self.loop.dist(self.loop.target.logits(out), depth, draft=True, log=log)
+        return self.state.dist(self.state.target.logits(out), depth, draft=True, log=log)
 
     def _root_level(self) -> torch.Tensor:
         """Level 0: the drafter over the accepted block and the root's q (its children's
         proposal); returns the root's drafter output (rows, dim)."""
         root = self._level0()
-        self.loop.q[:, 0] = self._dist(root[:, None], 0)[:, 0]
+        self.state.q[:, 0] = self._dist(root[:, None], 0)[:, 0]
         return root
 
 
@@ -243,10 +243,10 @@ class StaticTreePolicy(DrafterPolicy):
 
     @property
     def sampled_q(self) -> bool:  # type: ignore[override]
-        return not self.loop.params.greedy
+        return not self.state.params.greedy
 
     def build_tree(self, device: torch.device) -> TreeBuffers:
-        self.static = load_tree(self.loop.spec.tree_spec)
+        self.static = load_tree(self.state.spec.tree_spec)
         tree = static_buffers(self.static).to(device)
         self.levels = [tree.level(d) for d in range(1, tree.max_depth + 1)]
         # per level: each node's parent as an index into the previous level's rows
@@ -277,7 +277,7 @@ class StaticTreePolicy(DrafterPolicy):
         hidden states, kept in locals (the buffer serves the per-level segments of
         --dynamic-depth)."""
         root = self._root_level()
-        noise = None if self.loop.params.greedy else self._noise()
+        noise = None if self.state.params.greedy else self._noise()
         ctx, prev = self._tree_context(), root[:, None]
         for d in range(1, self.tree.max_depth + 1):
             self._pick(d, noise)
@@ -291,7 +291,7 @@ class StaticTreePolicy(DrafterPolicy):
         context is a slice of these (node i sits at slot length + i - 1, depth d at position
         length - 1 + d)."""
         dc = self.dcache
-        return self.loop.drafter.block_context(dc.length[:, None] + self.level_offsets, self.tree_mask, dc)
+        return self.state.drafter.block_context(dc.length[:, None] + self.level_offsets, self.tree_mask, dc)
 
     def _noise(self) -> torch.Tensor:
         """Sampled drafts: the exponential noise of every level in one draw (rows = nodes with
@@ -301,30 +301,30 @@ class StaticTreePolicy(DrafterPolicy):
         uniforms (`accept_uniforms`): the stream's counter runs on from the drafts' numbers
         to the acceptance's, so one draw of both lengths gives each the numbers it would
         draw alone, in one RNG call per iteration instead of two."""
-        loop, parents = self.loop, self.levels[-1][0]
+        state, parents = self.state, self.levels[-1][0]
         if self.draws is None:
-            return loop.rng.exponential(loop.batch, parents, loop.vocab)
-        loop.rng.uniform(*self.draws.shape, out=self.draws)
-        return exponential_from_uniform(self.draws[:, : parents * loop.vocab].view(loop.batch, parents, loop.vocab))
+            return state.rng.exponential(state.batch, parents, state.vocab)
+        state.rng.uniform(*self.draws.shape, out=self.draws)
+        return exponential_from_uniform(self.draws[:, : parents * state.vocab].view(state.batch, parents, state.vocab))
 
     def accept_uniforms(self) -> torch.Tensor | None:
-        return None if self.draws is None else self.draws[:, self.levels[-1][0] * self.loop.vocab:]
+        return None if self.draws is None else self.draws[:, self.levels[-1][0] * self.state.vocab:]
 
     def _pick(self, d: int, noise: torch.Tensor | None) -> None:
         """Level d's tokens: each parent's top-k (greedy) or k samples without replacement."""
-        loop, tree = self.loop, self.tree
+        state, tree = self.state, self.tree
         start, end = self.levels[d - 1]
         parent_start, parent_end = (0, 1) if d == 1 else self.levels[d - 2]
-        q = loop.q[:, parent_start:parent_end]
+        q = state.q[:, parent_start:parent_end]
         k = self.level_grid[d - 1] or tree.max_children
         if noise is None:
             cand = torch.topk(q, k, dim=-1).indices  # (B, parents, k)
         else:  # Gumbel-top-k as an exponential race: q / E orders as log q - log E (one op, not two)
             cand = torch.topk(q / noise[:, parent_start:parent_end], k, dim=-1).indices
         if self.level_grid[d - 1] is not None:
-            loop.tokens[:, start:end].view(cand.shape).copy_(cand)
+            state.tokens[:, start:end].view(cand.shape).copy_(cand)
         else:
-            loop.tokens[:, start:end] = cand[:, self.level_parent[d - 1], tree.rank[start:end]]
+            state.tokens[:, start:end] = cand[:, self.level_parent[d - 1], tree.rank[start:end]]
 
     def _forward(self, d: int, ctx: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
                  prev: torch.Tensor | None = None) -> torch.Tensor:
@@ -332,7 +332,7 @@ class StaticTreePolicy(DrafterPolicy):
         their drafter outputs (rows, width, dim). `ctx`: `_tree_context()` (built here when a
         level runs as its own segment); `prev`: the outputs of level d - 1 (the parents), else
         read from (and this level's written to) `draft_hidden`."""
-        loop, tree = self.loop, self.tree
+        state, tree = self.state, self.tree
         start, end = self.levels[d - 1]
         rot, slots, mask = ctx if ctx is not None else self._tree_context()
         span = self.parent_range[d - 1]
@@ -345,48 +345,48 @@ class StaticTreePolicy(DrafterPolicy):
             hid = (self.draft_hidden if prev is None else prev)[:, a:b, None].expand(
                 -1, -1, (end - start) // (b - a), -1).flatten(1, 2)
         width = end - start
-        out = loop.drafter.forward_block(loop.expand_rows(loop.tokens[:, start:end]), hid,
+        out = state.drafter.forward_block(state.expand_rows(state.tokens[:, start:end]), hid,
                                          rot[:, d - 1:d].expand(-1, width, *rot.shape[2:]),
                                          slots[:, start - 1:end - 1], mask[:, :, start - 1:end - 1], self.dcache)
         if prev is None and d + 1 < tree.max_depth:  # the deepest forwarded level is nobody's parent
             self.draft_hidden[:, start:end] = out
-        loop.q[:, start:end] = self._dist(out, d)
+        state.q[:, start:end] = self._dist(out, d)
         return out
 
     def allocate(self, committed: int) -> None:
         super().allocate(committed)
         self.tree_mask = self.dcache.additive(self.tree_seen)
-        loop = self.loop
+        state = self.state
         # sampled drafts in one step: the drafts' and the acceptance's uniforms (`_noise`)
-        one_step = loop.spec.dynamic_depth is None and loop.group is None and not loop.params.greedy
-        self.draws = torch.zeros(loop.batch, self.levels[-1][0] * loop.vocab + self.tree.size + loop.vocab,
-                                 device=loop.device) if one_step else None
-        if loop.spec.dynamic_depth is None:
+        one_step = state.spec.dynamic_depth is None and state.group is None and not state.params.greedy
+        self.draws = torch.zeros(state.batch, self.levels[-1][0] * state.vocab + self.tree.size + state.vocab,
+                                 device=state.device) if one_step else None
+        if state.spec.dynamic_depth is None:
             return
         # --dynamic-depth state
-        self.path_prob = torch.ones(loop.batch, self.tree.size, device=loop.device)
-        self.confident = torch.ones(loop.batch, dtype=torch.bool, device=loop.device)
-        self.noise = None if loop.params.greedy else torch.zeros(
-            loop.batch, self.levels[-1][0], loop.vocab, device=loop.device)
+        self.path_prob = torch.ones(state.batch, self.tree.size, device=state.device)
+        self.confident = torch.ones(state.batch, dtype=torch.bool, device=state.device)
+        self.noise = None if state.params.greedy else torch.zeros(
+            state.batch, self.levels[-1][0], state.vocab, device=state.device)
 
     # -- --dynamic-depth: one segment per level, cut at the first improbable depth -------------
     @property
     def checks(self) -> frozenset[int]:  # type: ignore[override]
-        if self.loop.spec.dynamic_depth is None:
+        if self.state.spec.dynamic_depth is None:
             return frozenset()
         return frozenset(range(self.tree.max_depth - 1))
 
     @property
     def go_on(self) -> torch.Tensor:  # type: ignore[override]
-        return self.confident & self.loop.live().bool()
+        return self.confident & self.state.live().bool()
 
     def segments(self) -> list[Callable[[], None]]:
-        if self.loop.spec.dynamic_depth is None:
+        if self.state.spec.dynamic_depth is None:
             return [self.draft]
         return [self._first_level] + [lambda d=d: self._next_level(d) for d in range(1, self.tree.max_depth)]
 
     def verified_depths(self) -> tuple[int, ...]:
-        if self.loop.spec.dynamic_depth is None:
+        if self.state.spec.dynamic_depth is None:
             return (self.tree.max_depth,)
         return tuple(range(1, self.tree.max_depth + 1))
 
@@ -394,12 +394,12 @@ class StaticTreePolicy(DrafterPolicy):
         if depth == self.tree.max_depth:
             return self.tree
         paths = tuple(p for p in self.static.paths if len(p) <= depth)
-        return static_buffers(StaticTree(f"{self.static.name}[:{depth}]", paths)).to(self.loop.device)
+        return static_buffers(StaticTree(f"{self.static.name}[:{depth}]", paths)).to(self.state.device)
 
     def verified_depth(self, segments_run: int) -> int:
         """Segments 0..i ran and the check after i failed: levels 1..i+1 are drafted and level
         i+2 is not to be verified, so depths <= i+1 are kept."""
-        if self.loop.spec.dynamic_depth is None or segments_run >= self.tree.max_depth:
+        if self.state.spec.dynamic_depth is None or segments_run >= self.tree.max_depth:
             return self.tree.max_depth  # one segment, or every level's: the whole tree
         return segments_run
 
@@ -429,19 +429,19 @@ class StaticTreePolicy(DrafterPolicy):
 
     def _pick_scored(self, d: int) -> None:
         """Pick level d and its nodes' path probabilities (the product of q along the path)."""
-        loop, tree = self.loop, self.tree
+        state, tree = self.state, self.tree
         self._pick(d, self.noise)
         start, end = self.levels[d - 1]
         par = tree.parent[start:end]
-        q_tok = loop.q[:, par].gather(2, loop.tokens[:, start:end, None]).squeeze(2)  # (B, width)
+        q_tok = state.q[:, par].gather(2, state.tokens[:, start:end, None]).squeeze(2)  # (B, width)
         self.path_prob[:, start:end] = self.path_prob[:, par] * q_tok
 
     def _decide(self, d: int) -> None:
         """`confident`: level d+1 is verified, from level d's path probabilities and q alone
         (before level d+1 is sampled)."""
         start, end = self.levels[d - 1]
-        reach = self.path_prob[:, start:end] * self.loop.q[:, start:end].amax(-1)  # (B, width)
-        self.confident.copy_(reach.amax(-1) >= self.loop.spec.dynamic_depth)
+        reach = self.path_prob[:, start:end] * self.state.q[:, start:end].amax(-1)  # (B, width)
+        self.confident.copy_(reach.amax(-1) >= self.state.spec.dynamic_depth)
 
 
 class DynamicTreePolicy(DrafterPolicy):
@@ -466,7 +466,7 @@ class DynamicTreePolicy(DrafterPolicy):
     needs_q = False  # drafts are deterministic; the root's log q stays a local of the draft
 
     def build_tree(self, device: torch.device) -> TreeBuffers:
-        spec, b = self.loop.spec, self.loop.batch
+        spec, b = self.state.spec, self.state.batch
         k, d, n1 = spec.top_k_draft, spec.expansions + 1, spec.total_tokens
         zeros = lambda: torch.zeros(b, n1, dtype=torch.long, device=device)  # noqa: E731
         square = lambda: torch.zeros(b, n1, n1, device=device)  # noqa: E731
@@ -479,12 +479,12 @@ class DynamicTreePolicy(DrafterPolicy):
 
     def draft_slots(self) -> int:
         # every level expands all top_k frontier nodes, whatever the tree keeps
-        return self.loop.spec.expansions * self.loop.spec.top_k_draft
+        return self.state.spec.expansions * self.state.spec.top_k_draft
 
     def allocate(self, committed: int) -> None:
         super().allocate(committed)
-        loop = self.loop
-        spec, dev, n1, b = loop.spec, loop.device, self.tree.size, loop.batch
+        state = self.state
+        spec, dev, n1, b = state.spec, state.device, self.tree.size, state.batch
         k, e = spec.top_k_draft, spec.expansions
         # constants of every EAGLE-2 draft, built once (a captured step would rebuild them)
         earlier = torch.ones(n1, n1, dtype=torch.bool, device=dev).tril(-1)
@@ -516,13 +516,13 @@ class DynamicTreePolicy(DrafterPolicy):
         self.cand_fid[:, 1: 1 + k] = torch.arange(k, device=dev)
         self.fr_score = torch.zeros(b, max(e - 1, 1), k, device=dev)  # each frontier's scores
         # EAGLE-2 scores are log q: filters or a layout rule give -inf, floored to stay finite
-        params = loop.params
-        self._floor_logq = loop.constrain is not None or (
+        params = state.params
+        self._floor_logq = state.constrain is not None or (
             not params.greedy and (params.top_k > 0 or params.top_p < 1.0))
         # the frontier between segments (ddd)
         self.frontier = {"tok": torch.zeros(b, k, dtype=torch.long, device=dev), "score": torch.zeros(b, k, device=dev),
-                   "hidden": torch.zeros(loop.rows, k, loop.drafter.config.hidden_size, device=dev, dtype=loop.dtype),
-                   "mask": torch.zeros(loop.rows, 1, k, self.dcache.capacity, device=dev,
+                   "hidden": torch.zeros(state.rows, k, state.drafter.config.hidden_size, device=dev, dtype=state.dtype),
+                   "mask": torch.zeros(state.rows, 1, k, self.dcache.capacity, device=dev,
                                        dtype=self.dcache.k_all.dtype)}
         self.alive = torch.ones(b, dtype=torch.bool, device=dev)  # ddd: still drafting
         # a tensor, so a captured step reads it at replay (runtime tune varies it in place)
@@ -539,7 +539,7 @@ class DynamicTreePolicy(DrafterPolicy):
 
     @property
     def go_on(self) -> torch.Tensor:  # type: ignore[override]
-        return self.alive & self.loop.live().bool()
+        return self.alive & self.state.live().bool()
 
     def segments(self) -> list[Callable[[], None]]:
         if len(self._spans) == 1:
@@ -552,11 +552,11 @@ class DynamicTreePolicy(DrafterPolicy):
         return None if len(self._spans) == 1 else self._select
 
     def drafted_levels(self) -> torch.Tensor | None:
-        return self.drafted if self.loop.spec.ddd_checks else None
+        return self.drafted if self.state.spec.ddd_checks else None
 
     def draft(self) -> None:
         if len(self._spans) == 1:  # EAGLE-2 in one step: every expansion, then the selection
-            self._segment(0, self.loop.spec.expansions, start=True)
+            self._segment(0, self.state.spec.expansions, start=True)
         else:
             for seg in self.segments():
                 seg()
@@ -568,13 +568,13 @@ class DynamicTreePolicy(DrafterPolicy):
         (None after the last expansion). `start` begins with the drafter's level 0 and the
         root's top-k. The frontier lives in locals within a segment and in `self.frontier` between
         segments (ddd, `_run_segment`)."""
-        k, checks = self.loop.spec.top_k_draft, self.loop.spec.ddd_checks
+        k, checks = self.state.spec.top_k_draft, self.state.spec.ddd_checks
         # RoPE rows, slots and "sees itself" masks of every drafted node, once (the drafter
         # cache length does not move while the tree is drafted)
-        dc, e = self.dcache, self.loop.spec.expansions
+        dc, e = self.dcache, self.state.spec.expansions
         root = self._level0() if start else None  # (rows, dim); advances the drafter cache
         own = dc.additive_mask_from(dc.mask_columns(e * k), e * k, self._c["eye_all"])  # (rows, 1, E*k, cap)
-        ctx = (self.loop.drafter.rope_rows(dc.length[:, None] + self.level_offsets), dc.block_slots(e * k), own)
+        ctx = (self.state.drafter.rope_rows(dc.length[:, None] + self.level_offsets), dc.block_slots(e * k), own)
         frontier = self._root(root, own) if root is not None else dict(self.frontier)
         for level in range(first + 1, last + 1):
             frontier = self._expand(level, frontier, ctx)
@@ -592,7 +592,7 @@ class DynamicTreePolicy(DrafterPolicy):
     def _block(self, level: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Views of expansion `level`'s candidate block (B, k, k) in `cand_tok`, `cand_score`
         (level 0: the root's top-k, (B, k))."""
-        k = self.loop.spec.top_k_draft
+        k = self.state.spec.top_k_draft
         if level == 0:
             return self.cand_tok[:, :k], self.cand_score[:, :k]
         at = k + (level - 1) * k * k
@@ -608,8 +608,8 @@ class DynamicTreePolicy(DrafterPolicy):
         """The root's top-k after the drafter's level 0 (root: its output (rows, dim)), written
         as the first candidate block; returns the first frontier. own: the drafted nodes'
         "sees itself" masks (rows, 1, E*k, cap)."""
-        loop, c, k = self.loop, self._c, self.loop.spec.top_k_draft
-        if loop.spec.ddd_checks:  # stale expansions of the last iteration must not be selected
+        state, c, k = self.state, self._c, self.state.spec.top_k_draft
+        if state.spec.ddd_checks:  # stale expansions of the last iteration must not be selected
             self.cand_score[:, k:] = float("-inf")
             self.alive.fill_(True)
             self.drafted.fill_(1)
@@ -627,10 +627,10 @@ class DynamicTreePolicy(DrafterPolicy):
         next frontier (None after the last expansion, whose frontier nothing reads; its ids go
         straight into `cand_fid`). ctx: the RoPE rows (rows, E, ...) of every expansion, the
         slots (rows, E*k) of every drafted node and their "sees itself" masks (rows, 1, E*k, cap)."""
-        loop, b, checks = self.loop, self.loop.batch, self.loop.spec.ddd_checks
-        k = loop.spec.top_k_draft
+        state, b, checks = self.state, self.state.batch, self.state.spec.ddd_checks
+        k = state.spec.top_k_draft
         rot_all, slots_all, own = ctx
-        out = loop.drafter.forward_block(loop.expand_rows(frontier["tok"]), frontier["hidden"],
+        out = state.drafter.forward_block(state.expand_rows(frontier["tok"]), frontier["hidden"],
                                          rot_all[:, level - 1:level].expand(-1, k, *rot_all.shape[2:]),
                                          slots_all[:, (level - 1) * k: level * k], frontier["mask"], self.dcache)
         tok, score = self._block(level)  # (B, k, k) views
@@ -643,13 +643,13 @@ class DynamicTreePolicy(DrafterPolicy):
             torch.where(self.alive[:, None], scores, self._c["stopped"], out=scores)
         elif checks:
             self.drafted += 1
-        if level == loop.spec.expansions:
+        if level == state.spec.expansions:
             return None
         # the next frontier: local ids in this block, which are also the next block's frontier ids
         best_score = self.fr_score[:, level - 1]
         ids = self.cand_fid[:, 1 + level * k: 1 + (level + 1) * k]
         torch.topk(scores, k, out=(best_score, ids))  # (B, k)
-        parent_rows = loop.expand_rows(ids // k)  # (rows, k): each one's parent in the frontier
+        parent_rows = state.expand_rows(ids // k)  # (rows, k): each one's parent in the frontier
         mask = frontier["mask"]
         # a child sees what its parent saw, and itself
         seen = mask.gather(2, parent_rows[:, None, :, None].expand(-1, 1, -1, mask.size(-1)))
@@ -659,7 +659,7 @@ class DynamicTreePolicy(DrafterPolicy):
 
     def _select(self) -> None:
         """Keep the best total_tokens - 1 candidates (parents before children) as the tree."""
-        loop, c, k = self.loop, self._c, self.loop.spec.top_k_draft
+        state, c, k = self.state, self._c, self.state.spec.top_k_draft
         tok, score, fid = self.cand_tok, self.cand_score, self.cand_fid
         n1 = self.tree.size
         sel = torch.topk(score, n1 - 1).indices.sort().values  # parents before children
@@ -674,4 +674,4 @@ class DynamicTreePolicy(DrafterPolicy):
         sib = torch.logical_and(parent[:, :, None] == parent[:, None, :], c["earlier"], out=t.earlier_sibling)
         buffers_from_parents(parent, torch.sum(sib, -1, out=t.rank), t.max_depth, t.max_children,
                              earlier_sibling=sib, consts=self._tree_consts, out=t)
-        torch.gather(tok, 1, sel, out=loop.tokens[:, 1:])
+        torch.gather(tok, 1, sel, out=state.tokens[:, 1:])

@@ -1,5 +1,5 @@
 """The drafting policies by name (`MethodSpec.drafting`): the registry the decoder builds its
-policy from, so the policy modules never import the decoder (they see it as `loop.DecodeLoop`)."""
+policy from, so the policy modules never import the decoder (they see it as `state.DecodeState`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from runtime.core.drafting import DraftPolicy, DynamicTreePolicy, StaticTreePoli
 from runtime.core.jacobi import JacobiPolicy
 
 if TYPE_CHECKING:
-    from runtime.core.loop import DecodeLoop
+    from runtime.core.state import DecodeState
 
 POLICIES: dict[str, type[DraftPolicy]] = {
     "none": DraftPolicy,  # AR: the root alone
@@ -19,6 +19,6 @@ POLICIES: dict[str, type[DraftPolicy]] = {
 }
 
 
-def make_policy(loop: "DecodeLoop") -> DraftPolicy:
+def make_policy(state: "DecodeState") -> DraftPolicy:
     """The policy of the loop's method."""
-    return POLICIES[loop.spec.drafting](loop)
+    return POLICIES[state.spec.drafting](state)
