@@ -8,7 +8,7 @@ generated from `METHOD_OPTIONS`:
 - the command-line options of `runtime run`, `bench`, `tune` and `sample`
   (`runtime.cli.options.with_method_options`), grouped by panel, with their readers;
 - `MethodFlags`, the options as given (None = not given), and `FLAG_METHODS`, which lets
-  `runtime.pipeline.resolve_spec` refuse a flag none of a run's methods reads;
+  `runtime.settings.resolve_spec` refuse a flag none of a run's methods reads;
 - `OPTION_TYPES`, the per-entry options of `runtime bench --methods`;
 - the profile's `[method]` keys and their ranges (`runtime.profiles.MethodSettings`).
 

@@ -299,7 +299,7 @@ def tune(loaded: Any, spec: MethodSpec, backend: Any, conditions: Sequence[int],
     """Measure and choose (see the module docstring). `spec`: the method to tune (sd or
     lantern++, with its sampling and relaxation); `conditions`: the calibration classes."""
     from runtime.core.decoder import Decoder
-    from runtime.pipeline import neighbours_for
+    from runtime.core import neighbours_for
 
     if spec.drafting != "static":
         raise UserError(f"runtime tune chooses a static tree: --method lantern++ or sd, not {spec.method}")

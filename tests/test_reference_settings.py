@@ -18,7 +18,8 @@ from runtime.models.gpt import ROPE_EXTRA_ROWS, Transformer
 from runtime.models.loading import build_gpt, image_size_from_name
 from runtime.models.rope import rope_table_2d
 from runtime.models.vq import VQModel
-from runtime.pipeline import load_model, resolve_spec, sampling_sources
+from runtime.loading import load_model
+from runtime.settings import resolve_spec, sampling_sources
 from runtime.profiles import parse_profile
 from tiny_models import tiny_pair
 

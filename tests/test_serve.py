@@ -28,7 +28,9 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 from runtime.cli.options import open_backend  # noqa: E402
 from runtime.core import generate  # noqa: E402
-from runtime.pipeline import decode_tokens, load_model, resolve_spec  # noqa: E402
+from runtime.loading import load_model  # noqa: E402
+from runtime.pipeline import decode_tokens  # noqa: E402
+from runtime.settings import resolve_spec  # noqa: E402
 from runtime.serve import build_server  # noqa: E402
 from runtime.serve.engine import Job, QueueFull  # noqa: E402
 

@@ -162,7 +162,7 @@ def test_grouped_near_table_equals_the_per_step_embedding_test():
 
 def test_bench_method_entries_carry_their_own_options():
     from runtime.bench.runner import plan_runs
-    from runtime.pipeline import parse_proactive
+    from runtime.settings import parse_proactive
 
     plan = plan_runs(["ar", "sjd:coupling=maximal:proactive=4x1", "sjd:window=8"], [])
     assert [(p.method, p.overrides) for p in plan] == [

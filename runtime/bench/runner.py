@@ -26,7 +26,9 @@ from runtime.core import MethodSpec
 from runtime.core.opcount import phase_ops
 from runtime.errors import UserError, did_you_mean
 from runtime.method_options import OPTION_TYPES
-from runtime.pipeline import LoadedModel, make_decoder, resolve_spec, run_generation
+from runtime.loading import LoadedModel
+from runtime.pipeline import make_decoder, run_generation
+from runtime.settings import resolve_spec
 
 SWEEP_KEYS = {"lambda": ("lantern_lambda", float, "lantern++"), "delta": ("lantern_delta", float, "lantern"),
               "tree": ("tree", str, "lantern++"), "k": ("lantern_k", int, None), "batch": ("batch_size", int, "*")}

@@ -76,7 +76,7 @@ def bench(
     from runtime.bench.schema import save_bench
     from runtime.core.methods import METHODS
     from runtime.models.layers import use_attention_kernel
-    from runtime.pipeline import load_model, parse_classes
+    from runtime.loading import load_model, parse_classes
 
     method_list = [m.strip() for m in methods.split(",") if m.strip()]
     if not method_list:
@@ -101,7 +101,7 @@ def bench(
             if loaded.config.model_type != "c2i":
                 raise UserError("runtime bench supports class-conditional models for now; use runtime run for t2i")
             conditions = parse_classes(classes, num_images, loaded)
-            from runtime.pipeline import resolve_spec
+            from runtime.settings import resolve_spec
 
             for p in plan:  # refuse bad settings before the long part starts
                 resolve_spec(p.method, {**flags, **p.overrides}, prof, loaded.recommended,

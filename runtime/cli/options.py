@@ -1,7 +1,7 @@
 """Options shared by `runtime run` and `runtime bench` (model, device, method and sampling flags).
 
 Method and sampling options default to None: unset flags fall back to the hardware profile,
-then to the model's recommended settings (see runtime.pipeline.resolve_spec).
+then to the model's recommended settings (see runtime.settings.resolve_spec).
 """
 
 from __future__ import annotations

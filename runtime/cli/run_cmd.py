@@ -55,8 +55,9 @@ def run(
     """Generate images (default: the embedded demo with LANTERN++ sampling) into --out."""
     from runtime.distributed import destroy, gather_objects, init_distributed, shard
     from runtime.models.layers import set_attention_kernel
-    from runtime.pipeline import (AUTO, auto_method, load_model, make_decoder, resolve_spec, run_generation,
-                                  sampling_sources)
+    from runtime.loading import load_model
+    from runtime.pipeline import make_decoder, run_generation
+    from runtime.settings import AUTO, auto_method, resolve_spec, sampling_sources
 
     opt.check_num_images(num_images)
     if not out.strip():
@@ -153,7 +154,7 @@ def _select(conditions: Any, idx: list[int]) -> Any:
 
 def _conditions(loaded, classes, prompts, t5_path, num_images, backend):
     """(conditions, cond_masks, labels): class ids, or caption features for t2i prompts."""
-    from runtime.pipeline import parse_classes
+    from runtime.loading import parse_classes
 
     if loaded.config.model_type == "c2i":
         if prompts is not None:

@@ -41,7 +41,9 @@ def sample(**params: Any) -> None:
                                TimeRemainingColumn)
 
     from runtime.distributed import barrier, destroy, init_distributed
-    from runtime.pipeline import load_model, make_decoder, resolve_spec, run_generation
+    from runtime.loading import load_model
+    from runtime.pipeline import make_decoder, run_generation
+    from runtime.settings import resolve_spec
     from runtime.sample_store import SampleStore, conditions_digest, mine, plan
 
     flags = opt.MethodFlags.pick(params)

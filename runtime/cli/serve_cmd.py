@@ -45,7 +45,8 @@ def serve(
     import logging
 
     from runtime.models.layers import set_attention_kernel
-    from runtime.pipeline import AUTO, auto_method, load_model, resolve_spec
+    from runtime.loading import load_model
+    from runtime.settings import AUTO, auto_method, resolve_spec
     from runtime.serve import build_server
 
     if not 0 < port < 65536:

@@ -31,7 +31,7 @@ def bench_shape(args: dict[str, Any]) -> None:
     from runtime.bench.environment import current_env
     from runtime.bench.projection import Target, model_shape, project, projection_file, spec_from_run
     from runtime.cli.app import INVOCATION
-    from runtime.pipeline import resolve_spec
+    from runtime.settings import resolve_spec
 
     given = [f"--{k.replace('_', '-')}" for k in _WORKLOAD_FLAGS if args.get(k) is not None]
     given += ["--sweep"] if args["sweep"] else []

@@ -98,7 +98,7 @@ def train_drafter_for_checkpoint(args: dict[str, Any]) -> dict[str, Any]:
     from runtime.models.configs import DrafterConfig
     from runtime.models.drafter import Drafter
     from runtime.models.loading import build_gpt, save_drafter_folder
-    from runtime.pipeline import parse_classes
+    from runtime.loading import parse_classes
 
     defaults = {**DEFAULTS, **(CHAMELEON_DEFAULTS if args.get("chameleon") else {})}
     values = {k: (defaults[k] if args.get(k) is None else args[k]) for k in defaults}

@@ -50,7 +50,8 @@ def tune_cmd(
     from rich.console import Console
 
     from runtime.atomic import atomic_path, probe_writable
-    from runtime.pipeline import load_model, parse_classes, resolve_spec
+    from runtime.loading import load_model, parse_classes
+    from runtime.settings import resolve_spec
     from runtime.tune import tree_toml, tune
 
     if out.suffix != ".toml":

@@ -164,7 +164,9 @@ def _offline(records: list[dict[str, Any]], serve_args: list[str], ready: dict[s
     from runtime.core.rng import derive_seed
     from runtime.method_options import OPTION_TYPES, SAMPLING_KEYS
     from runtime.device_setup import open_backend
-    from runtime.pipeline import load_model, make_decoder, resolve_spec
+    from runtime.loading import load_model
+    from runtime.pipeline import make_decoder
+    from runtime.settings import resolve_spec
 
     def flag(name: str, default: Any = None) -> Any:
         return serve_args[serve_args.index(name) + 1] if name in serve_args else default
