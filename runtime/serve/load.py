@@ -23,6 +23,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
 
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
-    log = args.out.with_suffix(".server.log")
+    log = Path(tempfile.mkdtemp(prefix="serve-load-")) / "server.log"  # named when the server fails
     with open(log, "w") as server_log:
         proc = subprocess.Popen([sys.executable, "-m", "runtime", "serve", "--port", str(port), *serve_args],
                                 stdout=server_log, stderr=subprocess.STDOUT)
