@@ -8,6 +8,7 @@ import base64
 import io
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -173,7 +174,7 @@ def _get(url: str, timeout: float = 5) -> tuple[int, bytes]:
 
 
 @pytest.mark.slow
-def test_sigterm_drains_the_requests_in_flight_and_exits_0(tmp_path):
+def test_a_real_server_frees_a_gone_clients_slots_refuses_a_bad_request_alone_and_drains_on_sigterm(tmp_path):
     port = _free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "runtime", "serve", "--device", "cpu", "--no-graph", "--port",
@@ -200,12 +201,41 @@ def test_sigterm_drains_the_requests_in_flight_and_exits_0(tmp_path):
             with urllib.request.urlopen(req, timeout=180) as r:
                 result["status"], result["body"] = r.status, json.loads(r.read())
 
+        # a client that goes away mid-request frees its slots: ask for 8 images, then hang up
+        with socket.create_connection(("127.0.0.1", port)) as gone:
+            body = json.dumps({"prompt": "2", "n": 8, "seed": 1}).encode()
+            gone.sendall(b"POST /v1/images/generations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            time.sleep(0.5)
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            metrics = _get(base + "/metrics")[1].decode()
+            if "lantern_slots_busy 0.0" in metrics and "lantern_queue_depth 0.0" in metrics:
+                break
+            time.sleep(0.25)
+        else:
+            pytest.fail("a disconnected client's images kept their slots: " + metrics[:600])
+        made = float(re.search(r"^lantern_images_total (\S+)$", metrics, re.M).group(1))
+        assert made < 8, f"all {made:g} images of the gone client were made: its slots were not freed"
+        # a bad request amid good ones is refused alone
+        bad: dict[str, object] = {}
+
+        def ask_bad() -> None:
+            req = urllib.request.Request(base + "/v1/images/generations", data=b'{"prompt": "99"}',
+                                         headers={"Content-Type": "application/json"})
+            try:
+                urllib.request.urlopen(req, timeout=60)
+            except urllib.error.HTTPError as err:
+                bad["status"] = err.code
+
         asker = threading.Thread(target=ask)
         asker.start()
+        threading.Thread(target=ask_bad).start()
         time.sleep(1.0)  # the request is in flight
         proc.send_signal(signal.SIGTERM)
         asker.join(180)
         assert result.get("status") == 200 and len(result["body"]["data"]) == 4  # type: ignore[index]
+        assert bad.get("status") == 422
         assert proc.wait(60) == 0, proc.stderr.read()[-2000:]
     finally:
         if proc.poll() is None:
