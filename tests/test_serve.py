@@ -283,3 +283,20 @@ def test_method_auto_serves_each_occupancy_with_the_tables_method(demo):
         assert client.get("/ready").json()["in_use"] == "ar"
     finally:
         engine.stop(drain=False, timeout=30)
+
+
+def test_a_streamed_request_sends_each_image_as_it_is_done_then_done(server, demo):
+    client, _, _ = server
+    events = []
+    with client.stream("POST", "/v1/images/generations",
+                       json={"prompt": "9", "n": 3, "seed": 21, "stream": True, "return_tokens": True}) as answer:
+        assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/event-stream")
+        for line in answer.iter_lines():
+            if line.startswith("data: "):
+                events.append(line[len("data: "):])
+    assert events[-1] == "[DONE]" and len(events) == 4
+    images = sorted((json.loads(e) for e in events[:-1]), key=lambda d: d["index"])
+    assert [d["index"] for d in images] == [0, 1, 2]
+    expected = _offline_tokens(demo, 9, 21, 3)
+    assert [d["tokens"] for d in images] == expected.tolist()
+    assert all(d["b64_json"] and d["stats"]["tau"] >= 1 for d in images)

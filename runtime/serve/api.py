@@ -19,6 +19,7 @@ import asyncio
 import base64
 import contextlib
 import io
+import json
 import secrets
 import time
 import uuid
@@ -26,7 +27,7 @@ from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from runtime.serve.engine import Engine, Job, QueueFull
@@ -52,6 +53,8 @@ class ImageRequest(BaseModel):
     temperature: float | None = Field(None, description="Must equal the server's temperature if given.")
     top_k: int | None = Field(None, description="Must equal the server's top-k if given.")
     return_tokens: bool = Field(False, description="Also return each image's VQ tokens.")
+    stream: bool = Field(False, description="Server-sent events: one `data:` event per image as it is done "
+                         "(the ImageData of that image), then `data: [DONE]`.")
     user: str | None = None
 
 
@@ -142,6 +145,9 @@ def create_app(engine: Engine, served: "Served") -> Any:
         except RuntimeError as stopping:
             return error(503, str(stopping), "unavailable")
         waiting = [asyncio.wrap_future(job.future) for job in jobs]
+        if body.stream:
+            return StreamingResponse(_events(jobs, waiting, body, label, served, engine, rid),
+                                     media_type="text/event-stream")
         try:
             done = await _until_done(waiting, request, served.timeout_s)
         except asyncio.TimeoutError:
@@ -155,13 +161,8 @@ def create_app(engine: Engine, served: "Served") -> Any:
             return error(500, f"generation failed: {err}", "server_error")
         tokens = [t for t, _ in done]
         pngs = await asyncio.get_running_loop().run_in_executor(None, served.encode, tokens)
-        data = []
-        for i, (job, (tok, info), png) in enumerate(zip(jobs, done, pngs)):
-            data.append(ImageData(b64_json=png, index=i, seed=job.seed, class_id=label,
-                                  revised_prompt=served.class_name(label),
-                                  tokens=tok.tolist() if body.return_tokens else None,
-                                  stats=ImageStats(tau=info["tau"], latency_s=info["latency_s"],
-                                                   queue_s=info["queue_s"])))
+        data = [_image_data(job, tok, info, png, body, label, served)
+                for job, (tok, info), png in zip(jobs, done, pngs)]
         return ImagesResponse(created=int(time.time()), data=data).model_dump(exclude_none=True)
 
     return app
@@ -169,6 +170,45 @@ def create_app(engine: Engine, served: "Served") -> Any:
 
 class _Disconnected(Exception):
     pass
+
+
+def _image_data(job: Job, tokens: Any, info: dict[str, Any], png: str, body: ImageRequest, label: int,
+                served: "Served") -> ImageData:
+    return ImageData(b64_json=png, index=job.index, seed=job.seed, class_id=label,
+                     revised_prompt=served.class_name(label), tokens=tokens.tolist() if body.return_tokens else None,
+                     stats=ImageStats(tau=info["tau"], latency_s=info["latency_s"], queue_s=info["queue_s"]))
+
+
+async def _events(jobs: list[Job], waiting: list[asyncio.Future], body: ImageRequest, label: int, served: "Served",
+                  engine: Engine, rid: str):  # type: ignore[no-untyped-def]
+    """Server-sent events: each image's ImageData as it is done (any order; `index` says which),
+    then `[DONE]`; an error event ends the stream early. A client that goes away cancels the
+    request (the generator is closed)."""
+    loop = asyncio.get_running_loop()
+
+    async def tagged(job: Job, future: asyncio.Future) -> tuple[Job, Any]:
+        return job, await future
+
+    tasks = [asyncio.ensure_future(tagged(job, future)) for job, future in zip(jobs, waiting)]
+    try:
+        for next_done in asyncio.as_completed(tasks, timeout=served.timeout_s):
+            try:
+                job, (tokens, info) = await next_done
+            except asyncio.TimeoutError:
+                yield f"data: {json.dumps({'error': {'message': 'timeout', 'type': 'timeout'}})}\n\n"
+                return
+            except Exception as err:  # noqa: BLE001 - an engine error ends this stream only
+                yield f"data: {json.dumps({'error': {'message': str(err), 'type': 'server_error'}})}\n\n"
+                return
+            (png,) = await loop.run_in_executor(None, served.encode, [tokens])
+            data = _image_data(job, tokens, info, png, body, label, served).model_dump(exclude_none=True)
+            yield f"data: {json.dumps(data)}\n\n"
+        yield "data: [DONE]\n\n"
+    finally:
+        if not all(f.done() for f in waiting):
+            engine.cancel(rid)
+        for task in tasks:
+            task.cancel()
 
 
 async def _until_done(waiting: list[asyncio.Future], request: Any, timeout_s: float) -> list[Any]:
