@@ -6,6 +6,6 @@ from importlib import resources
 from pathlib import Path
 
 
-def demo_bundle_path() -> Path:
+def default_bundle_path() -> Path:
     """The demo bundle packaged with the runtime (`runtime/assets/demo`)."""
     return Path(str(resources.files("runtime.assets").joinpath("demo")))

@@ -7,7 +7,6 @@ second Ctrl-C exits at once.
 from __future__ import annotations
 
 import signal
-from typing import Any
 
 import typer
 
@@ -84,10 +83,9 @@ def serve(
                                            timeout_graceful_shutdown=max(timeout, 1.0)))
     # uvicorn handles SIGTERM / SIGINT itself (graceful, then forced on a second Ctrl-C) and
     # raises them again once done: a drained SIGTERM is a clean exit here
-    previous: dict[int, Any] = {signal.SIGTERM: signal.signal(signal.SIGTERM, lambda *_: None)}
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)
     try:
         server.run()
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        signal.signal(signal.SIGTERM, previous)
         engine.stop(drain=False, timeout=5)

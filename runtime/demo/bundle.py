@@ -22,7 +22,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from torch import nn
 
-from runtime.assets import demo_bundle_path
+from runtime.assets import default_bundle_path
 from runtime.validation import Bool, Count, NonNegative, PositiveInt, Text, Unit, describe
 from runtime.demo.classifier import ClassifierConfig, DemoClassifier
 from runtime.errors import UserError
@@ -66,11 +66,6 @@ class DemoBundle:
         """Recommended sampling settings: temperature, top_k, top_p, cfg, method, tree,
         lantern_k, lantern_lambda, lantern_delta."""
         return dict(self.manifest["recommended"])
-
-
-def default_bundle_path() -> Path:
-    """The bundle packaged with the runtime (`runtime/assets/demo`)."""
-    return demo_bundle_path()
 
 
 def storage_state(module: nn.Module, name: str) -> dict[str, torch.Tensor]:

@@ -92,9 +92,9 @@ def _demo_parameters() -> int:
     """Parameters of the packaged demo target, read from its safetensors header (no weights loaded)."""
     from safetensors import safe_open
 
-    from runtime.assets import demo_bundle_path
+    from runtime.assets import default_bundle_path
 
-    with safe_open(str(demo_bundle_path() / "gpt.safetensors"), framework="pt") as f:
+    with safe_open(str(default_bundle_path() / "gpt.safetensors"), framework="pt") as f:
         return sum(int(torch.Size(f.get_slice(k).get_shape()).numel()) for k in f.keys())
 
 

@@ -15,7 +15,7 @@ import collections
 import logging
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -192,8 +192,7 @@ class Engine:
         self._seconds_per_image = 0.9 * self._seconds_per_image + 0.1 * (now - (job.started_at or now))
         if self.on_done is not None:
             self.on_done(job, info)
-        if not job.future.cancelled():
-            job.future.set_result((tokens.cpu(), info))
+        _settle(job.future, result=(tokens.cpu(), info))
 
     def _run(self, warm_up: Job | None) -> None:
         torch.set_grad_enabled(False)
@@ -214,8 +213,7 @@ class Engine:
                 self.stats.busy_slots = 0
                 for job in failed:
                     self.stats.images_failed += 1
-                    if not job.future.done():
-                        job.future.set_exception(err)
+                    _settle(job.future, error=err)
             with self._cv:
                 if self._stopping and (not self._drain or not self._queue):
                     return
@@ -224,6 +222,18 @@ class Engine:
                     _log.info("occupancy %d: switching from %s to %s", len(self._queue), self.current, wanted)
                     self.current = wanted
                     self.switches += 1
+
+
+def _settle(future: Future, result: Any = None, error: BaseException | None = None) -> None:
+    """Resolve a job's future, unless the server thread cancelled it meanwhile (a client that went
+    away): that race must not raise in the engine thread, where it would fail the other images."""
+    try:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+    except InvalidStateError:
+        pass
 
 
 def _once(item: Any) -> Callable[[], Any]:

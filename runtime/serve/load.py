@@ -72,8 +72,8 @@ def run_load(base: str, *, requests: int, concurrency: int, max_n: int, classes:
             body = {"prompt": str(k % classes), "n": 1 + k % max_n, "seed": k, "return_tokens": True}
             start = time.perf_counter()
             status, answer = _post(base + "/v1/images/generations", body, timeout)
-            while status == 429:  # the queue is full: wait as told, then again
-                time.sleep(float(answer.get("retry_after", 1.0)) if isinstance(answer, dict) else 1.0)
+            while status == 429:  # the queue is full: wait a moment, then again
+                time.sleep(1.0)
                 status, answer = _post(base + "/v1/images/generations", body, timeout)
             records[k] = {"request": body, "status": status, "seconds": time.perf_counter() - start,
                           "data": answer.get("data", []), "error": answer.get("error")}
@@ -99,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(args_in[:split])
     serve_args = args_in[split + 1:]
+    method = serve_args[serve_args.index("--method") + 1] if "--method" in serve_args[:-1] else None
+    if method == "auto":
+        parser.error("--method auto serves with several methods; the offline comparison needs one (name it)")
 
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
@@ -175,8 +178,11 @@ def _offline(records: list[dict[str, Any]], serve_args: list[str], ready: dict[s
     backend, prof = open_backend(flag("--device", "auto"), flag("--profile-name"),
                                  False if "--no-graph" in serve_args else (True if "--graph" in serve_args else None),
                                  flag("--dtype"))
-    loaded = load_model(model=flag("--model"), gpt_model=None, gpt_ckpt=None, vq_ckpt=None, image_size=None,
-                        drafter=None, gpt_type="c2i", trust=False, device=backend.device, dtype=backend.dtype)
+    size = flag("--image-size")
+    loaded = load_model(model=flag("--model"), gpt_model=flag("--gpt-model"), gpt_ckpt=flag("--gpt-ckpt"),
+                        vq_ckpt=flag("--vq-ckpt"), image_size=int(size) if size is not None else None,
+                        drafter=flag("--drafter"), gpt_type=flag("--gpt-type", "c2i"),
+                        trust="--trust-checkpoint" in serve_args, device=backend.device, dtype=backend.dtype)
     settings = dict(ready.get("settings", {}))  # the server's resolved method, as result files record it
     if settings.get("proactive"):
         settings["proactive"] = "x".join(map(str, settings["proactive"]))
