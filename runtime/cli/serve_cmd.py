@@ -1,7 +1,7 @@
 """`runtime serve`: one model and method on one device behind OpenAI's images API (runtime/serve).
 
-SIGTERM (or a first Ctrl-C) stops admitting, lets the requests in flight finish and exits 0; a
-second Ctrl-C exits at once.
+SIGTERM stops admitting, lets the requests in flight finish and exits 0. A first Ctrl-C drains
+the same way and exits 130 (interrupted, as every command does); a second exits at once.
 """
 
 from __future__ import annotations
