@@ -183,6 +183,8 @@ class Backend(abc.ABC):
     name: ClassVar[str]
     default_dtype: ClassVar[torch.dtype]
     dist_backend: ClassVar[str]
+    # the compilers' on-disk cache variables this backend's graph mode writes through
+    compile_cache_vars: ClassVar[dict[str, str]] = {"TORCHINDUCTOR_CACHE_DIR": "inductor"}
 
     def __init__(self, *, dtype: str | torch.dtype | None = None, graph_mode: bool = True) -> None:
         available, reason = self.availability()
@@ -294,6 +296,38 @@ class Backend(abc.ABC):
                 raw.unlink(missing_ok=True)
 
     # -- graph capture -------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def compile_cache(self, key: str | None) -> Iterator[Path | None]:
+        """While the steps of one configuration are compiled, point the compilers' on-disk caches
+        (:attr:`compile_cache_vars`) at ``$LANTERN_RUNTIME_CACHE/compile/<key>/``; yields that
+        folder, or None where nothing changes.
+
+        ``key`` names every knob that sets a step's graph (the decoder's ``compile_key``: tree,
+        window, depth, batch, sampling constants, model shapes, dtype, torch version), so two
+        configurations never share a folder: one's artefacts are never offered to the other,
+        and a cache can be kept, shipped or deleted per configuration. Nothing changes without
+        ``LANTERN_RUNTIME_CACHE``, in eager mode, or where the user set a compiler's own
+        variable (that choice wins).
+        """
+        root = os.environ.get("LANTERN_RUNTIME_CACHE")
+        names = self.compile_cache_vars
+        if key is None or not root or not self.graph_mode or not names or any(n in os.environ for n in names):
+            yield None
+            return
+        folder = Path(root) / "compile" / key
+        try:
+            for sub in names.values():
+                (folder / sub).mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise UserError(f"LANTERN_RUNTIME_CACHE={root}: cannot create the compile cache {folder} ({err}); "
+                            "point it at a writable folder") from None
+        os.environ.update({n: str(folder / sub) for n, sub in names.items()})
+        try:
+            yield folder
+        finally:
+            for n in names:
+                os.environ.pop(n, None)
 
     def capture(self, fn: Callable[..., None], *static_args: Tensor, name: str) -> Callable[[], None]:
         """Capture the fixed-shape in-place step ``fn(*static_args)``; return a replay callable.

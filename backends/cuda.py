@@ -63,6 +63,7 @@ class CudaBackend(Backend):
     """
 
     name: ClassVar[str] = "cuda"
+    compile_cache_vars: ClassVar[dict[str, str]] = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton"}
     default_dtype: ClassVar[torch.dtype] = torch.bfloat16
     dist_backend: ClassVar[str] = "nccl"
     warmup_calls: ClassVar[int] = 3

@@ -94,6 +94,9 @@ class HpuBackend(Backend):
     """
 
     name: ClassVar[str] = "hpu"
+    # Gaudi's recipe cache (PT_HPU_RECIPE_CACHE_CONFIG) is read when the bridge starts, before any
+    # configuration is known: set it per container (docker/README.md); nothing is switched here.
+    compile_cache_vars: ClassVar[dict[str, str]] = {}
     default_dtype: ClassVar[torch.dtype] = torch.bfloat16
     dist_backend: ClassVar[str] = "hccl"
 

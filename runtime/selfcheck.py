@@ -8,6 +8,9 @@ Checks (each a named entry in `selfcheck.json`; a failed one makes the command e
     no_hidden_host_sync    replayed steps never sync with the host (CUDA: sync debug mode
                            "error" around each replay; HPU: no graph compilation after
                            warm-up, from Habana's metrics; CPU: not applicable, skipped)
+    steady_state_no_recompile  a second image compiles and captures nothing: no step's
+                           compile/capture count rises after warm-up (every backend in graph
+                           mode; HPU also Habana's graph-compilation count)
 
 Measurements (not pass/fail): per-phase seconds, ops per iteration and compiler kernels for
 `ar` and `lantern++` on the demo, peak memory, and the AR step / verify / draft-level costs of
@@ -94,13 +97,14 @@ def check_graph_and_sync(bundle: Any, backend: Any) -> list[Check]:
     """Graph == eager (greedy, fp32) for ar and lantern++, and no host sync inside replays."""
     checks = []
     if not backend.graph_mode:
-        return [Check("graph_equals_eager", None, "graph mode off (--no-graph)"),
-                Check("no_hidden_host_sync", None, "graph mode off (--no-graph)")]
-    mismatches, sync_error = [], None
+        return [Check(name, None, "graph mode off (--no-graph)")
+                for name in ("graph_equals_eager", "no_hidden_host_sync", "steady_state_no_recompile")]
+    mismatches, sync_error, recompiled = [], None, []
     for method in ("ar", "lantern++"):
         spec = _spec(method, greedy=True)
         eager, _ = _decode(bundle, spec, None)
         graph, dec = _decode(bundle, spec, backend)  # captures, then decodes with replays
+        captured = dict(backend.capture_count)
         if not torch.equal(eager, graph):
             first = int((eager != graph).nonzero()[0, 0])
             mismatches.append(f"{method} differs from token {first}")
@@ -115,14 +119,20 @@ def check_graph_and_sync(bundle: Any, backend: Any) -> list[Check]:
             dec.generate_one(torch.tensor([5], device=backend.device), None, 9)
         except RuntimeError as err:
             sync_error = f"{method}: {str(err).splitlines()[0]}"
+        recompiled += [f"{name} compiled {count - captured.get(name, 0)} more time(s)"
+                       for name, count in backend.capture_count.items() if count > captured.get(name, 0)]
         if before is not None and (_hpu_compilations() or 0) > before:
             sync_error = f"{method}: HPU graphs recompiled after warm-up"
+            recompiled.append(f"{method}: {(_hpu_compilations() or 0) - before} HPU graph compilation(s)")
     checks.append(Check("graph_equals_eager", not mismatches,
                         "; ".join(mismatches) or "ar and lantern++ chain3: identical tokens"))
     if backend.name == "cpu":
         checks.append(Check("no_hidden_host_sync", None, "CPU: host and device are one"))
     else:
         checks.append(Check("no_hidden_host_sync", sync_error is None, sync_error or "no sync inside replays"))
+    steps = ", ".join(f"{k} x{v}" for k, v in sorted(backend.capture_count.items()))
+    checks.append(Check("steady_state_no_recompile", not recompiled,
+                        "; ".join(recompiled) or f"a second image compiled nothing (captures: {steps})"))
     return checks
 
 

@@ -247,6 +247,32 @@ def test_more_than_eight_steps_from_one_def_can_be_captured() -> None:
     assert dict(backend.capture_count) == {f"level{level}": 1 for level in range(9)}
 
 
+_STEP_SCALE = 2.0  # read by the step below at trace time: a guard dynamo checks on every replay
+
+
+def test_a_recompile_after_capture_is_counted_which_selfcheck_reads() -> None:
+    """`selfcheck`'s steady_state_no_recompile compares capture counts before and after a second
+    image: a guard that fails after capture (here a global the step read) must show as a count."""
+    global _STEP_SCALE
+    backend = get_backend("cpu", graph_mode=True)
+
+    def step(buffer: torch.Tensor) -> None:
+        buffer.mul_(_STEP_SCALE)
+
+    buffer = torch.ones(3)
+    replay = backend._compile_counted(step, (buffer,), "scaled", "eager")
+    replay()
+    assert backend.capture_count["scaled"] == 1  # steady state: replays compile nothing
+    try:
+        _STEP_SCALE = 3.0
+        buffer.fill_(1.0)
+        replay()
+        assert torch.equal(buffer, torch.full_like(buffer, 3.0))
+        assert backend.capture_count["scaled"] == 2  # the recompile is counted
+    finally:
+        _STEP_SCALE = 2.0
+
+
 def test_graph_off_returns_an_eager_closure_and_captures_nothing() -> None:
     backend = get_backend("cpu", graph_mode=False)
     state, inputs, counter = make_buffers(backend.device)

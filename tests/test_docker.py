@@ -399,3 +399,28 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main(sys.argv[1:]))
+
+
+def test_the_kubernetes_deployment_probes_the_servers_routes_and_outlasts_its_timeout() -> None:
+    """docker/kubernetes.yaml: its args parse as `runtime serve` options, its probes name the
+    server's /ready and /health on the port it serves, and a pod's grace period outlasts a request."""
+    import typer
+
+    from runtime.cli.app import _register, app
+
+    yaml = pytest.importorskip("yaml")
+    deployment, service = yaml.safe_load_all((DOCKER / "kubernetes.yaml").read_text())
+    assert (deployment["kind"], service["kind"]) == ("Deployment", "Service")
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    args = container["args"]
+    assert args[0] == "serve"
+    _register()
+    serve = typer.main.get_command(app).commands["serve"]
+    params = serve.make_context("serve", list(args[1:])).params  # raises on an unknown or malformed option
+    assert params["port"] == container["ports"][0]["containerPort"]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert container["livenessProbe"]["httpGet"]["path"] == container["startupProbe"]["httpGet"]["path"] == "/health"
+    assert pod["terminationGracePeriodSeconds"] > params["timeout"]
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": 1}
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]

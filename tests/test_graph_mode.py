@@ -65,3 +65,42 @@ def test_sampled_acceptance_compiles_whole_and_matches_eager(method):
     assert torch.equal(graph.tokens, eager.tokens)
     assert graph.stats["target_forwards"] == eager.stats["target_forwards"]
     assert all(v == 1 for v in backend.capture_count.values())
+
+
+def test_compile_caches_are_keyed_on_every_shape_setting_knob(tmp_path, monkeypatch):
+    """With LANTERN_RUNTIME_CACHE set, each configuration's compiled steps land in their own
+    folder, named by the decoder's compile_key: another batch size, tree or window is another
+    key (another folder); the same configuration is the same key in any process. The compilers'
+    variables are restored after capture, and a user's own TORCHINDUCTOR_CACHE_DIR wins."""
+    import os
+
+    monkeypatch.setenv("LANTERN_RUNTIME_CACHE", str(tmp_path))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    target, drafter = tiny_pair(vocab=8, sharpness=1.0)
+    nb = compute_neighbours(torch.randn(8, 2, generator=torch.Generator().manual_seed(0)), 3)
+    greedy = SamplingParams(greedy=True, cfg=2.0)
+    ar = MethodSpec("ar", sampling=greedy)
+    keys = []
+    for batch in (1, 2):
+        backend = get_backend("cpu", graph_mode=True)
+        decoder = Decoder(target, None, ar, backend=backend, batch_size=batch)
+        generate(target, None, ar, [0, 1], seed=1, decoder=decoder)
+        keys.append(decoder.compile_key)
+        assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ  # restored after the capture
+    assert keys[0].startswith("ar-b1-") and keys[1].startswith("ar-b2-") and keys[0][6:] != keys[1][6:]
+    for key in keys:
+        assert any((tmp_path / "compile" / key / "inductor").rglob("*")), f"nothing compiled into {key}"
+    assert Decoder(target, None, ar, batch_size=2).compile_key == keys[1]  # same knobs, same key
+
+    def key(**knobs):
+        spec = MethodSpec(knobs.pop("method", "lantern++"), sampling=greedy, lantern_k=3, **knobs)
+        return Decoder(target, drafter, spec, neighbours=nb).compile_key
+
+    assert len({key(tree="small_12"), key(tree="chain3"), key(method="sjd", window=5), key(method="sjd", window=6),
+                key(tree="chain3", lantern_lambda=3.0)}) == 5
+
+    mine = tmp_path / "mine"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(mine))
+    backend = get_backend("cpu", graph_mode=True)
+    with backend.compile_cache("ar-b1-x") as folder:
+        assert folder is None and os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(mine)

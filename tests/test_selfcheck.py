@@ -21,6 +21,7 @@ def test_selfcheck_cpu_passes_and_writes_its_report(tmp_path):
     assert names["no_zero_probability"] is True
     assert names["batch_invariance"] is True
     assert names["no_hidden_host_sync"] is None  # not applicable on the CPU
+    assert names["steady_state_no_recompile"] is True  # inductor on the CPU: a second image compiles nothing
     ph = report["phases"]["lantern++ sampling"]
     assert set(ph["ops_per_iteration"]) == {"draft", "verify", "accept"}
     assert ph["kernels_per_step"]["verify"] > 0

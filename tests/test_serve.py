@@ -142,12 +142,20 @@ def test_health_ready_and_metrics(server):
     assert client.get("/health").json() == {"status": "ok"}
     ready = client.get("/ready")
     assert ready.status_code == 200 and ready.json()["method"] == "lantern++"
+    assert ready.json()["compile_keys"]["lantern++"].startswith("lantern++-b3-")
     client.post("/v1/images/generations", json={"prompt": "5", "seed": 1})
     text = client.get("/metrics").text
     for name in ("lantern_queue_depth", "lantern_slots_busy", "lantern_images_total", "lantern_tau",
                  "lantern_image_latency_seconds_bucket", "lantern_image_queue_seconds_count",
                  'lantern_method_info{method="lantern++"}', "lantern_requests_rejected_total"):
         assert name in text, name
+    assert "lantern_steps_recompiled 0.0" in text
+    engine = client.app.state.metrics.engine
+    engine.capture_count["lantern++.verify"] = engine.capture_count.get("lantern++.verify", 0) + 1  # as a recompile would
+    try:
+        assert "lantern_steps_recompiled 1.0" in client.get("/metrics").text
+    finally:
+        engine.capture_count["lantern++.verify"] -= 1
 
 
 def test_the_committed_openapi_schema_is_the_servers(server):
@@ -255,6 +263,26 @@ def test_the_load_test_checks_every_image_and_compares_with_offline(tmp_path):
     assert result["latency_s"]["p99"] >= result["latency_s"]["p50"] > 0
 
 
+@pytest.mark.slow
+def test_sigterm_under_load_loses_nothing_admitted(tmp_path):
+    """The SIGTERM comes after 4 of 16 requests are answered, with 4 clients in flight: the server
+    exits 0 and every request sent before it got all its images, none half-served."""
+    out = tmp_path / "drain.json"
+    proc = subprocess.run([sys.executable, "-m", "runtime.serve.load", "--requests", "16", "--concurrency", "4",
+                           "--max-n", "3", "--verify", "2", "--sigterm-after", "4", "--out", str(out), "--",
+                           "--device", "cpu", "--no-graph", "--method", "sd", "--batch-size", "2"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(out.read_text())
+    outcome = result["outcome"]
+    assert result["server_exit_code"] == 0 and result["failed_requests"] == 0 and outcome["failed"] == 0
+    stop = result["sigterm_at_s"]
+    drained = [r for r in result["records"] if r.get("status") == 200 and r["answered_s"] > stop]
+    assert outcome["served"] >= 4 and drained  # requests in flight at the SIGTERM were finished
+    assert outcome["served"] + outcome["refused"] + outcome["not_sent"] == 16 and outcome["not_sent"] > 0
+    assert result["token_mismatches"] == 0
+
+
 def test_method_auto_serves_each_occupancy_with_the_tables_method(demo):
     """[auto] = {1: lantern++ (exact), 2: ar}: a lone image is made by lantern++ at lambda 1, a
     request of four (occupancy 2 = the batch) by AR; each image's tokens are that method's."""
@@ -285,18 +313,38 @@ def test_method_auto_serves_each_occupancy_with_the_tables_method(demo):
         engine.stop(drain=False, timeout=30)
 
 
-def test_a_streamed_request_sends_each_image_as_it_is_done_then_done(server, demo):
-    client, _, _ = server
+def test_a_streamed_request_reports_progress_then_each_image_as_it_is_done_then_done(server, demo, monkeypatch):
+    from runtime.serve import api
+
+    monkeypatch.setattr(api, "PROGRESS_EVERY_S", 0.05)
+    client, engine, _ = server
     events = []
     with client.stream("POST", "/v1/images/generations",
                        json={"prompt": "9", "n": 3, "seed": 21, "stream": True, "return_tokens": True}) as answer:
         assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/event-stream")
+        kind = None
         for line in answer.iter_lines():
-            if line.startswith("data: "):
-                events.append(line[len("data: "):])
-    assert events[-1] == "[DONE]" and len(events) == 4
-    images = sorted((json.loads(e) for e in events[:-1]), key=lambda d: d["index"])
+            if line.startswith("event: "):
+                kind = line[len("event: "):]
+            elif line.startswith("data: "):
+                events.append((kind, line[len("data: "):]))
+                kind = None
+    assert events[-1] == (None, "[DONE]")
+    parsed = [(kind, json.loads(data)) for kind, data in events[:-1]]
+    assert all(kind == body["type"] for kind, body in parsed)
+    completed = [body for kind, body in parsed if kind == "image_generation.completed"]
+    progress = [body for kind, body in parsed if kind == "image_generation.progress"]
+    assert len(completed) == 3 and len(parsed) == 3 + len(progress)
+    images = sorted(completed, key=lambda d: d["index"])
     assert [d["index"] for d in images] == [0, 1, 2]
     expected = _offline_tokens(demo, 9, 21, 3)
     assert [d["tokens"] for d in images] == expected.tolist()
     assert all(d["b64_json"] and d["stats"]["tau"] >= 1 for d in images)
+    # progress: some image reported before it was done, each image's count rising and below the total
+    total = engine.decoder.num_tokens
+    assert progress and all(p["tokens_total"] == total and 0 < p["tokens_done"] <= total for p in progress)
+    for index in range(3):
+        counts = [p["tokens_done"] for p in progress if p["index"] == index]
+        assert counts == sorted(set(counts))
+        done_at = next(k for k, (kind, body) in enumerate(parsed) if kind.endswith("completed") and body["index"] == index)
+        assert all(body["index"] != index for kind, body in parsed[done_at + 1:] if kind.endswith("progress"))

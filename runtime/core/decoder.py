@@ -27,7 +27,10 @@ statistics) multiplied by 0, until the last image is done.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import contextlib
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -266,6 +269,25 @@ class Decoder:
         caches; the real batch's prefill resets all state afterwards.
         """
         self.prefill(cond, cond_mask, seed=0)
+        scope = getattr(self.backend, "compile_cache", None)
+        with scope(self.compile_key) if scope is not None else contextlib.nullcontext():
+            self._capture_each_step()
+        self.captured = True
+
+    @property
+    def compile_key(self) -> str:
+        """`{method}-b{batch}-{16 hex}`: names every knob that sets a captured step's graph
+        (each field of the method spec: tree, window, depths, sampling constants; the batch; the
+        target's and drafter's configurations; dtype, device kind, torch version). Equal keys,
+        equal graphs; the backend keys its compile caches on it."""
+        drafter = getattr(self.drafter, "config", None) if self.drafter is not None else None
+        knobs = {"spec": asdict(self.spec), "batch": self.batch, "target": self.target.config,
+                 "drafter": drafter, "dtype": str(self.dtype), "device": self.device.type,
+                 "torch": torch.__version__}
+        digest = hashlib.sha256(json.dumps(knobs, sort_keys=True, default=repr).encode()).hexdigest()[:16]
+        return f"{self.spec.method}-b{self.batch}-{digest}"
+
+    def _capture_each_step(self) -> None:
         suffix = f".b{self.batch}" if self.batch > 1 else ""
 
         def capture(phase: str, step: Callable[[], None], part: str = "") -> Callable[[], None]:
@@ -286,7 +308,6 @@ class Decoder:
             part = f".d{d}" if many else ""
             verify, accept = capture("verify", self._verify_at[d], part), capture("accept", self._accept_at[d], part)
             self._verify_at[d], self._accept_at[d] = verify, accept
-        self.captured = True
 
     def _timer(self):
         return self.timer if self.timer is not None else _NullTimer()
@@ -504,7 +525,9 @@ class Decoder:
     def generate_stream(self, next_image: Callable[[], tuple[Any, torch.Tensor, torch.Tensor | None, int] | None],
                         on_image: Callable[[Any, torch.Tensor, ImageStats], None], *,
                         wait: Callable[[], tuple[Any, torch.Tensor, torch.Tensor | None, int] | None] | None = None,
-                        cancelled: Callable[[Any], bool] | None = None) -> None:
+                        cancelled: Callable[[Any], bool] | None = None,
+                        on_progress: Callable[[list[tuple[Any, int]]], None] | None = None,
+                        progress_every: int = 8) -> None:
         """Continuous batching: images join free slots between steps and leave when done.
 
         next_image() -> (key, cond, mask, seed) or None (nothing waiting), asked whenever a slot
@@ -512,8 +535,9 @@ class Decoder:
         tokens (block_size,) on the device, stats) as each image is done. wait() blocks until an
         image arrives (returns it) or the caller stops (None); without it the loop ends when every
         slot is free and next_image() has nothing. cancelled(key): the image's slot is freed before
-        the next step (its tokens are dropped). An image's tokens depend only on its seed, not on
-        when it joined or what decodes beside it."""
+        the next step (its tokens are dropped). on_progress([(key, tokens known), ...]) for the busy
+        slots every `progress_every` iterations (one more host read of the counts then). An image's
+        tokens depend only on its seed, not on when it joined or what decodes beside it."""
         timer = self._timer()
         b = self.batch
         first: list[tuple[Any, torch.Tensor, torch.Tensor | None, int]] = []
@@ -535,6 +559,7 @@ class Decoder:
         busy = [i < len(first) for i in range(b)]
         mark = getattr(self.backend, "mark_step", None)
         active = torch.tensor(busy, device=self.device)
+        iteration = 0
 
         def start(i: int, item: tuple[Any, torch.Tensor, torch.Tensor | None, int]) -> None:
             key, c, m, seed = item
@@ -589,6 +614,10 @@ class Decoder:
                 self._accept_at[depth]()
             if mark is not None:
                 mark()
+            iteration += 1
+            if on_progress is not None and iteration % progress_every == 0:
+                known = self.count.tolist()
+                on_progress([(holder[i], min(known[i], self.num_tokens)) for i in range(b) if busy[i]])
 
     @torch.no_grad()
     def generate_one(self, cond: torch.Tensor, cond_mask: torch.Tensor | None = None,

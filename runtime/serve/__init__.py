@@ -24,11 +24,12 @@ def build_server(loaded: Any, spec: Any, backend: Any, *, batch_size: int, max_q
                         "generate from text prompts with runtime run --prompts")
     if auto is None:
         engine = Engine({spec.method: make_decoder(loaded, spec, backend, batch_size=batch_size)}, backend.device,
-                        max_queue=max_queue)
+                        max_queue=max_queue, capture_count=backend.capture_count)
     else:
         specs, table = auto
         engine = Engine({m: make_decoder(loaded, s, backend, batch_size=batch_size) for m, s in specs.items()},
-                        backend.device, max_queue=max_queue, choose=table.method_for)
+                        backend.device, max_queue=max_queue, choose=table.method_for,
+                        capture_count=backend.capture_count)
     served = Served(loaded, spec, batch_size=batch_size, timeout_s=timeout_s, version=__version__,
                     method="auto" if auto is not None else spec.method)
     app = create_app(engine, served)

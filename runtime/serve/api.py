@@ -53,8 +53,9 @@ class ImageRequest(BaseModel):
     temperature: float | None = Field(None, description="Must equal the server's temperature if given.")
     top_k: int | None = Field(None, description="Must equal the server's top-k if given.")
     return_tokens: bool = Field(False, description="Also return each image's VQ tokens.")
-    stream: bool = Field(False, description="Server-sent events: one `data:` event per image as it is done "
-                         "(the ImageData of that image), then `data: [DONE]`.")
+    stream: bool = Field(False, description="Server-sent events: `image_generation.progress` (index, "
+                         "tokens_done, tokens_total) while an image decodes, `image_generation.completed` (its "
+                         "ImageData) as each is done, then `data: [DONE]`.")
     user: str | None = None
 
 
@@ -116,7 +117,8 @@ def create_app(engine: Engine, served: "Served") -> Any:
         if not engine.ready.is_set() or served.draining:
             return error(503, "warming up" if not engine.ready.is_set() else "draining", "unavailable")
         return {"status": "ready", "method": served.method, "in_use": engine.current, "model": served.model,
-                "batch_size": served.batch_size, "settings": served.spec.describe()}
+                "batch_size": served.batch_size, "settings": served.spec.describe(),
+                "compile_keys": {m: d.compile_key for m, d in engine.decoders.items()}}
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus() -> PlainTextResponse:
@@ -179,36 +181,53 @@ def _image_data(job: Job, tokens: Any, info: dict[str, Any], png: str, body: Ima
                      stats=ImageStats(tau=info["tau"], latency_s=info["latency_s"], queue_s=info["queue_s"]))
 
 
+PROGRESS_EVERY_S = 0.5  # a streamed request hears of its images' progress at most this often
+
+
+def _event(kind: str, body: dict[str, Any]) -> str:
+    """One server-sent event, named as OpenAI names its image streaming events."""
+    return f"event: {kind}\ndata: {json.dumps({'type': kind, **body})}\n\n"
+
+
 async def _events(jobs: list[Job], waiting: list[asyncio.Future], body: ImageRequest, label: int, served: "Served",
                   engine: Engine, rid: str):  # type: ignore[no-untyped-def]
-    """Server-sent events: each image's ImageData as it is done (any order; `index` says which),
-    then `[DONE]`; an error event ends the stream early. A client that goes away cancels the
-    request (the generator is closed)."""
+    """Server-sent events: `image_generation.progress` (index, tokens_done, tokens_total) while an
+    image decodes, at most every PROGRESS_EVERY_S; `image_generation.completed` (its ImageData)
+    as each is done, in any order (`index` says which); then `data: [DONE]`. An `error` event
+    ends the stream early. A client that goes away cancels the request (the generator is closed)."""
     loop = asyncio.get_running_loop()
-
-    async def tagged(job: Job, future: asyncio.Future) -> tuple[Job, Any]:
-        return job, await future
-
-    tasks = [asyncio.ensure_future(tagged(job, future)) for job, future in zip(jobs, waiting)]
+    total = engine.decoder.num_tokens
+    pending = dict(zip(waiting, jobs))
+    told = {job.index: 0 for job in jobs}
+    deadline = time.monotonic() + served.timeout_s
     try:
-        for next_done in asyncio.as_completed(tasks, timeout=served.timeout_s):
-            try:
-                job, (tokens, info) = await next_done
-            except asyncio.TimeoutError:
-                yield f"data: {json.dumps({'error': {'message': 'timeout', 'type': 'timeout'}})}\n\n"
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                yield _event("error", {"error": {"message": f"the images were not done within {served.timeout_s:g} s",
+                                                 "type": "timeout"}})
                 return
-            except Exception as err:  # noqa: BLE001 - an engine error ends this stream only
-                yield f"data: {json.dumps({'error': {'message': str(err), 'type': 'server_error'}})}\n\n"
-                return
-            (png,) = await loop.run_in_executor(None, served.encode, [tokens])
-            data = _image_data(job, tokens, info, png, body, label, served).model_dump(exclude_none=True)
-            yield f"data: {json.dumps(data)}\n\n"
+            done, _ = await asyncio.wait(set(pending), timeout=min(PROGRESS_EVERY_S, left),
+                                         return_when=asyncio.FIRST_COMPLETED)
+            for future in done:
+                job = pending.pop(future)
+                try:
+                    tokens, info = future.result()
+                except Exception as err:  # noqa: BLE001 - an engine error ends this stream only
+                    yield _event("error", {"error": {"message": f"generation failed: {err}", "type": "server_error"}})
+                    return
+                (png,) = await loop.run_in_executor(None, served.encode, [tokens])
+                data = _image_data(job, tokens, info, png, body, label, served).model_dump(exclude_none=True)
+                yield _event("image_generation.completed", data)
+            for job in pending.values():
+                if job.tokens_done > told[job.index]:
+                    told[job.index] = job.tokens_done
+                    yield _event("image_generation.progress",
+                                 {"index": job.index, "tokens_done": job.tokens_done, "tokens_total": total})
         yield "data: [DONE]\n\n"
     finally:
         if not all(f.done() for f in waiting):
             engine.cancel(rid)
-        for task in tasks:
-            task.cancel()
 
 
 async def _until_done(waiting: list[asyncio.Future], request: Any, timeout_s: float) -> list[Any]:

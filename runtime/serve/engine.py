@@ -35,7 +35,8 @@ class QueueFull(Exception):
 @dataclass
 class Job:
     """One image to make: class id `label`, random stream `seed`; `future` gets
-    (tokens (block_size,) long CPU, stats dict) or the engine's exception."""
+    (tokens (block_size,) long CPU, stats dict) or the engine's exception; `tokens_done` rises
+    while it decodes (a streamed request reports it)."""
 
     request: str
     index: int
@@ -44,6 +45,7 @@ class Job:
     future: Future = field(default_factory=Future)
     queued_at: float = field(default_factory=time.perf_counter)
     started_at: float | None = None
+    tokens_done: int = 0  # tokens known so far, updated by the engine thread every few steps
 
 
 @dataclass
@@ -69,8 +71,11 @@ class Engine:
 
     def __init__(self, decoders: dict[str, Any], device: torch.device, *, max_queue: int = 64,
                  choose: Callable[[int], str] | None = None,
-                 on_done: Callable[[Job, dict[str, Any]], None] | None = None) -> None:
+                 on_done: Callable[[Job, dict[str, Any]], None] | None = None,
+                 capture_count: dict[str, int] | None = None) -> None:
         self.decoders = decoders
+        self.capture_count = capture_count if capture_count is not None else {}  # the backend's, live
+        self._captured_at_ready: dict[str, int] = {}
         self.choose = choose
         self.current = next(iter(decoders))
         self.switches = 0
@@ -97,6 +102,13 @@ class Engine:
     @property
     def queue_depth(self) -> int:
         return len(self._queue)
+
+    @property
+    def recompiles(self) -> int:
+        """Step compilations or captures since `ready` (the steady state should have none)."""
+        if not self.ready.is_set():
+            return 0
+        return sum(max(0, n - self._captured_at_ready.get(name, 0)) for name, n in dict(self.capture_count).items())
 
     def submit(self, jobs: list[Job]) -> None:
         """Queue a request's jobs, or raise QueueFull (nothing queued) / RuntimeError (stopping)."""
@@ -202,10 +214,12 @@ class Engine:
                     decoder.generate_stream(lambda: None, lambda *a: None, wait=_once(self._item(warm_up)))
                 finally:
                     self._release(warm_up)
+        self._captured_at_ready = dict(self.capture_count)
         self.ready.set()
         while True:
             try:
-                self.decoder.generate_stream(self._next, self._done, wait=self._wait, cancelled=self._is_cancelled)
+                self.decoder.generate_stream(self._next, self._done, wait=self._wait, cancelled=self._is_cancelled,
+                                             on_progress=_progress)
             except Exception as err:  # noqa: BLE001 - fail the images it touched, keep serving
                 _log.error("engine error: %s", err)
                 failed = list(self._running.values())
@@ -234,6 +248,11 @@ def _settle(future: Future, result: Any = None, error: BaseException | None = No
             future.set_result(result)
     except InvalidStateError:
         pass
+
+
+def _progress(known: list[tuple[Job, int]]) -> None:
+    for job, tokens in known:
+        job.tokens_done = tokens
 
 
 def _once(item: Any) -> Callable[[], Any]:

@@ -11,11 +11,16 @@ same seed gives offline (`runtime.core.generate` on the same model and method, c
 `--verify` requests spread over the run). Offline throughput: the same images through
 `Decoder.generate_many` at the server's batch size, timed in this process after the server has
 stopped. The result file holds both, the latency percentiles and every request's timings.
+
+`--sigterm-after K` is the drain under load: the SIGTERM comes once K requests are answered,
+while others are in flight. Every request sent before it must get all its images (nothing
+admitted is lost); requests sent in its last second may be refused instead, none half-served.
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import signal
@@ -29,7 +34,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 
 def _free_port() -> int:
@@ -39,12 +44,15 @@ def _free_port() -> int:
 
 
 def _post(url: str, body: dict[str, Any], timeout: float) -> tuple[int, dict[str, Any]]:
+    """(HTTP status, JSON answer); status 0 when no answer came (connection refused or dropped)."""
     request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as r:
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as err:
         return err.code, json.loads(err.read() or b"{}")
+    except (OSError, http.client.HTTPException) as err:  # refused, reset, closed mid-answer
+        return 0, {"error": {"message": f"{type(err).__name__}: {err}", "type": "connection"}}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -56,27 +64,42 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
-def run_load(base: str, *, requests: int, concurrency: int, max_n: int, classes: int,
-             timeout: float) -> tuple[list[dict[str, Any]], float]:
-    """Send the requests from `concurrency` threads; (per-request records, wall seconds)."""
+def run_load(base: str, *, requests: int, concurrency: int, max_n: int, classes: int, timeout: float,
+             stop_after: int | None = None, stop: Callable[[], None] | None = None
+             ) -> tuple[list[dict[str, Any]], float, float | None]:
+    """Send the requests from `concurrency` threads; (per-request records, wall seconds, seconds
+    from the start to the stop or None).
+
+    With `stop_after`, `stop()` (the SIGTERM) is called once that many requests are answered;
+    requests not sent by then are not sent (their records stay empty) and those in flight finish
+    or are refused. A record's `sent_s` / `answered_s` count seconds from the start."""
     records: list[dict[str, Any]] = [{} for _ in range(requests)]
     todo = iter(range(requests))
     lock = threading.Lock()
+    answered = [0]
+    stopped_at: list[float] = []
+    t0 = time.perf_counter()
 
     def client() -> None:
         while True:
             with lock:
-                k = next(todo, None)
+                k = None if stopped_at else next(todo, None)
             if k is None:
                 return
             body = {"prompt": str(k % classes), "n": 1 + k % max_n, "seed": k, "return_tokens": True}
             start = time.perf_counter()
             status, answer = _post(base + "/v1/images/generations", body, timeout)
-            while status == 429:  # the queue is full: wait a moment, then again
+            while status == 429 and not stopped_at:  # the queue is full: wait a moment, then again
                 time.sleep(1.0)
                 status, answer = _post(base + "/v1/images/generations", body, timeout)
-            records[k] = {"request": body, "status": status, "seconds": time.perf_counter() - start,
-                          "data": answer.get("data", []), "error": answer.get("error")}
+            end = time.perf_counter()
+            records[k] = {"request": body, "status": status, "seconds": end - start, "sent_s": start - t0,
+                          "answered_s": end - t0, "data": answer.get("data", []), "error": answer.get("error")}
+            with lock:
+                answered[0] += 1
+                if stop is not None and stop_after is not None and answered[0] == stop_after and not stopped_at:
+                    stopped_at.append(time.perf_counter() - t0)
+                    stop()
 
     threads = [threading.Thread(target=client) for _ in range(concurrency)]
     start = time.perf_counter()
@@ -84,7 +107,7 @@ def run_load(base: str, *, requests: int, concurrency: int, max_n: int, classes:
         t.start()
     for t in threads:
         t.join()
-    return records, time.perf_counter() - start
+    return records, time.perf_counter() - start, (stopped_at[0] if stopped_at else None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,12 +119,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-n", type=int, default=3, help="request k asks for 1 + k %% max-n images")
     parser.add_argument("--verify", type=int, default=16, help="requests whose tokens are checked against offline")
     parser.add_argument("--timeout", type=float, default=1800.0)
+    parser.add_argument("--sigterm-after", type=int, default=None, metavar="K",
+                        help="SIGTERM the server once K requests are answered, under load: every request sent "
+                        "before it must still get all its images; later ones may be refused, never half-served")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(args_in[:split])
     serve_args = args_in[split + 1:]
     method = serve_args[serve_args.index("--method") + 1] if "--method" in serve_args[:-1] else None
     if method == "auto":
         parser.error("--method auto serves with several methods; the offline comparison needs one (name it)")
+    if args.sigterm_after is not None and not 0 < args.sigterm_after < args.requests:
+        parser.error(f"--sigterm-after must be in 1..{args.requests - 1} (fewer than --requests)")
 
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
@@ -123,17 +151,20 @@ def main(argv: list[str] | None = None) -> int:
             print(f"the server did not become ready; see {log}", file=sys.stderr)
             return 1
         classes = 12  # the demo's; a c2i model has at least as many
-        records, wall = run_load(base, requests=args.requests, concurrency=args.concurrency, max_n=args.max_n,
-                                 classes=classes, timeout=args.timeout)
-        with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
-            metrics = r.read().decode()
-        proc.send_signal(signal.SIGTERM)
+        records, wall, stopped_s = run_load(
+            base, requests=args.requests, concurrency=args.concurrency, max_n=args.max_n, classes=classes,
+            timeout=args.timeout, stop_after=args.sigterm_after, stop=lambda: proc.send_signal(signal.SIGTERM))
+        metrics = ""
+        if stopped_s is None:
+            with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
+                metrics = r.read().decode()
+            proc.send_signal(signal.SIGTERM)
         exit_code = proc.wait(600)
     finally:
         if proc.poll() is None:
             proc.kill()
 
-    failed = [r for r in records if r.get("status") != 200 or len(r["data"]) != r["request"]["n"]]
+    failed, outcome = _judge(records, stopped_s)
     images = sum(len(r["data"]) for r in records if r.get("status") == 200)
     latencies = [r["seconds"] for r in records if r.get("status") == 200]
     mismatches, offline = _offline(records, serve_args, ready, args.verify)
@@ -141,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": ["python", "-m", "runtime.serve.load", *args_in],
         "server": ready, "requests": args.requests, "concurrency": args.concurrency, "images": images,
         "failed_requests": len(failed), "server_exit_code": exit_code, "token_mismatches": mismatches,
+        "sigterm_after": args.sigterm_after, "sigterm_at_s": stopped_s, "outcome": outcome,
         "wall_s": wall, "images_per_s": images / wall if wall else 0.0,
         "latency_s": {"p50": percentile(latencies, 0.5), "p90": percentile(latencies, 0.9),
                       "p99": percentile(latencies, 0.99), "mean": statistics.fmean(latencies)} if latencies else {},
@@ -155,8 +187,33 @@ def main(argv: list[str] | None = None) -> int:
           f"{result['images_per_s']:.3f} images/s served, {offline.get('images_per_s', 0):.3f} offline "
           f"(batch {ready.get('batch_size')}); latency p50 {result['latency_s'].get('p50', 0):.2f} s, "
           f"p99 {result['latency_s'].get('p99', 0):.2f} s; {len(failed)} failed, {mismatches} token mismatches, "
-          f"server exit {exit_code}")
+          f"server exit {exit_code}" + (f"; SIGTERM at {stopped_s:.1f} s: {outcome}" if stopped_s is not None else ""))
     return 0 if not failed and not mismatches and exit_code == 0 else 1
+
+
+ADMITTED_BEFORE_S = 1.0  # a request sent this long before the SIGTERM has surely been admitted
+
+
+def _judge(records: list[dict[str, Any]], stopped_s: float | None) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """(the failed requests, counts of each outcome). Without a stop every request must get all its
+    images. With one, a request sent ADMITTED_BEFORE_S before it must too (nothing admitted is
+    lost); one sent later may instead be refused (no answer, or 503), but never half-served."""
+    outcome = {"served": 0, "refused": 0, "not_sent": 0, "failed": 0}
+    failed = []
+    for r in records:
+        if not r:
+            outcome["not_sent"] += 1
+            continue
+        complete = r["status"] == 200 and len(r["data"]) == r["request"]["n"]
+        late = stopped_s is not None and r["sent_s"] > stopped_s - ADMITTED_BEFORE_S
+        if complete:
+            outcome["served"] += 1
+        elif late and r["status"] in (0, 503):
+            outcome["refused"] += 1
+        else:
+            outcome["failed"] += 1
+            failed.append(r)
+    return failed, outcome
 
 
 def _offline(records: list[dict[str, Any]], serve_args: list[str], ready: dict[str, Any],

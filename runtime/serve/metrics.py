@@ -24,6 +24,9 @@ class ServeMetrics:
             in_use.labels(method=name).set_function(lambda name=name: float(engine.current == name))
         Gauge("lantern_method_switches", "Times --method auto switched methods.", registry=registry).set_function(
             lambda: engine.switches)
+        Gauge("lantern_steps_recompiled", "Step compilations or captures after warm-up (0 in a steady state; "
+              "more means a shape or guard changed and a step was compiled again).", registry=registry).set_function(
+            lambda: engine.recompiles)
         Gauge("lantern_queue_depth", "Images waiting for a slot.", registry=registry).set_function(
             lambda: engine.queue_depth)
         Gauge("lantern_slots_busy", "Decoder slots holding an image.", registry=registry).set_function(
