@@ -348,3 +348,82 @@ def test_a_streamed_request_reports_progress_then_each_image_as_it_is_done_then_
         assert counts == sorted(set(counts))
         done_at = next(k for k, (kind, body) in enumerate(parsed) if kind.endswith("completed") and body["index"] == index)
         assert all(body["index"] != index for kind, body in parsed[done_at + 1:] if kind.endswith("progress"))
+
+
+def _tiny_t5(folder: Path, d_model: int) -> Path:
+    """A random 1-layer T5 encoder (width `d_model`) and a word-level tokenizer, saved like an HF model."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast, T5Config, T5EncoderModel
+
+    words = "a photo of cat red car on the street dog sleeps bird flies over sea".split()
+    vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2, **{w: i + 3 for i, w in enumerate(words)}}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
+    torch.manual_seed(0)
+    model = T5EncoderModel(T5Config(vocab_size=len(vocab), d_model=d_model, d_kv=4, d_ff=32, num_layers=1,
+                                    num_heads=2, relative_attention_num_buckets=8))
+    tokenizer.save_pretrained(folder)
+    model.save_pretrained(folder)
+    return folder
+
+
+def test_a_text_to_image_model_is_served_from_captions(tmp_path):
+    """A LlamaGen t2i checkpoint with its T5 encoder: a caption's images are the tokens offline
+    generation makes from that caption's features and seeds, whatever else is decoding; a
+    class-style request is just a caption; the server refuses to start without the encoder."""
+    from runtime.errors import UserError
+    from runtime.models.configs import gpt_config
+    from runtime.models.gpt import Transformer
+    from runtime.models.t5 import T5Encoder
+    from tiny_models import save_tiny_official
+
+    save_tiny_official(tmp_path, "unused.pt", "vq.pt")
+    torch.manual_seed(1)
+    t2i = Transformer(gpt_config("GPT-tiny", model_type="t2i", image_size=64, vocab_size=16384))
+    t2i.init_weights()
+    torch.nn.init.normal_(t2i.output.weight, std=0.02)
+    torch.save({"model": t2i.state_dict()}, tmp_path / "t2i.pt")
+    t5 = _tiny_t5(tmp_path / "t5", t2i.config.caption_dim)
+    backend, prof = open_backend("cpu", None, False, None)
+    loaded = load_model(model=None, gpt_model="GPT-tiny", gpt_ckpt=str(tmp_path / "t2i.pt"), vq_ckpt=str(tmp_path / "vq.pt"),
+                        image_size=64, drafter=None, gpt_type="t2i", trust=False, device=backend.device,
+                        dtype=backend.dtype)
+    spec = resolve_spec("sjd", {}, prof, loaded.recommended)
+    with pytest.raises(UserError, match="--t5-path"):
+        build_server(loaded, spec, backend, batch_size=2, max_queue=8, timeout_s=60, warm_up=False)
+    encoder = T5Encoder(t5, device=backend.device, dtype=backend.dtype, max_length=loaded.config.cls_token_num)
+    app, engine, _ = build_server(loaded, spec, backend, batch_size=2, max_queue=8, timeout_s=120, encoder=encoder)
+    try:
+        assert engine.ready.wait(120)
+        client = TestClient(app)
+        asks = [dict(prompt="A red car on the street", n=2, seed=5), dict(prompt="a dog sleeps", n=1, seed=8),
+                dict(prompt="3", n=1, seed=1)]
+        answers: dict[int, dict] = {}
+
+        def ask(k: int) -> None:
+            answers[k] = client.post("/v1/images/generations", json={**asks[k], "return_tokens": True}).json()
+
+        threads = [threading.Thread(target=ask, args=(k,)) for k in range(len(asks))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(180)
+        for k, a in enumerate(asks):
+            data = answers[k]["data"]
+            assert [d["index"] for d in data] == list(range(a["n"]))
+            assert all("class_id" not in d and d["revised_prompt"] == a["prompt"].lower() for d in data), data[0].keys()
+            emb, mask = encoder.encode([a["prompt"]])
+            expected = generate(loaded.target, None, spec, emb.expand(a["n"], -1, -1), cond_masks=mask.expand(a["n"], -1),
+                                seed=a["seed"]).tokens
+            assert [d["tokens"] for d in data] == expected.tolist(), a
+        assert client.post("/v1/images/generations", json={"prompt": "   "}).status_code == 422
+    finally:
+        engine.stop(drain=False, timeout=30)
+
+
+def test_serve_refuses_a_caption_encoder_for_a_class_model_with_one_line(run_cli, tmp_path):
+    res = run_cli("serve", "--device", "cpu", "--no-graph", "--t5-path", str(tmp_path), "--port", "8011")
+    assert res.exit_code == 2 and res.stderr.strip().count("\n") == 0
+    assert "--t5-path does nothing for a class-conditional model" in res.stderr

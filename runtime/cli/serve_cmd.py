@@ -30,6 +30,7 @@ def serve(
     vq_ckpt: opt.VqCkpt = None,
     image_size: opt.ImageSize = None,
     drafter: opt.DrafterDir = None,
+    t5_path: opt.T5Path = None,
     trust_checkpoint: opt.Trust = False,
     device: opt.Device = "auto",
     profile_name: opt.ProfileName = None,
@@ -74,8 +75,17 @@ def serve(
         spec, auto = specs[names[0]], (specs, prof.auto)
     else:
         spec = resolve_spec(method, given, prof, loaded.recommended)
+    encoder = None
+    if t5_path is not None and loaded.config.model_type == "t2i":
+        from runtime.models.t5 import T5Encoder
+
+        encoder = T5Encoder(t5_path, device=backend.device, dtype=backend.dtype,
+                            max_length=loaded.config.cls_token_num)
+    elif t5_path is not None:
+        raise UserError("--t5-path does nothing for a class-conditional model (prompts are class ids or names); "
+                        "drop it")
     web, engine, served = build_server(loaded, spec, backend, batch_size=batch, max_queue=max_queue,
-                                       timeout_s=timeout, auto=auto)
+                                       timeout_s=timeout, auto=auto, encoder=encoder)
 
     logging.getLogger("runtime").info("serving %s with %s on %s:%d (batch %d)", loaded.name, spec.method, host,
                                       port, batch)

@@ -41,8 +41,8 @@ class ImageRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    prompt: str = Field(..., min_length=1, description="A class id ('3') or class name ('stripes') of the "
-                        "class-conditional model being served.")
+    prompt: str = Field(..., min_length=1, description="Class-conditional models: a class id ('3') or class "
+                        "name ('stripes'). Text-to-image models: the caption.")
     n: int = Field(1, ge=1, le=MAX_IMAGES_PER_REQUEST, description="Images to generate.")
     response_format: Literal["b64_json"] = Field("b64_json", description="Only b64_json: PNG bytes, base64.")
     model: str | None = Field(None, description="Ignored unless given: must name the model being served.")
@@ -69,7 +69,7 @@ class ImageData(BaseModel):
     b64_json: str
     index: int
     seed: int
-    class_id: int
+    class_id: int | None = None
     revised_prompt: str | None = None
     tokens: list[int] | None = None
     stats: ImageStats
@@ -125,7 +125,7 @@ def create_app(engine: Engine, served: "Served") -> Any:
         body, content_type = metrics.render()
         return PlainTextResponse(body, media_type=content_type)
 
-    @app.post("/v1/images/generations", response_model=ImagesResponse,
+    @app.post("/v1/images/generations", response_model=ImagesResponse, response_model_exclude_none=True,
               responses={422: {"model": ErrorBody}, 429: {"model": ErrorBody}, 503: {"model": ErrorBody},
                          504: {"model": ErrorBody}})
     async def generate(body: ImageRequest, request: Request) -> Any:
@@ -135,10 +135,15 @@ def create_app(engine: Engine, served: "Served") -> Any:
         if served.draining or not engine.ready.is_set():
             return error(503, "the server is not ready (warming up or draining)", "unavailable",
                          {"Retry-After": "5"})
-        label = served.label(body.prompt)
         seed = body.seed if body.seed is not None else secrets.randbelow(2**31)
         rid = uuid.uuid4().hex
-        jobs = [Job(rid, i, label, served.image_seed(seed, i)) for i in range(body.n)]
+        if served.text:  # the caption's features, shared by the request's images
+            label = None
+            cond, mask = await asyncio.get_running_loop().run_in_executor(None, served.caption, body.prompt)
+            jobs = [Job(rid, i, -1, served.image_seed(seed, i), cond=cond, mask=mask) for i in range(body.n)]
+        else:
+            label = served.label(body.prompt)
+            jobs = [Job(rid, i, label, served.image_seed(seed, i)) for i in range(body.n)]
         try:
             engine.submit(jobs)
         except QueueFull as full:
@@ -174,10 +179,10 @@ class _Disconnected(Exception):
     pass
 
 
-def _image_data(job: Job, tokens: Any, info: dict[str, Any], png: str, body: ImageRequest, label: int,
+def _image_data(job: Job, tokens: Any, info: dict[str, Any], png: str, body: ImageRequest, label: int | None,
                 served: "Served") -> ImageData:
     return ImageData(b64_json=png, index=job.index, seed=job.seed, class_id=label,
-                     revised_prompt=served.class_name(label), tokens=tokens.tolist() if body.return_tokens else None,
+                     revised_prompt=served.class_name(label) if label is not None else served.revised(body.prompt), tokens=tokens.tolist() if body.return_tokens else None,
                      stats=ImageStats(tau=info["tau"], latency_s=info["latency_s"], queue_s=info["queue_s"]))
 
 
@@ -189,7 +194,8 @@ def _event(kind: str, body: dict[str, Any]) -> str:
     return f"event: {kind}\ndata: {json.dumps({'type': kind, **body})}\n\n"
 
 
-async def _events(jobs: list[Job], waiting: list[asyncio.Future], body: ImageRequest, label: int, served: "Served",
+async def _events(jobs: list[Job], waiting: list[asyncio.Future], body: ImageRequest, label: int | None,
+                  served: "Served",
                   engine: Engine, rid: str):  # type: ignore[no-untyped-def]
     """Server-sent events: `image_generation.progress` (index, tokens_done, tokens_total) while an
     image decodes, at most every PROGRESS_EVERY_S; `image_generation.completed` (its ImageData)
@@ -251,8 +257,11 @@ class Served:
     """What the server serves, and how a request maps onto it."""
 
     def __init__(self, loaded: Any, spec: Any, *, batch_size: int, timeout_s: float, version: str,
-                 method: str | None = None) -> None:
+                 method: str | None = None, encoder: Any = None, device: Any = None) -> None:
         self.loaded, self.spec = loaded, spec
+        # text-to-image: prompts are captions, encoded by `encoder` (T5, to cls_token_num tokens)
+        self.text = encoder is not None
+        self.encoder, self.device = encoder, device
         self.model = loaded.name
         self.method = method or spec.method
         self.batch_size = batch_size
@@ -278,9 +287,26 @@ class Served:
             return int(text)
         return [n.lower() for n in self.loaded.class_names].index(text.lower())
 
+    def revised(self, prompt: str) -> str:
+        """The caption as the encoder reads it (normalised as LlamaGen's sampler does)."""
+        return self.encoder.normalize_text(prompt)
+
+    def caption(self, prompt: str) -> tuple[Any, Any]:
+        """(features (1, cls_token_num, caption_dim) in the model's dtype, mask (1, cls_token_num)
+        bool) on the device, as `runtime run --prompts` conditions an image on this caption."""
+        emb, mask = self.encoder.encode([prompt])
+        return emb.to(device=self.device, dtype=self.loaded.target.tok_embeddings.weight.dtype), mask.to(self.device)
+
     def check(self, body: ImageRequest) -> str | None:
         """One line naming what a valid request cannot have, or None."""
         text = body.prompt.strip()
+        problem = self._check_caption(text) if self.text else self._check_class(text)
+        return problem if problem is not None else self._check_settings(body)
+
+    def _check_caption(self, text: str) -> str | None:
+        return "prompt: the caption is empty" if not text else None
+
+    def _check_class(self, text: str) -> str | None:
         n_classes = self.loaded.num_classes
         if text.isdigit():
             if int(text) >= n_classes:
@@ -290,6 +316,9 @@ class Served:
             if names is None or text.lower() not in [n.lower() for n in names]:
                 known = f"one of {', '.join(names)}" if names else f"a class id 0..{n_classes - 1}"
                 return f"prompt: {text!r} is no class of this model; give {known}"
+        return None
+
+    def _check_settings(self, body: ImageRequest) -> str | None:
         if body.model is not None and body.model != self.model:
             return f"model: this server serves {self.model!r}, not {body.model!r}"
         if body.size is not None and body.size != self.size:

@@ -34,7 +34,8 @@ class QueueFull(Exception):
 
 @dataclass
 class Job:
-    """One image to make: class id `label`, random stream `seed`; `future` gets
+    """One image to make: class id `label` (or, text-to-image, caption features `cond`
+    (1, cls, caption_dim) and `mask` (1, cls)), random stream `seed`; `future` gets
     (tokens (block_size,) long CPU, stats dict) or the engine's exception; `tokens_done` rises
     while it decodes (a streamed request reports it)."""
 
@@ -43,6 +44,8 @@ class Job:
     label: int
     seed: int
     future: Future = field(default_factory=Future)
+    cond: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
     queued_at: float = field(default_factory=time.perf_counter)
     started_at: float | None = None
     tokens_done: int = 0  # tokens known so far, updated by the engine thread every few steps
@@ -150,11 +153,12 @@ class Engine:
             self._thread.join(timeout)
 
     # -- the engine thread ---------------------------------------------------------------------
-    def _item(self, job: Job) -> tuple[Job, torch.Tensor, None, int]:
+    def _item(self, job: Job) -> tuple[Job, torch.Tensor, torch.Tensor | None, int]:
         job.started_at = time.perf_counter()
         self._running[id(job)] = job
         self.stats.busy_slots = len(self._running)
-        return job, torch.tensor([job.label], device=self.device), None, job.seed
+        cond = job.cond if job.cond is not None else torch.tensor([job.label], device=self.device)
+        return job, cond, job.mask, job.seed
 
     def _desired(self) -> str:
         """The method for the images waiting and running now (the one in use without `choose`)."""
@@ -162,7 +166,7 @@ class Engine:
             return self.current
         return self.choose(max(1, min(self.decoder.batch, len(self._running) + len(self._queue))))
 
-    def _next(self) -> tuple[Job, torch.Tensor, None, int] | None:
+    def _next(self) -> tuple[Job, torch.Tensor, torch.Tensor | None, int] | None:
         with self._cv:
             if self._queue and self._desired() != self.current:
                 return None  # a switch is due: let the running images finish first
@@ -172,7 +176,7 @@ class Engine:
                     return self._item(job)
             return None
 
-    def _wait(self) -> tuple[Job, torch.Tensor, None, int] | None:
+    def _wait(self) -> tuple[Job, torch.Tensor, torch.Tensor | None, int] | None:
         with self._cv:
             while not self._queue and not self._stopping:
                 self._cv.wait()
