@@ -69,6 +69,16 @@ def _import_bridge() -> tuple[ModuleType, ModuleType]:
     return htorch, htcore
 
 
+def lazy_mode_hint(lazy_env: str | None, torch_version: str) -> str | None:
+    """The fix when lazy mode was asked for on a stock (upstream) PyTorch, which Habana's bridge
+    refuses: its fork builds carry `git` in their local version. None where that is not the case."""
+    if lazy_env == "1" and "git" not in torch_version:
+        return (f"lazy mode ({LAZY_MODE_ENV}=1) needs Intel's fork PyTorch (a pytorch-installer image, "
+                f"not pytorch-upstream-installer; torch here is {torch_version}): unset {LAZY_MODE_ENV} "
+                "to run eager + torch.compile, or build docker/Dockerfile.hpu with --build-arg GAUDI_FLAVOUR=")
+    return None
+
+
 def _bridge_is_lazy() -> bool:
     from habana_frameworks.torch.utils.internal import is_lazy  # type: ignore[import-not-found]
 
@@ -135,7 +145,8 @@ class HpuBackend(Backend):
             htorch, _ = _import_bridge()
         except Exception as err:  # noqa: BLE001 - a broken install surfaces in many exception types
             first_line = (str(err).strip().splitlines() or [""])[0]
-            return False, f"habana_frameworks failed to import ({type(err).__name__}: {first_line}); {CONTAINER_HINT}"
+            hint = lazy_mode_hint(os.environ.get(LAZY_MODE_ENV), torch.__version__) or CONTAINER_HINT
+            return False, f"habana_frameworks failed to import ({type(err).__name__}: {first_line}); {hint}"
         if not htorch.hpu.is_available():
             return False, "habana_frameworks is installed but no Gaudi device is visible; check hl-smi and HABANA_VISIBLE_DEVICES"
         return True, ""

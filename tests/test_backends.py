@@ -328,6 +328,18 @@ def test_hpu_without_habana_is_one_clean_line() -> None:
     assert "habana_frameworks" in message and "docker/Dockerfile.hpu" in message
 
 
+def test_lazy_mode_on_a_stock_torch_names_the_fork_image() -> None:
+    """Habana's bridge refuses lazy mode on upstream PyTorch (the upstream image's torch); the
+    refusal must say to unset the variable or build on the fork image, and say nothing otherwise."""
+    from backends.hpu import lazy_mode_hint
+
+    hint = lazy_mode_hint("1", "2.11.0")
+    assert hint is not None and "\n" not in hint
+    assert "PT_HPU_LAZY_MODE" in hint and "GAUDI_FLAVOUR=" in hint and "2.11.0" in hint
+    assert lazy_mode_hint("1", "2.7.1a0+gitb9ae2b0") is None  # Habana's fork build: lazy works
+    assert lazy_mode_hint("0", "2.11.0") is None and lazy_mode_hint(None, "2.11.0") is None
+
+
 @pytest.mark.skipif(HPU_PRESENT or "habana_frameworks.torch" in sys.modules, reason="the Gaudi bridge is loaded here")
 def test_hpu_mode_is_requested_through_the_environment_before_the_bridge_loads(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(LAZY_MODE_ENV, raising=False)

@@ -187,7 +187,7 @@ def test_base_images_are_the_documented_families() -> None:
     assert re.fullmatch(r"pytorch/pytorch:[\d.]+-cuda[\d.]+-cudnn\d+-runtime", cuda) or cuda.startswith(
         "nvcr.io/nvidia/pytorch:"), cuda
     assert re.fullmatch(
-        r"vault\.habana\.ai/gaudi-docker/\d+\.\d+\.\d+/ubuntu\d\d\.\d\d/habanalabs/pytorch-installer-[\d.]+:\S+",
+        r"vault\.habana\.ai/gaudi-docker/\d+\.\d+\.\d+/ubuntu\d\d\.\d\d/habanalabs/pytorch-(upstream-)?installer-[\d.]+:\S+",
         dockerfile("hpu").base_image,
     ), dockerfile("hpu").base_image
     assert dockerfile("cpu").base_image == "python:3.11-slim"
@@ -288,13 +288,18 @@ def test_compose_services_have_the_device_flags() -> None:
     assert hpu["cap_add"] == ["sys_nice"] and hpu["ipc"] == "host"
 
 
-def test_hpu_base_image_is_a_pinned_build() -> None:
+def test_hpu_base_image_is_intels_current_upstream_stack_and_the_build_checks_its_torch() -> None:
+    """Gaudi software 1.24.1 with PyTorch 2.11 on the upstream-PyTorch image (eager + compile),
+    published as `latest`: the build must fail when that image's torch is not GAUDI_TORCH's
+    major.minor, so a moved `latest` cannot change the stack silently."""
     parsed = dockerfile("hpu")
-    tag = parsed.args["GAUDI_TAG"]
-    assert tag != "latest" and tag.startswith(parsed.args["GAUDI_VERSION"] + "-"), tag
-    assert parsed.base_image == ("vault.habana.ai/gaudi-docker/1.24.0/ubuntu24.04/habanalabs/"
-                                 "pytorch-installer-2.10.0:1.24.0-1007")
-    assert "DL3007" not in (DOCKER / "Dockerfile.hpu").read_text()  # no `latest` left to excuse
+    assert parsed.base_image == ("vault.habana.ai/gaudi-docker/1.24.1/ubuntu24.04/habanalabs/"
+                                 "pytorch-upstream-installer-2.11.0:latest")
+    (check, *_) = [r for r in parsed.all("RUN") if "torch.__version__" in r]
+    assert "${GAUDI_TORCH}" in check and "sys.exit(" in check and "startswith(want" in check
+    assert "GAUDI_TORCH" in [a.split("=")[0] for a in parsed.all("ARG")[5:]]  # re-declared after FROM
+    text = (DOCKER / "Dockerfile.hpu").read_text()
+    assert "--build-arg GAUDI_FLAVOUR= " in text  # the fork image, for lazy mode, is one build-arg away
 
 
 SMOKE_PROFILES = {"cpu": ["cpu"], "cuda": ["h100", "rtx3090"], "hpu": ["gaudi2"]}
