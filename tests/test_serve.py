@@ -123,7 +123,7 @@ def test_a_cancelled_request_leaves_the_queue_and_frees_its_slots(server):
     _, engine, _ = server
     jobs = [Job("gone", i, 2, 1000 + i) for i in range(6)]
     engine.submit(jobs)
-    engine.cancel("gone")
+    engine.cancel(jobs)
     deadline = time.time() + 60
     while engine.stats.busy_slots and time.time() < deadline:
         time.sleep(0.05)

@@ -153,18 +153,18 @@ def create_app(engine: Engine, served: "Served") -> Any:
             return error(503, str(stopping), "unavailable")
         waiting = [asyncio.wrap_future(job.future) for job in jobs]
         if body.stream:
-            return StreamingResponse(_events(jobs, waiting, body, label, served, engine, rid),
+            return StreamingResponse(_events(jobs, waiting, body, label, served, engine),
                                      media_type="text/event-stream")
         try:
             done = await _until_done(waiting, request, served.timeout_s)
         except asyncio.TimeoutError:
-            engine.cancel(rid)
+            engine.cancel(jobs)
             return error(504, f"the images were not done within {served.timeout_s:g} s", "timeout")
         except _Disconnected:
-            engine.cancel(rid)
+            engine.cancel(jobs)
             return error(499, "client closed the request", "cancelled")
         except Exception as err:  # an engine error: this request fails, the server goes on
-            engine.cancel(rid)
+            engine.cancel(jobs)
             return error(500, f"generation failed: {err}", "server_error")
         tokens = [t for t, _ in done]
         pngs = await asyncio.get_running_loop().run_in_executor(None, served.encode, tokens)
@@ -195,8 +195,7 @@ def _event(kind: str, body: dict[str, Any]) -> str:
 
 
 async def _events(jobs: list[Job], waiting: list[asyncio.Future], body: ImageRequest, label: int | None,
-                  served: "Served",
-                  engine: Engine, rid: str):  # type: ignore[no-untyped-def]
+                  served: "Served", engine: Engine):  # type: ignore[no-untyped-def]
     """Server-sent events: `image_generation.progress` (index, tokens_done, tokens_total) while an
     image decodes, at most every PROGRESS_EVERY_S; `image_generation.completed` (its ImageData)
     as each is done, in any order (`index` says which); then `data: [DONE]`. An `error` event
@@ -233,7 +232,7 @@ async def _events(jobs: list[Job], waiting: list[asyncio.Future], body: ImageReq
         yield "data: [DONE]\n\n"
     finally:
         if not all(f.done() for f in waiting):
-            engine.cancel(rid)
+            engine.cancel(jobs)
 
 
 async def _until_done(waiting: list[asyncio.Future], request: Any, timeout_s: float) -> list[Any]:

@@ -88,7 +88,6 @@ class Engine:
         self.stats = EngineStats()
         self._queue: collections.deque[Job] = collections.deque()
         self._cv = threading.Condition()
-        self._cancelled: set[str] = set()
         self._running: dict[int, Job] = {}  # id(job) -> job, for the slots busy now
         self._stopping = False
         self._drain = True
@@ -124,15 +123,13 @@ class Engine:
             self._queue.extend(jobs)
             self._cv.notify()
 
-    def cancel(self, request: str) -> None:
-        """Drop a request: its queued jobs leave the queue and its running ones free their slots."""
-        with self._cv:
-            self._cancelled.add(request)
-            kept = [j for j in self._queue if j.request != request]
-            dropped = [j for j in self._queue if j.request == request]
-            self._queue = collections.deque(kept)
-        for job in dropped:
+    def cancel(self, jobs: list[Job]) -> None:
+        """Drop a request's jobs: the queued ones leave the queue, the running ones free their
+        slots before the next step (a job's cancelled future is the mark; done ones stay done)."""
+        for job in jobs:
             job.future.cancel()
+        with self._cv:
+            self._queue = collections.deque(j for j in self._queue if not j.future.cancelled())
 
     def start(self, warm_up: Job | None = None) -> None:
         """Start the engine thread; `warm_up` (an image decoded and thrown away) captures the
@@ -172,7 +169,7 @@ class Engine:
                 return None  # a switch is due: let the running images finish first
             while self._queue:
                 job = self._queue.popleft()
-                if job.request not in self._cancelled and not job.future.cancelled():
+                if not job.future.cancelled():
                     return self._item(job)
             return None
 
@@ -187,7 +184,7 @@ class Engine:
         return self._next() or self._wait()
 
     def _is_cancelled(self, job: Job) -> bool:
-        if job.request in self._cancelled or job.future.cancelled():
+        if job.future.cancelled():
             self._release(job)
             return True
         return False
