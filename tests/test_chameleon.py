@@ -495,3 +495,46 @@ def test_the_drafter_sees_a_left_padded_prompt_as_it_was_trained(pair, context: 
     lantern_cfg = dict(hidden_size=8, intermediate_size=16, num_attention_heads=2, vocab_size=100)
     assert ChameleonDrafterConfig.from_json(lantern_cfg, "x").condition_context == "all"
     assert ChameleonDrafterConfig.from_json(dict(lantern_cfg, condition_context=context), "x").condition_context == context
+
+
+def test_runtime_serve_answers_chameleon_prompts_as_runtime_run_with_that_prompt_length(run_cli, folder, tmp_path):
+    """Chameleon prompts padded to one length (the captured steps' shapes): a request's images are
+    `runtime run --prompt-length L`'s for the same prompt and seed; a longer prompt gets 422, and
+    --prompt-length is refused where it does nothing."""
+    pytest.importorskip("fastapi")
+    pytest.importorskip("httpx")
+    import numpy as np
+    from fastapi.testclient import TestClient
+
+    from runtime.cli.serve_cmd import _conditioner
+    from runtime.device_setup import open_backend
+    from runtime.loading import load_model
+    from runtime.serve import build_server
+    from runtime.settings import resolve_spec
+
+    backend, prof = open_backend("cpu", None, False, None)
+    loaded = load_model(model=str(folder / "Anole-tiny"), gpt_model=None, gpt_ckpt=None,
+                        vq_ckpt=str(folder / "vqgan.ckpt"), image_size=None, drafter=str(folder / "drafter"),
+                        gpt_type="c2i", trust=False, device=backend.device, dtype=backend.dtype)
+    spec = resolve_spec("lantern++", {"tree": "chain3"}, prof, loaded.recommended)
+    app, engine, _ = build_server(loaded, spec, backend, batch_size=2, max_queue=8, timeout_s=120,
+                                  conditioner=_conditioner(loaded, backend, None, 12))
+    try:
+        assert engine.ready.wait(120)
+        client = TestClient(app)
+        answer = client.post("/v1/images/generations",
+                             json={"prompt": "a red cat", "n": 2, "seed": 5, "return_tokens": True}).json()
+        long = client.post("/v1/images/generations", json={"prompt": " ".join(["the blue dog on the grass"] * 2)})
+    finally:
+        engine.stop(drain=False, timeout=30)
+    assert long.status_code == 422 and "prompt length 12" in long.json()["error"]["message"]
+    (tmp_path / "one.txt").write_text("a red cat\n")
+    res = run_cli("run", "--model", str(folder / "Anole-tiny"), "--vq-ckpt", str(folder / "vqgan.ckpt"), "--drafter",
+                  str(folder / "drafter"), "--prompts", str(tmp_path / "one.txt"), "--num-images", "2", "--seed", "5",
+                  "--prompt-length", "12", "--method", "lantern++", "--tree", "chain3", "--device", "cpu",
+                  "--no-graph", "--out", str(tmp_path / "run"))
+    assert res.exit_code == 0, res.stderr
+    assert [d["tokens"] for d in answer["data"]] == np.load(tmp_path / "run" / "tokens.npy").tolist()
+    assert all(d["revised_prompt"] == "a red cat" and "class_id" not in d for d in answer["data"])
+    refused = run_cli("run", "--device", "cpu", "--prompt-length", "12", "--out", str(tmp_path / "demo"))
+    assert refused.exit_code == 2 and "--prompt-length is for Chameleon models" in refused.stderr

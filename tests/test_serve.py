@@ -377,6 +377,7 @@ def test_a_text_to_image_model_is_served_from_captions(tmp_path):
     from runtime.models.configs import gpt_config
     from runtime.models.gpt import Transformer
     from runtime.models.t5 import T5Encoder
+    from runtime.serve.conditions import Captions
     from tiny_models import save_tiny_official
 
     save_tiny_official(tmp_path, "unused.pt", "vq.pt")
@@ -394,7 +395,8 @@ def test_a_text_to_image_model_is_served_from_captions(tmp_path):
     with pytest.raises(UserError, match="--t5-path"):
         build_server(loaded, spec, backend, batch_size=2, max_queue=8, timeout_s=60, warm_up=False)
     encoder = T5Encoder(t5, device=backend.device, dtype=backend.dtype, max_length=loaded.config.cls_token_num)
-    app, engine, _ = build_server(loaded, spec, backend, batch_size=2, max_queue=8, timeout_s=120, encoder=encoder)
+    app, engine, _ = build_server(loaded, spec, backend, batch_size=2, max_queue=8, timeout_s=120,
+                                  conditioner=Captions(encoder, backend.device, backend.dtype))
     try:
         assert engine.ready.wait(120)
         client = TestClient(app)

@@ -35,6 +35,7 @@ BatchSize = Annotated[Optional[int], typer.Option("--batch-size", help="Images d
 Classes = Annotated[Optional[str], typer.Option("--classes", help="Comma-separated class ids, cycled over the images (c2i).", rich_help_panel='Workload')]
 Prompts = Annotated[Optional[str], typer.Option("--prompts", help="Text file, one prompt per line (t2i; needs --t5-path).", rich_help_panel='Workload')]
 T5Path = Annotated[Optional[str], typer.Option("--t5-path", help="Local T5 encoder directory (flan-t5-xl for LlamaGen t2i).", rich_help_panel='Workload')]
+PromptLength = Annotated[Optional[int], typer.Option("--prompt-length", help="Chameleon models: pad every prompt to this many tokens (it sets the captured steps' shapes; runtime serve: default 64).", rich_help_panel='Workload')]
 NumImages = Annotated[Optional[int], typer.Option("--num-images", help="Images to generate (default: one per class or prompt).", rich_help_panel='Workload')]
 Seed = Annotated[int, typer.Option("--seed", help="Run seed; image i uses a seed derived from (seed, i).", rich_help_panel='Workload')]
 

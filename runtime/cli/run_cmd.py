@@ -47,6 +47,7 @@ def run(
     classes: opt.Classes = None,
     prompts: opt.Prompts = None,
     t5_path: opt.T5Path = None,
+    prompt_length: opt.PromptLength = None,
     num_images: opt.NumImages = None,
     seed: opt.Seed = 0,
     batch_size: opt.BatchSize = None,
@@ -74,7 +75,8 @@ def run(
                             trust=trust_checkpoint, device=backend.device, dtype=backend.dtype)
         auto = method == AUTO  # the profile's fastest lossless method at this run's batch occupancy
         spec = None if auto else resolve_spec(method, flags.as_dict(), prof, loaded.recommended)
-        conditions, cond_masks, labels = _conditions(loaded, classes, prompts, t5_path, num_images, backend)
+        conditions, cond_masks, labels = _conditions(loaded, classes, prompts, t5_path, num_images, backend,
+                                                     prompt_length)
         n = len(labels)
         mine = shard(list(range(n)), ctx)
         # no wider than the images this rank makes: --batch-size 10000 for 2 images decodes 2 at once
@@ -152,9 +154,15 @@ def _select(conditions: Any, idx: list[int]) -> Any:
     return [conditions[i] for i in idx]
 
 
-def _conditions(loaded, classes, prompts, t5_path, num_images, backend):
-    """(conditions, cond_masks, labels): class ids, or caption features for t2i prompts."""
+def _conditions(loaded, classes, prompts, t5_path, num_images, backend, prompt_length=None):
+    """(conditions, cond_masks, labels): class ids, caption features for t2i prompts, or prompt
+    token ids (padded to `prompt_length` where given) for Chameleon."""
     from runtime.loading import parse_classes
+
+    if prompt_length is not None and loaded.config.model_type != "chameleon":
+        raise UserError("--prompt-length is for Chameleon models (their prompts are token prefixes); drop it")
+    if prompt_length is not None and prompt_length < 2:
+        raise UserError(f"--prompt-length must be >= 2 (bos and the image start), got {prompt_length}")
 
     if loaded.config.model_type == "c2i":
         if prompts is not None:
@@ -169,7 +177,7 @@ def _conditions(loaded, classes, prompts, t5_path, num_images, backend):
         if prompts is None:
             raise UserError("this is a Chameleon model: give --prompts FILE (one prompt per line)")
         texts = _read_prompts(prompts, num_images)
-        ids, mask = loaded.prompt_encoder(texts)
+        ids, mask = loaded.prompt_encoder(texts, prompt_length)
         loaded.target.for_prompts(ids.size(1))
         return ids.to(backend.device), mask.to(backend.device), texts
     if prompts is None:

@@ -7,6 +7,7 @@ the same way and exits 130 (interrupted, as every command does); a second exits 
 from __future__ import annotations
 
 import signal
+from typing import Any
 
 import typer
 
@@ -31,6 +32,7 @@ def serve(
     image_size: opt.ImageSize = None,
     drafter: opt.DrafterDir = None,
     t5_path: opt.T5Path = None,
+    prompt_length: opt.PromptLength = None,
     trust_checkpoint: opt.Trust = False,
     device: opt.Device = "auto",
     profile_name: opt.ProfileName = None,
@@ -75,17 +77,9 @@ def serve(
         spec, auto = specs[names[0]], (specs, prof.auto)
     else:
         spec = resolve_spec(method, given, prof, loaded.recommended)
-    encoder = None
-    if t5_path is not None and loaded.config.model_type == "t2i":
-        from runtime.models.t5 import T5Encoder
-
-        encoder = T5Encoder(t5_path, device=backend.device, dtype=backend.dtype,
-                            max_length=loaded.config.cls_token_num)
-    elif t5_path is not None:
-        raise UserError("--t5-path does nothing for a class-conditional model (prompts are class ids or names); "
-                        "drop it")
     web, engine, served = build_server(loaded, spec, backend, batch_size=batch, max_queue=max_queue,
-                                       timeout_s=timeout, auto=auto, encoder=encoder)
+                                       timeout_s=timeout, auto=auto,
+                                       conditioner=_conditioner(loaded, backend, t5_path, prompt_length))
 
     logging.getLogger("runtime").info("serving %s with %s on %s:%d (batch %d)", loaded.name, spec.method, host,
                                       port, batch)
@@ -99,3 +93,32 @@ def serve(
     finally:
         signal.signal(signal.SIGTERM, previous)
         engine.stop(drain=False, timeout=5)
+
+
+DEFAULT_PROMPT_LENGTH = 64  # Chameleon prompts: tokens every captured step is built for
+
+
+def _conditioner(loaded: Any, backend: Any, t5_path: str | None, prompt_length: int | None) -> Any:
+    """How the served model reads a text prompt (None: class ids and names), refusing the flags
+    that do nothing for it. Sets a Chameleon target's prompt length before its decoders are built."""
+    from runtime.serve.conditions import Captions, TokenPrompts
+
+    kind = loaded.config.model_type
+    if t5_path is not None and kind != "t2i":
+        raise UserError(f"--t5-path does nothing for a {'class-conditional' if kind == 'c2i' else 'Chameleon'} model "
+                        "(its prompts are " + ("class ids or names" if kind == "c2i" else "read by its own tokenizer")
+                        + "); drop it")
+    if prompt_length is not None and kind != "chameleon":
+        raise UserError("--prompt-length is for Chameleon models (their prompts are token prefixes); drop it")
+    if kind == "t2i" and t5_path is not None:
+        from runtime.models.t5 import T5Encoder
+
+        encoder = T5Encoder(t5_path, device=backend.device, dtype=backend.dtype, max_length=loaded.config.cls_token_num)
+        return Captions(encoder, backend.device, backend.dtype)
+    if kind == "chameleon":
+        length = DEFAULT_PROMPT_LENGTH if prompt_length is None else prompt_length
+        if length < 2:
+            raise UserError(f"--prompt-length must be >= 2 (bos and the image start), got {length}")
+        loaded.target.for_prompts(length)
+        return TokenPrompts(loaded.prompt_encoder, length, backend.device)
+    return None

@@ -83,16 +83,26 @@ class PromptEncoder:
     suffix: tuple[int, ...]
     template: str = "{}"
 
-    def __call__(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = [[*self.prefix, *self.tokenizer.encode(self.template.format(text), add_special_tokens=False).ids,
-                 *self.suffix] for text in texts]
-        length = max(len(r) for r in rows)
+    def __call__(self, texts: Sequence[str], length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`length`: pad every prompt to that many tokens (the decoders' prompt length), refusing a
+        longer one; default the longest prompt's."""
+        rows = [self.ids(text) for text in texts]
+        longest = max(len(r) for r in rows)
+        if length is not None and longest > length:
+            raise UserError(f"a prompt is {longest} tokens, more than --prompt-length {length}; shorten it or "
+                            f"raise --prompt-length")
+        length = longest if length is None else length
         tokens = torch.full((len(rows), length), self.pad, dtype=torch.long)
         mask = torch.zeros(len(rows), length, dtype=torch.bool)
         for i, row in enumerate(rows):
             tokens[i, length - len(row):] = torch.tensor(row)
             mask[i, length - len(row):] = True
         return tokens, mask
+
+    def ids(self, text: str) -> list[int]:
+        """One prompt's token ids, template, prefix and suffix included (unpadded)."""
+        return [*self.prefix, *self.tokenizer.encode(self.template.format(text), add_special_tokens=False).ids,
+                *self.suffix]
 
 
 def is_lumina(config: dict[str, Any]) -> bool:

@@ -7,11 +7,13 @@ from typing import Any
 
 
 def build_server(loaded: Any, spec: Any, backend: Any, *, batch_size: int, max_queue: int, timeout_s: float,
-                 warm_up: bool = True, auto: Any = None, encoder: Any = None) -> tuple[Any, Any, Any]:
+                 warm_up: bool = True, auto: Any = None, conditioner: Any = None) -> tuple[Any, Any, Any]:
     """(FastAPI app, engine, served) for a loaded model and a resolved method; the engine thread
     is started, and captures its steps on one thrown-away image first when `warm_up`. `auto`:
     {method: spec} and a profile `[auto]` table (`--method auto`): one decoder per method, the
-    engine picks by occupancy. `encoder`: the caption encoder of a text-to-image model (T5)."""
+    engine picks by occupancy. `conditioner`: how a text-conditioned model reads a prompt
+    (`runtime.serve.conditions`: T5 captions for LlamaGen t2i, padded token prompts for
+    Chameleon; a Chameleon target must have been set to the conditioner's prompt length)."""
     from runtime import __version__
     from runtime.errors import UserError
     from runtime.pipeline import make_decoder
@@ -19,22 +21,21 @@ def build_server(loaded: Any, spec: Any, backend: Any, *, batch_size: int, max_q
     from runtime.serve.engine import Engine, Job
 
     kind = loaded.config.model_type
-    if kind == "chameleon" or loaded.prompt_encoder is not None:
-        raise UserError("runtime serve serves LlamaGen-family models (class-conditional and text-to-image) for now: "
-                        "a Chameleon prompt's length sets the captured steps' shapes; generate with runtime run "
-                        "--prompts")
-    if kind == "t2i" and encoder is None:
+    if kind == "t2i" and conditioner is None:
         raise UserError("serving a text-to-image model needs its caption encoder: --t5-path DIR (a local "
                         "flan-t5-xl for LlamaGen)")
-    if kind != "t2i" and encoder is not None:
+    if kind == "c2i" and conditioner is not None:
         raise UserError("--t5-path does nothing for a class-conditional model (prompts are class ids or names); "
                         "drop it")
+    if kind == "chameleon" and conditioner is None:
+        raise UserError("serving a Chameleon model needs its prompt length (runtime serve sets it from "
+                        "--prompt-length)")
     methods = {spec.method: spec} if auto is None else auto[0]
     engine = Engine({m: make_decoder(loaded, s, backend, batch_size=batch_size) for m, s in methods.items()},
                     backend.device, max_queue=max_queue, choose=None if auto is None else auto[1].method_for,
                     capture_count=backend.capture_count)
     served = Served(loaded, spec, batch_size=batch_size, timeout_s=timeout_s, version=__version__,
-                    method="auto" if auto is not None else spec.method, encoder=encoder, device=backend.device)
+                    method="auto" if auto is not None else spec.method, conditioner=conditioner)
     app = create_app(engine, served)
     first = None
     if warm_up:

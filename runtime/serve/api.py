@@ -256,11 +256,11 @@ class Served:
     """What the server serves, and how a request maps onto it."""
 
     def __init__(self, loaded: Any, spec: Any, *, batch_size: int, timeout_s: float, version: str,
-                 method: str | None = None, encoder: Any = None, device: Any = None) -> None:
+                 method: str | None = None, conditioner: Any = None) -> None:
         self.loaded, self.spec = loaded, spec
-        # text-to-image: prompts are captions, encoded by `encoder` (T5, to cls_token_num tokens)
-        self.text = encoder is not None
-        self.encoder, self.device = encoder, device
+        # models conditioned on text: `conditioner` (runtime/serve/conditions.py) reads the prompt
+        self.text = conditioner is not None
+        self.conditioner = conditioner
         self.model = loaded.name
         self.method = method or spec.method
         self.batch_size = batch_size
@@ -287,23 +287,19 @@ class Served:
         return [n.lower() for n in self.loaded.class_names].index(text.lower())
 
     def revised(self, prompt: str) -> str:
-        """The caption as the encoder reads it (normalised as LlamaGen's sampler does)."""
-        return self.encoder.normalize_text(prompt)
+        """The prompt as the model reads it (a text-conditioned model's)."""
+        return self.conditioner.revised(prompt)
 
     def caption(self, prompt: str) -> tuple[Any, Any]:
-        """(features (1, cls_token_num, caption_dim) in the model's dtype, mask (1, cls_token_num)
-        bool) on the device, as `runtime run --prompts` conditions an image on this caption."""
-        emb, mask = self.encoder.encode([prompt])
-        return emb.to(device=self.device, dtype=self.loaded.target.tok_embeddings.weight.dtype), mask.to(self.device)
+        """(cond, mask) of a text prompt on the device, as `runtime run --prompts` conditions an
+        image on it."""
+        return self.conditioner(prompt)
 
     def check(self, body: ImageRequest) -> str | None:
         """One line naming what a valid request cannot have, or None."""
         text = body.prompt.strip()
-        problem = self._check_caption(text) if self.text else self._check_class(text)
+        problem = self.conditioner.check(text) if self.text else self._check_class(text)
         return problem if problem is not None else self._check_settings(body)
-
-    def _check_caption(self, text: str) -> str | None:
-        return "prompt: the caption is empty" if not text else None
 
     def _check_class(self, text: str) -> str | None:
         n_classes = self.loaded.num_classes

@@ -1,0 +1,56 @@
+"""What a request's `prompt` becomes for models conditioned on text: the caption features of a
+LlamaGen text-to-image model (its T5 encoder), or the prompt token ids of a Chameleon-family
+model (padded to the server's fixed prompt length). Class-conditional prompts (class ids and
+names) are read by `api.Served` itself.
+
+A conditioner: `check(text)` -> one line naming what is wrong, or None; `__call__(text)` ->
+(cond (1, L, ...), mask (1, L) bool) on the device, as `runtime run --prompts` conditions an
+image on that text; `revised(text)` -> the text as the model reads it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class Captions:
+    """A LlamaGen t2i model's captions: T5 features (1, cls_token_num, caption_dim) in the model's
+    dtype, left-padded to the model's caption length as LlamaGen's sampler pads them."""
+
+    def __init__(self, encoder: Any, device: Any, dtype: Any) -> None:
+        self.encoder, self.device, self.dtype = encoder, device, dtype
+
+    def check(self, text: str) -> str | None:
+        return "prompt: the caption is empty" if not text.strip() else None
+
+    def revised(self, text: str) -> str:
+        return self.encoder.normalize_text(text)
+
+    def __call__(self, text: str) -> tuple[Any, Any]:
+        emb, mask = self.encoder.encode([text])
+        return emb.to(device=self.device, dtype=self.dtype), mask.to(self.device)
+
+
+class TokenPrompts:
+    """A Chameleon-family model's prompts: token ids (1, length), left-padded to `length`, the
+    prompt length every captured step was built for (`runtime run --prompt-length` pads the same
+    way, so a request's images equal that run's)."""
+
+    def __init__(self, encoder: Any, length: int, device: Any) -> None:
+        self.encoder, self.length, self.device = encoder, length, device
+
+    def check(self, text: str) -> str | None:
+        if not text.strip():
+            return "prompt: the prompt is empty"
+        n = len(self.encoder.ids(text))
+        if n > self.length:
+            return (f"prompt: {n} tokens, more than this server's prompt length {self.length}; shorten it or "
+                    f"restart the server with --prompt-length {n}")
+        return None
+
+    def revised(self, text: str) -> str:
+        return text
+
+    def __call__(self, text: str) -> tuple[Any, Any]:
+        ids, mask = self.encoder([text], self.length)
+        return ids.to(self.device), mask.to(self.device)
