@@ -17,6 +17,7 @@ from runtime.errors import UserError
 
 @app.command("bench")
 @opt.with_method_options()
+@opt.with_model_options
 def bench(
     out: str = typer.Option(..., "--out", help="Result file (JSON, schema in docs/bench_schema.md)."),
     methods: Optional[str] = typer.Option(None, "--methods", show_default="ar,sd,eagle2,lantern,lantern++", help="Comma-separated methods; include ar for speedups. An entry may carry its own options: sjd:coupling=maximal:proactive=3x2 (a shared --lantern-lambda relaxes sjd too; give it per entry instead)."),
@@ -28,14 +29,7 @@ def bench(
     interleave: bool = typer.Option(True, "--interleave/--no-interleave",
                                     help="Time the methods' repeats round-robin (default) or each method's back to "
                                          "back (keeps one decoder in memory at a time)."),
-    model: opt.Model = None,
-    gpt_model: opt.GptModel = None,
-    gpt_ckpt: opt.GptCkpt = None,
-    gpt_type: opt.GptType = "c2i",
-    vq_ckpt: opt.VqCkpt = None,
-    image_size: opt.ImageSize = None,
-    drafter: opt.DrafterDir = None,
-    trust_checkpoint: opt.Trust = False,
+    source: opt.ModelSource = None,  # every model option (opt.MODEL_OPTIONS)
     device: opt.Device = "auto",
     profile_name: opt.ProfileName = None,
     graph: opt.Graph = None,
@@ -76,7 +70,7 @@ def bench(
     from runtime.bench.schema import save_bench
     from runtime.core.methods import METHODS
     from runtime.models.layers import use_attention_kernel
-    from runtime.loading import load_model, parse_classes
+    from runtime.loading import parse_classes
 
     method_list = [m.strip() for m in methods.split(",") if m.strip()]
     if not method_list:
@@ -95,9 +89,7 @@ def bench(
     try:
         with use_attention_kernel(attention):  # refuses an unknown kernel before any work
             backend, prof = opt.open_backend(device, profile_name, graph, dtype)
-            loaded = load_model(model=model, gpt_model=gpt_model, gpt_ckpt=gpt_ckpt, vq_ckpt=vq_ckpt,
-                                image_size=image_size, drafter=drafter, gpt_type=gpt_type, trust=trust_checkpoint,
-                                device=backend.device, dtype=backend.dtype)
+            loaded = source.load(backend)
             if loaded.config.model_type != "c2i":
                 raise UserError("runtime bench supports class-conditional models for now; use runtime run for t2i")
             conditions = parse_classes(classes, num_images, loaded)

@@ -6,6 +6,7 @@ then to the model's recommended settings (see runtime.settings.resolve_spec).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import typing
@@ -51,34 +52,80 @@ def method_parameters(only: Sequence[str] | None = None) -> list[inspect.Paramet
             for o in chosen]
 
 
+def _inject(fn: Callable[..., Any], slot: str, generated: list[inspect.Parameter],
+            build: Callable[[dict[str, Any]], Any]) -> Callable[..., Any]:
+    """`fn` with its parameter `slot` replaced, on the command line, by the `generated` options;
+    the function receives `slot=build({option: value})`."""
+    signature = inspect.signature(fn)
+    params = list(signature.parameters.values())
+    at = [p.name for p in params].index(slot)
+    names = [p.name for p in generated]
+
+    @functools.wraps(fn)
+    def command(**kwargs: Any) -> Any:
+        given = {name: kwargs.pop(name) for name in names if name in kwargs}
+        return fn(**kwargs, **{slot: build(given)})
+
+    # annotations resolved here (the command's module may postpone them as strings)
+    hints = typing.get_type_hints(fn, include_extras=True)
+    keyword = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=hints.get(p.name, p.annotation))
+               for p in params]
+    listed = keyword[:at] + generated + keyword[at + 1:]
+    command.__signature__ = signature.replace(parameters=listed, return_annotation=None)  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in listed}
+    del command.__wrapped__  # typer reads the signature above, not fn's
+    return command
+
+
 def with_method_options(only: Sequence[str] | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator for a command taking `flags: MethodFlags`: its command line gets the method
     options in place of `flags` (every option, or those in `only`), and the function receives
     them as one `MethodFlags`. The options are declared once, in `runtime.method_options`."""
+    return lambda fn: _inject(fn, "flags", method_parameters(only), lambda given: MethodFlags(**given))
 
-    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
-        signature = inspect.signature(fn)
-        params = list(signature.parameters.values())
-        at = [p.name for p in params].index("flags")
-        generated = method_parameters(only)
-        names = [p.name for p in generated]
 
-        @functools.wraps(fn)
-        def command(**kwargs: Any) -> Any:
-            given = {name: kwargs.pop(name, None) for name in names}
-            return fn(**kwargs, flags=MethodFlags(**given))
+# The model options of every command that loads a model, in their command-line order.
+MODEL_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
+    ("model", Model, None), ("gpt_model", GptModel, None), ("gpt_ckpt", GptCkpt, None), ("gpt_type", GptType, "c2i"),
+    ("vq_ckpt", VqCkpt, None), ("image_size", ImageSize, None), ("drafter", DrafterDir, None),
+    ("trust_checkpoint", Trust, False),
+)
 
-        # annotations resolved here (the command's module may postpone them as strings)
-        hints = typing.get_type_hints(fn, include_extras=True)
-        keyword = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=hints.get(p.name, p.annotation))
-                   for p in params]
-        command.__signature__ = signature.replace(parameters=keyword[:at] + generated + keyword[at + 1:],  # type: ignore[attr-defined]
-                                                  return_annotation=None)
-        command.__annotations__ = {p.name: p.annotation for p in keyword[:at] + generated + keyword[at + 1:]}
-        del command.__wrapped__  # typer reads the signature above, not fn's
-        return command
 
-    return wrap
+@dataclasses.dataclass(frozen=True)
+class ModelSource:
+    """Where a command's model comes from: the model options as given (`MODEL_OPTIONS`)."""
+
+    model: str | None = None
+    gpt_model: str | None = None
+    gpt_ckpt: str | None = None
+    gpt_type: str = "c2i"
+    vq_ckpt: str | None = None
+    image_size: int | None = None
+    drafter: str | None = None
+    trust_checkpoint: bool = False
+
+    @classmethod
+    def pick(cls, params: dict[str, Any]) -> "ModelSource":
+        """The model options out of a command's parameters (`runtime sample` takes run's)."""
+        return cls(**{name: params[name] for name, _, _ in MODEL_OPTIONS})
+
+    def load(self, backend: Any) -> Any:
+        """The model on the backend's device and dtype (`runtime.loading.load_model`)."""
+        from runtime.loading import load_model
+
+        return load_model(model=self.model, gpt_model=self.gpt_model, gpt_ckpt=self.gpt_ckpt, vq_ckpt=self.vq_ckpt,
+                          image_size=self.image_size, drafter=self.drafter, gpt_type=self.gpt_type,
+                          trust=self.trust_checkpoint, device=backend.device, dtype=backend.dtype)
+
+
+def with_model_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorator for a command taking `source: ModelSource`: its command line gets the model
+    options (`MODEL_OPTIONS`) in place of `source`, and the function receives them as one
+    `ModelSource`."""
+    generated = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+                 for name, annotation, default in MODEL_OPTIONS]
+    return _inject(fn, "source", generated, lambda given: ModelSource(**given))
 
 
 IN_MEMORY_IMAGES = 100_000  # run / bench keep every image in memory; beyond this, runtime sample

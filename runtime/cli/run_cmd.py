@@ -26,17 +26,11 @@ RESULT_SCHEMA_VERSION = 1
 
 @app.command("run")
 @opt.with_method_options()
+@opt.with_model_options
 def run(
     out: str = typer.Option("out", "--out", help="Output folder: new or empty, or an earlier run's with --force (replaced whole)."),
     force: bool = typer.Option(False, "--force", help="Replace an earlier run in --out (the whole folder)."),
-    model: opt.Model = None,
-    gpt_model: opt.GptModel = None,
-    gpt_ckpt: opt.GptCkpt = None,
-    gpt_type: opt.GptType = "c2i",
-    vq_ckpt: opt.VqCkpt = None,
-    image_size: opt.ImageSize = None,
-    drafter: opt.DrafterDir = None,
-    trust_checkpoint: opt.Trust = False,
+    source: opt.ModelSource = None,  # every model option (opt.MODEL_OPTIONS)
     device: opt.Device = "auto",
     profile_name: opt.ProfileName = None,
     graph: opt.Graph = None,
@@ -56,7 +50,6 @@ def run(
     """Generate images (default: the embedded demo with LANTERN++ sampling) into --out."""
     from runtime.distributed import destroy, gather_objects, init_distributed, shard
     from runtime.models.layers import set_attention_kernel
-    from runtime.loading import load_model
     from runtime.pipeline import make_decoder, run_generation
     from runtime.settings import AUTO, auto_method, resolve_spec, sampling_sources
 
@@ -70,9 +63,7 @@ def run(
     ctx = init_distributed(_backend_name(device))
     try:
         backend, prof = opt.open_backend(device, profile_name, graph, dtype, index=ctx.device_index)
-        loaded = load_model(model=model, gpt_model=gpt_model, gpt_ckpt=gpt_ckpt, vq_ckpt=vq_ckpt,
-                            image_size=image_size, drafter=drafter, gpt_type=gpt_type,
-                            trust=trust_checkpoint, device=backend.device, dtype=backend.dtype)
+        loaded = source.load(backend)
         auto = method == AUTO  # the profile's fastest lossless method at this run's batch occupancy
         spec = None if auto else resolve_spec(method, flags.as_dict(), prof, loaded.recommended)
         conditions, cond_masks, labels = _conditions(loaded, classes, prompts, t5_path, num_images, backend,

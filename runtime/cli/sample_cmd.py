@@ -41,7 +41,6 @@ def sample(**params: Any) -> None:
                                TimeRemainingColumn)
 
     from runtime.distributed import barrier, destroy, init_distributed
-    from runtime.loading import load_model
     from runtime.pipeline import make_decoder, run_generation
     from runtime.settings import resolve_spec
     from runtime.sample_store import SampleStore, conditions_digest, mine, plan
@@ -62,10 +61,7 @@ def sample(**params: Any) -> None:
         rank, world = (ctx.rank, ctx.world_size) if ctx.is_distributed else shard
         backend, prof = opt.open_backend(params["device"], params["profile_name"], params["graph"],
                                          params["dtype"], index=ctx.device_index)
-        loaded = load_model(model=params["model"], gpt_model=params["gpt_model"], gpt_ckpt=params["gpt_ckpt"],
-                            vq_ckpt=params["vq_ckpt"], image_size=params["image_size"], drafter=params["drafter"],
-                            gpt_type=params["gpt_type"], trust=params["trust_checkpoint"],
-                            device=backend.device, dtype=backend.dtype)
+        loaded = opt.ModelSource.pick(params).load(backend)
         spec = resolve_spec(params["method"], flags.as_dict(), prof, loaded.recommended)
         num_images, classes = params["num_images"], params["classes"]
         if per_class is not None:

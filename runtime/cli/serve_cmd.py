@@ -18,22 +18,16 @@ from runtime.errors import UserError
 
 @app.command("serve")
 @opt.with_method_options()
+@opt.with_model_options
 def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
     port: int = typer.Option(8000, "--port", help="TCP port."),
     max_queue: int = typer.Option(64, "--max-queue", help="Images waiting for a slot before requests get 429."),
     timeout: float = typer.Option(600.0, "--timeout", help="Seconds a request may take before it gets 504 (its "
                                   "images are dropped)."),
-    model: opt.Model = None,
-    gpt_model: opt.GptModel = None,
-    gpt_ckpt: opt.GptCkpt = None,
-    gpt_type: opt.GptType = "c2i",
-    vq_ckpt: opt.VqCkpt = None,
-    image_size: opt.ImageSize = None,
-    drafter: opt.DrafterDir = None,
+    source: opt.ModelSource = None,  # every model option (opt.MODEL_OPTIONS)
     t5_path: opt.T5Path = None,
     prompt_length: opt.PromptLength = None,
-    trust_checkpoint: opt.Trust = False,
     device: opt.Device = "auto",
     profile_name: opt.ProfileName = None,
     graph: opt.Graph = None,
@@ -47,7 +41,6 @@ def serve(
     import logging
 
     from runtime.models.layers import set_attention_kernel
-    from runtime.loading import load_model
     from runtime.settings import AUTO, auto_method, resolve_spec
     from runtime.serve import build_server
 
@@ -64,9 +57,7 @@ def serve(
                         "(FastAPI, uvicorn, prometheus-client)") from None
     set_attention_kernel(attention)
     backend, prof = opt.open_backend(device, profile_name, graph, dtype)
-    loaded = load_model(model=model, gpt_model=gpt_model, gpt_ckpt=gpt_ckpt, vq_ckpt=vq_ckpt, image_size=image_size,
-                        drafter=drafter, gpt_type=gpt_type, trust=trust_checkpoint, device=backend.device,
-                        dtype=backend.dtype)
+    loaded = source.load(backend)
     batch = opt.batch_size(batch_size, prof)
     given = flags.as_dict()
     auto = None

@@ -17,17 +17,11 @@ from runtime.errors import UserError
 @app.command("tune")
 @opt.with_method_options(only=("greedy", "temperature", "top_k", "top_p", "cfg", "lantern_k", "lantern_lambda",
                                  "relax_rule"))
+@opt.with_model_options
 def tune_cmd(
     out: Path = typer.Option(..., "--out", help="Profile to write, e.g. profiles/my-cpu.toml (a NAME.tree.toml and NAME.tune.json go beside it)."),
     device: opt.Device = "auto",
-    model: opt.Model = None,
-    gpt_model: opt.GptModel = None,
-    gpt_ckpt: opt.GptCkpt = None,
-    gpt_type: opt.GptType = "c2i",
-    vq_ckpt: opt.VqCkpt = None,
-    image_size: opt.ImageSize = None,
-    drafter: opt.DrafterDir = None,
-    trust_checkpoint: opt.Trust = False,
+    source: opt.ModelSource = None,  # every model option (opt.MODEL_OPTIONS)
     profile_name: opt.ProfileName = None,
     graph: opt.Graph = None,
     dtype: opt.Dtype = None,
@@ -50,7 +44,7 @@ def tune_cmd(
     from rich.console import Console
 
     from runtime.atomic import atomic_path, probe_writable
-    from runtime.loading import load_model, parse_classes
+    from runtime.loading import parse_classes
     from runtime.settings import resolve_spec
     from runtime.tune import tree_toml, tune
 
@@ -72,9 +66,7 @@ def tune_cmd(
 
     full = flags.as_dict()
     backend, prof = opt.open_backend(device, profile_name, graph, dtype)
-    loaded = load_model(model=model, gpt_model=gpt_model, gpt_ckpt=gpt_ckpt, vq_ckpt=vq_ckpt, image_size=image_size,
-                        drafter=drafter, gpt_type=gpt_type, trust=trust_checkpoint, device=backend.device,
-                        dtype=backend.dtype)
+    loaded = source.load(backend)
     if loaded.config.model_type != "c2i":
         raise UserError("runtime tune calibrates on class conditions; text-to-image models are not supported yet")
     spec = resolve_spec(method, full, prof, loaded.recommended)
