@@ -166,3 +166,28 @@ def json_copy(data):
     import json
 
     return json.loads(json.dumps(data))
+
+
+def test_random_checkpoints_of_a_shape_load_like_official_files_and_decode(tmp_path):
+    """save_random_checkpoints writes LlamaGen's layouts (target, VQ, LANTERN drafter folder) that
+    the loader reads with the official flags; the same seed writes the same weights."""
+    import torch
+
+    from runtime.bench.projection import ModelShape, save_random_checkpoints
+    from runtime.core import MethodSpec, SamplingParams, generate
+    from runtime.loading import load_model
+
+    shape = ModelShape("tiny", "GPT-tiny", 64, 16384, "GPT-tiny, 64 px (4x4 tokens)")
+    files = save_random_checkpoints(shape, tmp_path / "a", seed=3)
+    assert files["gpt_ckpt"].name == "c2i_tiny_64.pt"
+    again = save_random_checkpoints(shape, tmp_path / "b", seed=3)
+    first, second = (torch.load(f["gpt_ckpt"], weights_only=True)["model"] for f in (files, again))
+    assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
+    loaded = load_model(model=None, gpt_model="GPT-tiny", gpt_ckpt=str(files["gpt_ckpt"]), vq_ckpt=str(files["vq_ckpt"]),
+                        image_size=64, drafter=str(files["drafter"]), gpt_type="c2i", trust=False,
+                        device=torch.device("cpu"), dtype=torch.float32)
+    assert loaded.image_size == 64 and loaded.drafter is not None
+    spec = MethodSpec("lantern++", SamplingParams(greedy=True), tree="chain3", lantern_lambda=1.0, lantern_k=8)
+    ar = MethodSpec("ar", SamplingParams(greedy=True))
+    tokens = generate(loaded.target, loaded.drafter, spec, [1], vq=loaded.vq).tokens
+    assert torch.equal(tokens, generate(loaded.target, None, ar, [1]).tokens)  # exact: lambda 1 is AR greedy

@@ -16,6 +16,7 @@ their iteration cost with random weights is not theirs; they are refused here.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -335,3 +336,49 @@ def validate_projection(data: Any, source: str) -> Any:
         return _file_models().model_validate(data)
     except ValidationError as err:
         raise UserError(f"{source}: {describe(err)}") from None
+
+
+def save_random_checkpoints(shape: ModelShape, folder: str | Path, seed: int = 0) -> dict[str, Path]:
+    """Write `shape`'s random target (LlamaGen's c2i layout, `c2i_<size>_<px>.pt`), a random VQ-16
+    (`vq_ds16_c2i.pt`) and a random LANTERN drafter folder (`drafter/`) into `folder`: a model
+    of the real shape that `runtime run / bench / serve` load like an official checkpoint
+    (`--gpt-model`, `--gpt-ckpt`, `--vq-ckpt`, `--drafter`), for timing a served model of that
+    size where its trained weights are not at hand. The same seed writes the same files."""
+    from runtime.models.configs import VQ_CONFIGS
+    from runtime.models.loading import save_drafter_folder
+    from runtime.models.vq import VQModel
+
+    class _OnCpu:  # random_models places the weights on a backend's device: here the CPU, fp32
+        device, dtype = torch.device("cpu"), torch.float32
+
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    target, drafter = random_models(shape, _OnCpu(), seed)
+    files = {"gpt_ckpt": out / f"c2i_{shape.gpt.split('-', 1)[1]}_{shape.image_size}.pt",
+             "vq_ckpt": out / "vq_ds16_c2i.pt", "drafter": out / "drafter"}
+    torch.save({"model": target.state_dict()}, files["gpt_ckpt"])
+    torch.manual_seed(seed)
+    torch.save({"model": VQModel(VQ_CONFIGS["VQ-16"]).state_dict()}, files["vq_ckpt"])
+    save_drafter_folder(files["drafter"], drafter.config, drafter)
+    return files
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m runtime.bench.projection --shape llamagen-xl --out DIR`: write the random
+    checkpoints of a shape (see save_random_checkpoints) and print the flags that load them."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=save_random_checkpoints.__doc__.splitlines()[0])
+    parser.add_argument("--shape", required=True, choices=sorted(SHAPES))
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    shape = model_shape(args.shape)
+    files = save_random_checkpoints(shape, args.out, args.seed)
+    print(f"--gpt-model {shape.gpt} --gpt-ckpt {files['gpt_ckpt']} --vq-ckpt {files['vq_ckpt']} "
+          f"--drafter {files['drafter']} --image-size {shape.image_size}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
