@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import sys
 import tempfile
@@ -54,7 +55,7 @@ def bench(
 
         if profile:
             raise UserError("--profile traces a measured bench, not a --shape projection; drop one of them")
-        bench_shape(locals())
+        bench_shape({**locals(), **dataclasses.asdict(source)})  # the model options as bench lists them
         return
     for flag, value in (("--tau-from", tau_from), ("--tau", tau)):
         if value is not None:
