@@ -8,13 +8,8 @@
 # SIGTERM. Results land in $OUT (the device tool) or ./out. Run from the repository root, with
 # the serve extra's wheels in .whl/ (carried: the device machine reaches no package index).
 set -uo pipefail
-OUT="${OUT:-out}"; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 COLUMNS=160
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site
-fi
-python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
+# shellcheck source=scripts/device_env.sh
+source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh"
 LOAD="python3 -m runtime.serve.load --concurrency 16 --max-n 3 --verify 8"
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv

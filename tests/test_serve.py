@@ -66,10 +66,8 @@ def _png_array(b64: str) -> np.ndarray:
     return np.asarray(Image.open(io.BytesIO(base64.b64decode(b64))).convert("RGB"))
 
 
-def test_concurrent_requests_get_the_images_runtime_run_makes(server, demo):
-    client, engine, _ = server
-    asks = [dict(prompt="3", n=2, seed=11), dict(prompt="rings", n=1, seed=4), dict(prompt="0", n=3, seed=99),
-            dict(prompt="7", n=1, seed=11), dict(prompt="checkerboard", n=2, seed=0)]
+def _ask_together(client, asks: list[dict], timeout: float) -> dict[int, dict]:
+    """Send every request at once (one thread each, tokens asked for); {k: the answer's JSON}."""
     answers: dict[int, dict] = {}
 
     def ask(k: int) -> None:
@@ -79,7 +77,15 @@ def test_concurrent_requests_get_the_images_runtime_run_makes(server, demo):
     for t in threads:
         t.start()
     for t in threads:
-        t.join(300)
+        t.join(timeout)
+    return answers
+
+
+def test_concurrent_requests_get_the_images_runtime_run_makes(server, demo):
+    client, engine, _ = server
+    asks = [dict(prompt="3", n=2, seed=11), dict(prompt="rings", n=1, seed=4), dict(prompt="0", n=3, seed=99),
+            dict(prompt="7", n=1, seed=11), dict(prompt="checkerboard", n=2, seed=0)]
+    answers = _ask_together(client, asks, timeout=300)
     assert len(answers) == len(asks)
     _, loaded, _ = demo
     for k, body in answers.items():
@@ -402,16 +408,7 @@ def test_a_text_to_image_model_is_served_from_captions(tmp_path):
         client = TestClient(app)
         asks = [dict(prompt="A red car on the street", n=2, seed=5), dict(prompt="a dog sleeps", n=1, seed=8),
                 dict(prompt="3", n=1, seed=1)]
-        answers: dict[int, dict] = {}
-
-        def ask(k: int) -> None:
-            answers[k] = client.post("/v1/images/generations", json={**asks[k], "return_tokens": True}).json()
-
-        threads = [threading.Thread(target=ask, args=(k,)) for k in range(len(asks))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(180)
+        answers = _ask_together(client, asks, timeout=180)
         for k, a in enumerate(asks):
             data = answers[k]["data"]
             assert [d["index"] for d in data] == list(range(a["n"]))

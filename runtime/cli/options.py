@@ -128,6 +128,17 @@ def with_model_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return _inject(fn, "source", generated, lambda given: ModelSource(**given))
 
 
+def prompt_length(flag: int | None, model_type: str, default: int | None = None) -> int | None:
+    """--prompt-length for a model of `model_type`: refused where it does nothing (not Chameleon)
+    or below 2 (bos and the image start); `default` where not given."""
+    if flag is not None and model_type != "chameleon":
+        raise UserError("--prompt-length is for Chameleon models (their prompts are token prefixes); drop it")
+    length = default if flag is None else flag
+    if length is not None and length < 2:
+        raise UserError(f"--prompt-length must be >= 2 (bos and the image start), got {length}")
+    return length
+
+
 IN_MEMORY_IMAGES = 100_000  # run / bench keep every image in memory; beyond this, runtime sample
 SAMPLE_IMAGES = 10_000_000  # runtime sample keeps one condition per image
 

@@ -150,11 +150,7 @@ def _conditions(loaded, classes, prompts, t5_path, num_images, backend, prompt_l
     token ids (padded to `prompt_length` where given) for Chameleon."""
     from runtime.loading import parse_classes
 
-    if prompt_length is not None and loaded.config.model_type != "chameleon":
-        raise UserError("--prompt-length is for Chameleon models (their prompts are token prefixes); drop it")
-    if prompt_length is not None and prompt_length < 2:
-        raise UserError(f"--prompt-length must be >= 2 (bos and the image start), got {prompt_length}")
-
+    prompt_length = opt.prompt_length(prompt_length, loaded.config.model_type)
     if loaded.config.model_type == "c2i":
         if prompts is not None:
             raise UserError("--prompts is for text-to-image models; this model is class-conditional (use --classes)")

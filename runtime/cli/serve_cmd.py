@@ -95,21 +95,17 @@ def _conditioner(loaded: Any, backend: Any, t5_path: str | None, prompt_length: 
     from runtime.serve.conditions import Captions, TokenPrompts
 
     kind = loaded.config.model_type
+    length = opt.prompt_length(prompt_length, kind, DEFAULT_PROMPT_LENGTH if kind == "chameleon" else None)
     if t5_path is not None and kind != "t2i":
-        raise UserError(f"--t5-path does nothing for a {'class-conditional' if kind == 'c2i' else 'Chameleon'} model "
-                        "(its prompts are " + ("class ids or names" if kind == "c2i" else "read by its own tokenizer")
-                        + "); drop it")
-    if prompt_length is not None and kind != "chameleon":
-        raise UserError("--prompt-length is for Chameleon models (their prompts are token prefixes); drop it")
+        reads = "class ids or names" if kind == "c2i" else "read by its own tokenizer"
+        raise UserError(f"--t5-path does nothing for a {'class-conditional' if kind == 'c2i' else 'Chameleon'} "
+                        f"model (its prompts are {reads}); drop it")
     if kind == "t2i" and t5_path is not None:
         from runtime.models.t5 import T5Encoder
 
         encoder = T5Encoder(t5_path, device=backend.device, dtype=backend.dtype, max_length=loaded.config.cls_token_num)
         return Captions(encoder, backend.device, backend.dtype)
     if kind == "chameleon":
-        length = DEFAULT_PROMPT_LENGTH if prompt_length is None else prompt_length
-        if length < 2:
-            raise UserError(f"--prompt-length must be >= 2 (bos and the image start), got {length}")
         loaded.target.for_prompts(length)
         return TokenPrompts(loaded.prompt_encoder, length, backend.device)
     return None

@@ -536,7 +536,7 @@ class Decoder:
         image arrives (returns it) or the caller stops (None); without it the loop ends when every
         slot is free and next_image() has nothing. cancelled(key): the image's slot is freed before
         the next step (its tokens are dropped). on_progress([(key, tokens known), ...]) for the busy
-        slots every `progress_every` iterations (one more host read of the counts then). An image's
+        slots every `progress_every` iterations (read with the iteration's one host sync). An image's
         tokens depend only on its seed, not on when it joined or what decodes beside it."""
         timer = self._timer()
         b = self.batch
@@ -573,14 +573,20 @@ class Decoder:
             active[i] = False
 
         while True:
-            if bool(((self.count >= self.num_tokens) & active).any()):  # the one host sync per iteration
-                counts = self.count.tolist()  # only when an image is done
-                nonfinite = self.nonfinite.tolist()
+            due = on_progress is not None and iteration > 0 and iteration % progress_every == 0
+            # the one host sync per iteration: the counts, read when an image is done or progress is due
+            if due or bool(((self.count >= self.num_tokens) & active).any()):
+                counts = self.count.tolist()
             else:
                 counts = None
+            if due:
+                on_progress([(holder[i], min(counts[i], self.num_tokens)) for i in range(b) if busy[i]])
+            nonfinite = None
             for i in range(b if counts is not None else 0):
                 if not busy[i] or counts[i] < self.num_tokens:
                     continue
+                if nonfinite is None:
+                    nonfinite = self.nonfinite.tolist()
                 for part, at in zip(MODEL_PARTS, nonfinite):
                     if at[i] != NO_POSITION:
                         raise NonFiniteError(
@@ -615,9 +621,6 @@ class Decoder:
             if mark is not None:
                 mark()
             iteration += 1
-            if on_progress is not None and iteration % progress_every == 0:
-                known = self.count.tolist()
-                on_progress([(holder[i], min(known[i], self.num_tokens)) for i in range(b) if busy[i]])
 
     @torch.no_grad()
     def generate_one(self, cond: torch.Tensor, cond_mask: torch.Tensor | None = None,

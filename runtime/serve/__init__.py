@@ -24,9 +24,6 @@ def build_server(loaded: Any, spec: Any, backend: Any, *, batch_size: int, max_q
     if kind == "t2i" and conditioner is None:
         raise UserError("serving a text-to-image model needs its caption encoder: --t5-path DIR (a local "
                         "flan-t5-xl for LlamaGen)")
-    if kind == "c2i" and conditioner is not None:
-        raise UserError("--t5-path does nothing for a class-conditional model (prompts are class ids or names); "
-                        "drop it")
     if kind == "chameleon" and conditioner is None:
         raise UserError("serving a Chameleon model needs its prompt length (runtime serve sets it from "
                         "--prompt-length)")
@@ -39,7 +36,7 @@ def build_server(loaded: Any, spec: Any, backend: Any, *, batch_size: int, max_q
     app = create_app(engine, served)
     first = None
     if warm_up:
-        cond, mask = served.caption("a photo") if served.text else (None, None)
+        cond, mask = conditioner("a photo") if conditioner is not None else (None, None)
         first = Job("warm-up", 0, 0, 0, cond=cond, mask=mask)
     engine.start(warm_up=first)
     return app, engine, served

@@ -137,13 +137,11 @@ def create_app(engine: Engine, served: "Served") -> Any:
                          {"Retry-After": "5"})
         seed = body.seed if body.seed is not None else secrets.randbelow(2**31)
         rid = uuid.uuid4().hex
-        if served.text:  # the caption's features, shared by the request's images
-            label = None
-            cond, mask = await asyncio.get_running_loop().run_in_executor(None, served.caption, body.prompt)
-            jobs = [Job(rid, i, -1, served.image_seed(seed, i), cond=cond, mask=mask) for i in range(body.n)]
+        if served.text:  # the prompt's condition, shared by the request's images
+            cond, mask = await asyncio.get_running_loop().run_in_executor(None, served.conditioner, body.prompt)
+            jobs = [Job(rid, i, None, served.image_seed(seed, i), cond=cond, mask=mask) for i in range(body.n)]
         else:
-            label = served.label(body.prompt)
-            jobs = [Job(rid, i, label, served.image_seed(seed, i)) for i in range(body.n)]
+            jobs = [Job(rid, i, served.label(body.prompt), served.image_seed(seed, i)) for i in range(body.n)]
         try:
             engine.submit(jobs)
         except QueueFull as full:
@@ -153,7 +151,7 @@ def create_app(engine: Engine, served: "Served") -> Any:
             return error(503, str(stopping), "unavailable")
         waiting = [asyncio.wrap_future(job.future) for job in jobs]
         if body.stream:
-            return StreamingResponse(_events(jobs, waiting, body, label, served, engine),
+            return StreamingResponse(_events(jobs, waiting, body, served, engine),
                                      media_type="text/event-stream")
         try:
             done = await _until_done(waiting, request, served.timeout_s)
@@ -168,7 +166,7 @@ def create_app(engine: Engine, served: "Served") -> Any:
             return error(500, f"generation failed: {err}", "server_error")
         tokens = [t for t, _ in done]
         pngs = await asyncio.get_running_loop().run_in_executor(None, served.encode, tokens)
-        data = [_image_data(job, tok, info, png, body, label, served)
+        data = [_image_data(job, tok, info, png, body, served)
                 for job, (tok, info), png in zip(jobs, done, pngs)]
         return ImagesResponse(created=int(time.time()), data=data).model_dump(exclude_none=True)
 
@@ -179,10 +177,11 @@ class _Disconnected(Exception):
     pass
 
 
-def _image_data(job: Job, tokens: Any, info: dict[str, Any], png: str, body: ImageRequest, label: int | None,
+def _image_data(job: Job, tokens: Any, info: dict[str, Any], png: str, body: ImageRequest,
                 served: "Served") -> ImageData:
-    return ImageData(b64_json=png, index=job.index, seed=job.seed, class_id=label,
-                     revised_prompt=served.class_name(label) if label is not None else served.revised(body.prompt), tokens=tokens.tolist() if body.return_tokens else None,
+    revised = served.class_name(job.label) if job.label is not None else served.conditioner.revised(body.prompt)
+    return ImageData(b64_json=png, index=job.index, seed=job.seed, class_id=job.label, revised_prompt=revised,
+                     tokens=tokens.tolist() if body.return_tokens else None,
                      stats=ImageStats(tau=info["tau"], latency_s=info["latency_s"], queue_s=info["queue_s"]))
 
 
@@ -194,8 +193,8 @@ def _event(kind: str, body: dict[str, Any]) -> str:
     return f"event: {kind}\ndata: {json.dumps({'type': kind, **body})}\n\n"
 
 
-async def _events(jobs: list[Job], waiting: list[asyncio.Future], body: ImageRequest, label: int | None,
-                  served: "Served", engine: Engine):  # type: ignore[no-untyped-def]
+async def _events(jobs: list[Job], waiting: list[asyncio.Future], body: ImageRequest, served: "Served",
+                  engine: Engine):  # type: ignore[no-untyped-def]
     """Server-sent events: `image_generation.progress` (index, tokens_done, tokens_total) while an
     image decodes, at most every PROGRESS_EVERY_S; `image_generation.completed` (its ImageData)
     as each is done, in any order (`index` says which); then `data: [DONE]`. An `error` event
@@ -222,7 +221,7 @@ async def _events(jobs: list[Job], waiting: list[asyncio.Future], body: ImageReq
                     yield _event("error", {"error": {"message": f"generation failed: {err}", "type": "server_error"}})
                     return
                 (png,) = await loop.run_in_executor(None, served.encode, [tokens])
-                data = _image_data(job, tokens, info, png, body, label, served).model_dump(exclude_none=True)
+                data = _image_data(job, tokens, info, png, body, served).model_dump(exclude_none=True)
                 yield _event("image_generation.completed", data)
             for job in pending.values():
                 if job.tokens_done > told[job.index]:
@@ -259,7 +258,6 @@ class Served:
                  method: str | None = None, conditioner: Any = None) -> None:
         self.loaded, self.spec = loaded, spec
         # models conditioned on text: `conditioner` (runtime/serve/conditions.py) reads the prompt
-        self.text = conditioner is not None
         self.conditioner = conditioner
         self.model = loaded.name
         self.method = method or spec.method
@@ -286,14 +284,10 @@ class Served:
             return int(text)
         return [n.lower() for n in self.loaded.class_names].index(text.lower())
 
-    def revised(self, prompt: str) -> str:
-        """The prompt as the model reads it (a text-conditioned model's)."""
-        return self.conditioner.revised(prompt)
-
-    def caption(self, prompt: str) -> tuple[Any, Any]:
-        """(cond, mask) of a text prompt on the device, as `runtime run --prompts` conditions an
-        image on it."""
-        return self.conditioner(prompt)
+    @property
+    def text(self) -> bool:
+        """Whether prompts are text (a conditioner reads them) rather than class ids or names."""
+        return self.conditioner is not None
 
     def check(self, body: ImageRequest) -> str | None:
         """One line naming what a valid request cannot have, or None."""

@@ -34,14 +34,14 @@ class QueueFull(Exception):
 
 @dataclass
 class Job:
-    """One image to make: class id `label` (or, text-to-image, caption features `cond`
-    (1, cls, caption_dim) and `mask` (1, cls)), random stream `seed`; `future` gets
+    """One image to make: class id `label` (or None and a text prompt's `cond` (1, L, ...) and
+    `mask` (1, L): caption features, or prompt token ids), random stream `seed`; `future` gets
     (tokens (block_size,) long CPU, stats dict) or the engine's exception; `tokens_done` rises
     while it decodes (a streamed request reports it)."""
 
     request: str
     index: int
-    label: int
+    label: int | None
     seed: int
     future: Future = field(default_factory=Future)
     cond: torch.Tensor | None = None

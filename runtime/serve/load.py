@@ -102,12 +102,11 @@ def run_load(base: str, *, requests: int, concurrency: int, max_n: int, classes:
                     stop()
 
     threads = [threading.Thread(target=client) for _ in range(concurrency)]
-    start = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    return records, time.perf_counter() - start, (stopped_at[0] if stopped_at else None)
+    return records, time.perf_counter() - t0, (stopped_at[0] if stopped_at else None)
 
 
 def main(argv: list[str] | None = None) -> int:
