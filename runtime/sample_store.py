@@ -9,12 +9,21 @@ chunk whole or absent. `manifest.json` pins the workload (model, method, seed, N
 conditions); a restart with other settings is refused rather than mixed in. When every chunk
 exists, `assemble` streams them into `samples.npz` (arr_0 uint8 (N, H, W, 3), arr_1 labels for
 class-conditional runs), `tokens.npy` and `prompts.txt`, one chunk in memory at a time.
+
+A chunk on disk is trusted only once checked against the workload (`verify`): readable, no
+object arrays, as many images as its indices, the model's image size and token count. A chunk
+that fails (truncated by a full disk on another host, edited, written by other code) is moved to
+`damaged/` and counts as missing, so the next run makes it again instead of failing on it
+forever. Temporary files that a killed process left in the folder are swept when it is opened.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import struct
+import zipfile
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,13 +31,16 @@ from typing import Any
 
 import numpy as np
 
-from runtime.atomic import atomic_path, atomic_write_text
+from runtime.atomic import atomic_path, atomic_write_text, sweep_stale
 from runtime.errors import UserError
 from runtime.metrics.adm import LABELS, write_npz
 from runtime.metrics.images import SAMPLES_FILE
 
 MANIFEST = "manifest.json"
 CHUNKS = "chunks"
+DAMAGED = "damaged"
+# what reading a damaged .npz can raise: zip structure, deflate stream, .npy header, a missing member
+READ_FAULTS = (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile, zlib.error, struct.error)
 
 
 @dataclass(frozen=True)
@@ -55,17 +67,40 @@ def conditions_digest(conditions: list[Any]) -> str:
     return hashlib.sha256(json.dumps(conditions).encode()).hexdigest()[:16]
 
 
+@dataclass(frozen=True)
+class ChunkLayout:
+    """What a chunk holds per image: `image_shape` (H, W, 3) uint8 pixels and `tokens` integer ids."""
+
+    image_shape: tuple[int, int, int]
+    tokens: int
+
+
+@dataclass(frozen=True)
+class Damaged:
+    """A chunk file that failed `verify`: why, and where it was moved."""
+
+    chunk: Chunk
+    reason: str
+    moved_to: Path
+
+
 class SampleStore:
     """The chunk folder of one sampling run at `root`."""
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
         self.chunk_dir = self.root / CHUNKS
+        self._verified: dict[int, tuple[int, int]] = {}  # chunk index -> (size, mtime_ns) found sound
 
     def open(self, workload: dict[str, Any]) -> None:
-        """Create the folder for `workload`, or check that an existing one holds the same workload."""
+        """Create the folder for `workload`, or check that an existing one holds the same workload
+        (and sweep the temporary files killed processes left in it)."""
+        if self.root.exists() and not self.root.is_dir():
+            raise UserError(f"--out {self.root}: exists and is not a folder; choose a folder path")
         manifest = self.root / MANIFEST
         if manifest.is_file():
+            for folder in (self.root, self.chunk_dir):
+                sweep_stale(folder)
             try:
                 before = json.loads(manifest.read_text(encoding="utf-8"))
             except ValueError:
@@ -96,6 +131,7 @@ class SampleStore:
             with open(tmp, "wb") as handle:
                 np.savez(handle, images=images.astype(np.uint8), tokens=tokens.astype(np.int64),
                          stats=np.array(json.dumps({"stats": stats, "seconds": seconds})))
+        self._remember(chunk)
 
     def read(self, chunk: Chunk) -> dict[str, Any]:
         with np.load(self.path(chunk), allow_pickle=False) as z:
@@ -103,6 +139,69 @@ class SampleStore:
 
     def missing(self, chunks: list[Chunk]) -> list[Chunk]:
         return [c for c in chunks if not self.done(c)]
+
+    def verify(self, chunks: list[Chunk], layout: ChunkLayout) -> list[Damaged]:
+        """Check every present chunk of `chunks` against `layout` (each file read once per
+        process, unless it changed); move the damaged ones to `damaged/`, so they count as missing."""
+        damaged = []
+        for c in chunks:
+            if not self.done(c) or self._verified.get(c.index) == self._stamp(c):
+                continue
+            reason = self.check(c, layout)
+            if reason is None:
+                self._remember(c)
+            else:
+                damaged.append(Damaged(c, reason, self._set_aside(c)))
+        return damaged
+
+    def check(self, chunk: Chunk, layout: ChunkLayout) -> str | None:
+        """Why the file of `chunk` cannot be used (None when it can)."""
+        n = len(chunk)
+        try:
+            part = self.read(chunk)
+            stats = part["stats"]
+            float(part["seconds"])
+        except READ_FAULTS as err:
+            text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            if "allow_pickle" in text:
+                return "it holds an object array (pickled Python objects), which is never loaded"
+            return f"not a readable .npz: {type(err).__name__}: {text}"
+        except TypeError:
+            return "its stats record is not a chunk's"
+        images, tokens = part["images"], part["tokens"]
+        if images.dtype != np.uint8 or images.shape[1:] != layout.image_shape:
+            shape = "x".join(str(s) for s in images.shape[1:])
+            want = "x".join(str(s) for s in layout.image_shape)
+            return f"its images are {images.dtype} {shape}, this run makes uint8 {want}"
+        if len(images) != n:
+            return f"it holds {len(images)} images, the manifest gives it {n}"
+        if not np.issubdtype(tokens.dtype, np.integer) or tokens.shape != (n, layout.tokens):
+            return f"its tokens are {tokens.dtype} {tokens.shape}, expected ({n}, {layout.tokens}) integers"
+        if not isinstance(stats, dict):
+            return "its stats record is not a chunk's"
+        return None
+
+    def _stamp(self, chunk: Chunk) -> tuple[int, int]:
+        st = self.path(chunk).stat()
+        return st.st_size, st.st_mtime_ns
+
+    def _remember(self, chunk: Chunk) -> None:
+        self._verified[chunk.index] = self._stamp(chunk)
+
+    def _set_aside(self, chunk: Chunk) -> Path:
+        folder = self.root / DAMAGED
+        folder.mkdir(exist_ok=True)
+        target = folder / self.path(chunk).name
+        k = 1
+        while target.exists():
+            target = folder / f"{self.path(chunk).stem}.{k}.npz"
+            k += 1
+        try:
+            self.path(chunk).replace(target)
+        except FileNotFoundError:  # a job sampling into the same folder moved it first
+            pass
+        self._verified.pop(chunk.index, None)
+        return target
 
     def assemble(self, chunks: list[Chunk], labels: list[Any]) -> dict[str, Any]:
         """Write samples.npz / tokens.npy / prompts.txt from the chunks; returns the chunks' stats

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Sequence
 
@@ -27,13 +26,12 @@ def write_grids(grids: Sequence[tuple[int, np.ndarray]], folder: Path) -> None:
     """Write each (run index, images (n, H, W, 3) uint8) as `NN.png`, replacing `folder` whole."""
     from PIL import Image
 
-    from runtime.atomic import publish_folder
+    from runtime.atomic import publish_folder, staging_folder
     from runtime.pipeline import image_grid
 
     if not grids:
         return
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    staging = staging_folder(folder)
     try:
         for i, images in grids:
             Image.fromarray(image_grid(images[:GRID_IMAGES])).save(staging / f"{i:02d}.png", optimize=True)

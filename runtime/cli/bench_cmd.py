@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
@@ -166,8 +165,7 @@ def bench_table(result: Any, path: Path) -> Any:
 
 def _staging_folder(target: Path) -> Path:
     """A new hidden folder beside `target`, published in its place once complete."""
-    from runtime.atomic import writing
+    from runtime.atomic import staging_folder, writing
 
     with writing(f"--out {target.parent}"):
-        target.absolute().parent.mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.absolute().parent))
+        return staging_folder(target)

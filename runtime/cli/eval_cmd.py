@@ -120,6 +120,8 @@ def eval_command(
     """Image quality of a run: FID / IS / KID / precision-recall (torch-fidelity) against a reference,
     CLIP score for prompts, or the demo classifier's accuracy and FD; each with a 95% interval."""
     fidelity = reference is not None or inception_weights is not None
+    if out is not None:
+        _check_out(Path(out))
     if bootstrap < 0:
         raise UserError(f"--bootstrap must be >= 0, got {bootstrap}")
     if batch_size < 1:
@@ -139,14 +141,36 @@ def eval_command(
         if n_real < 0 or n_real == 1:
             raise UserError(f"--n-real must be 0 (default) or >= 2, got {n_real}")
         metrics = evaluate_run(run_dir, model=model or "demo", n_real=n_real or None, reps=bootstrap)
+    _refuse_non_finite(metrics)
     if out is not None:
-        from runtime.atomic import atomic_write_text
+        from runtime.atomic import atomic_write_text, writing
 
-        atomic_write_text(out, json.dumps(metrics, indent=2))
+        with writing(f"--out {out}"):
+            atomic_write_text(out, json.dumps(metrics, indent=2))
     if as_json:
         print(json.dumps(metrics, indent=2))
         return
     _print_table(run_dir, metrics)
+
+
+def _check_out(out: Path) -> None:
+    """Before any figure is computed: --out names a file that can be written."""
+    from runtime.atomic import probe_writable
+
+    if not str(out).strip():
+        raise UserError("--out is empty; give the metrics file's path, e.g. metrics.json")
+    if out.is_dir():
+        raise UserError(f"--out {out}: is a folder; --out names the metrics file, e.g. {out / 'metrics.json'}")
+    probe_writable(out)
+
+
+def _refuse_non_finite(metrics: dict[str, Any]) -> None:
+    """No NaN or infinite figure is printed or written: it can only come from broken inputs."""
+    for name, figure in metrics["metrics"].items():
+        values = [figure.get(k) for k in ("value", "lo", "hi") if figure.get(k) is not None]
+        if not all(np.isfinite(v) for v in values):
+            raise UserError(f"{NAMES.get(name, name)} came out {figure.get('value')}: the inputs are broken (weights, "
+                            "images or reference); nothing was printed or written")
 
 
 def _measure(run_dir: Path, reference: str | None, inception_path: str | None, clip_model: str | None,
@@ -168,15 +192,21 @@ def _measure(run_dir: Path, reference: str | None, inception_path: str | None, c
         weights = inception_weights(inception_path)
         ref = None
         if reference is not None:
-            ref = open_images(reference, size=_image_size(images))
+            size = _image_size(images)
+            ref = open_images(reference, size=size[0] if size[0] == size[1] else None)
             if len(ref) < 2:
                 raise UserError(f"--reference {reference}: needs at least 2 images")
+            if _image_size(ref) != size:
+                h, w = _image_size(ref)
+                raise UserError(f"--reference {reference}: its images are {w}x{h} but {run_dir}'s are "
+                                f"{size[1]}x{size[0]}; FID compares images of one size: give a reference at that "
+                                "size (a folder of images is resized to it)")
         inception = load_inception(weights, trust=trust, device=dev)
-        gen_features = extract(inception, images, batch_size=batch_size)
+        gen_features = extract(inception, images, batch_size=batch_size).check(str(run_dir))
         paired = ref is not None and _same_workload(images, ref)
         ref_features = None
         if ref is not None:
-            ref_features = extract(inception, ref, batch_size=batch_size)
+            ref_features = extract(inception, ref, batch_size=batch_size).check(f"--reference {reference}")
         figures = fidelity_metrics(gen_features, ref_features, ref.stats if ref is not None else None,
                                    paired=paired, reps=reps)
         result["metrics"].update({k: v.to_dict() for k, v in figures.items()})
@@ -200,9 +230,13 @@ def _measure(run_dir: Path, reference: str | None, inception_path: str | None, c
     return result
 
 
-def _image_size(images: Any) -> int:
+def _image_size(images: Any) -> tuple[int, int]:
+    """(H, W) of the set's images (an .npz's from its header; files from the first one)."""
+    shape = getattr(images, "shape", None)
+    if shape is not None:
+        return int(shape[1]), int(shape[2])
     first = next(iter(images.batches(1)))
-    return int(first.shape[1])
+    return int(first.shape[1]), int(first.shape[2])
 
 
 def _same_workload(a: Any, b: Any) -> bool:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ import typer
 
 from runtime.cli import options as opt
 from runtime.cli.app import app
-from runtime.atomic import check_run_folder, publish_folder, writing
+from runtime.atomic import check_run_folder, publish_folder, staging_folder, writing
 from runtime.errors import UserError
 
 RESULT_SCHEMA_VERSION = 1
@@ -86,7 +85,7 @@ def run(
         staging = None
         if ctx.is_main:
             with writing(f"--out {out}"):
-                staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=_parent(out_dir)))
+                staging = staging_folder(out_dir)
         try:
             trace = staging / "trace.json" if (profile and staging is not None) else None
             if mine:
@@ -129,12 +128,6 @@ def _backend_name(device: str) -> str:
     if os.environ.get("WORLD_SIZE", "1") == "1":
         return "cpu"  # single process: no process group; the name is unused
     return resolve_backend_name(device)
-
-
-def _parent(path: Path) -> Path:
-    parent = path.absolute().parent
-    parent.mkdir(parents=True, exist_ok=True)
-    return parent
 
 
 def _select(conditions: Any, idx: list[int]) -> Any:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import sys
 import time
 import typing
 from pathlib import Path
@@ -24,6 +25,7 @@ from runtime.cli.run_cmd import _backend_name, _conditions, _merge_stats, _selec
 from runtime.errors import UserError
 
 NOT_FROM_RUN = ("out", "force", "profile")  # run's own output options; sample has its own
+RESUME = "then run the same command again: it keeps the chunks already written"
 
 Out = Annotated[str, typer.Option("--out", help="Sampling folder: new or empty, or an earlier sampling run "
                                   "with the same settings to resume.")]
@@ -40,10 +42,11 @@ def sample(**params: Any) -> None:
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                                TimeRemainingColumn)
 
+    from runtime.atomic import writing
     from runtime.distributed import barrier, destroy, init_distributed
     from runtime.pipeline import make_decoder, run_generation
     from runtime.settings import resolve_spec
-    from runtime.sample_store import SampleStore, conditions_digest, mine, plan
+    from runtime.sample_store import ChunkLayout, SampleStore, conditions_digest, mine, plan
 
     flags = opt.MethodFlags.pick(params)
     chunk_size, per_class = params["chunk"], params["per_class"]
@@ -53,6 +56,8 @@ def sample(**params: Any) -> None:
         raise UserError("--per-class K (K >= 1) sets the image count; give it or --num-images, not both")
     opt.check_num_images(params["num_images"], opt.SAMPLE_IMAGES)
     shard = _parse_shard(params["shard"])
+    out = params["out"]
+    _probe_out(Path(out) if out.strip() else Path(""))
     ctx = init_distributed(_backend_name(params["device"]))
     try:
         if ctx.is_distributed and shard != (0, 1):
@@ -74,11 +79,14 @@ def sample(**params: Any) -> None:
         conditions, cond_masks, labels = _conditions(loaded, classes, params["prompts"], params["t5_path"],
                                                      num_images, backend)
         chunks = plan(len(labels), chunk_size)
-        store = SampleStore(Path(params["out"]))
+        store = SampleStore(Path(out))
+        layout = ChunkLayout((loaded.image_size, loaded.image_size, 3), int(loaded.config.block_size))
         workload = {"model": loaded.name, "method": spec.describe(), "seed": params["seed"],
                     "num_images": len(labels), "chunk": chunk_size, "conditions": conditions_digest(list(labels))}
         if ctx.is_main or not ctx.is_distributed:
-            store.open(workload)
+            with writing(f"--out {out}"):
+                store.open(workload)
+                _verify(store, chunks, layout)
         barrier(ctx)
         todo = store.missing(mine(chunks, rank, world))
         batch = min(opt.batch_size(params["batch_size"], prof), chunk_size, len(labels))
@@ -90,23 +98,47 @@ def sample(**params: Any) -> None:
             task = bar.add_task(f"sample {spec.method} (rank {rank}/{world})", total=sum(len(c) for c in todo))
             for c in todo:
                 idx = list(range(c.start, c.stop))
-                out = run_generation(loaded, spec, _select(conditions, idx), seed=params["seed"], backend=backend,
-                                     indices=idx, cond_masks=cond_masks[idx] if cond_masks is not None else None,
-                                     decoder=decoder, on_image=lambda j, t: bar.advance(task))
-                store.write(c, out.images, out.tokens.numpy(), out.stats, out.total_s)
+                masks = cond_masks[idx] if cond_masks is not None else None
+                result = run_generation(loaded, spec, _select(conditions, idx), seed=params["seed"], backend=backend,
+                                        indices=idx, cond_masks=masks, decoder=decoder,
+                                        on_image=lambda j, t: bar.advance(task))
+                with writing(f"--out {out}", then=RESUME):
+                    store.write(c, result.images, result.tokens.numpy(), result.stats, result.total_s)
                 made += len(c)
         seconds = time.perf_counter() - started
         barrier(ctx)
+        if ctx.is_main:  # chunks other jobs or ranks wrote since; this process's own are known sound
+            with writing(f"--out {out}"):
+                _verify(store, chunks, layout)
         missing = store.missing(chunks)
         if missing:
             print(f"sample: {len(chunks) - len(missing)} of {len(chunks)} chunks done in {store.root}; run the "
                   "remaining shards (or this command again without --shard) to finish and assemble")
             return
         if ctx.is_main:
-            summary = store.assemble(chunks, list(labels))
-            _write_result(store.root, summary, workload, spec, backend, made, seconds, world)
+            with writing(f"--out {out}", then=RESUME):
+                summary = store.assemble(chunks, list(labels))
+                _write_result(store.root, summary, workload, spec, backend, made, seconds, world)
     finally:
         destroy(ctx)
+
+
+def _probe_out(out: Path) -> None:
+    """Before the model loads: --out must be a folder path under which this process can write."""
+    from runtime.atomic import probe_writable
+
+    if not str(out).strip():
+        raise UserError("--out is empty; give the sampling folder's path")
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out}: exists and is not a folder; choose a folder path")
+    probe_writable(out / "manifest.json", f"--out {out}")
+
+
+def _verify(store: Any, chunks: list[Any], layout: Any) -> None:
+    """Check the chunks on disk; name each damaged one (moved aside, made again) in one line."""
+    for bad in store.verify(chunks, layout):
+        print(f"warning: {store.path(bad.chunk).relative_to(store.root)} is damaged ({bad.reason}); moved to "
+              f"{bad.moved_to.relative_to(store.root)} and made again", file=sys.stderr)
 
 
 def _parse_shard(text: str | None) -> tuple[int, int]:

@@ -11,6 +11,7 @@ both directions stream: `write_npz` writes each array's `.npy` member chunk by c
 from __future__ import annotations
 
 import zipfile
+import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -68,13 +69,28 @@ class NpzImages:
             self.shape, dtype = _read_header(member, self.path)
         if dtype != np.uint8 or len(self.shape) != 4 or self.shape[3] != 3:
             raise UserError(f"{self.path}: '{IMAGES}' is {dtype} {self.shape}; expected uint8 images (N, H, W, 3)")
-        small = {}
-        for name in ("arr_1", "mu", "sigma"):
-            if f"{name}.npy" in names:
-                with self._zip.open(f"{name}.npy") as member:
-                    small[name] = np.lib.format.read_array(member, allow_pickle=False)
+        if self.shape[0] == 0:
+            raise UserError(f"{self.path}: '{IMAGES}' holds no images; give a file with the images to measure")
+        small = {name: self._small(name) for name in (LABELS, "mu", "sigma") if f"{name}.npy" in names}
         self.labels = small.get(LABELS)
-        self.stats = (small["mu"], small["sigma"]) if "mu" in small and "sigma" in small else None
+        if self.labels is not None and (self.labels.shape != (len(self),)
+                                        or not np.issubdtype(self.labels.dtype, np.integer)):
+            raise UserError(f"{self.path}: '{LABELS}' is {self.labels.dtype} {self.labels.shape}; expected one "
+                            f"integer label per image ({len(self)},)")
+        self.stats = _gaussian(self.path, small["mu"], small["sigma"]) if "mu" in small and "sigma" in small else None
+
+    def _small(self, name: str) -> np.ndarray:
+        """A small member array; object arrays (pickled Python objects) are refused, never loaded."""
+        try:
+            with self._zip.open(f"{name}.npy") as member:
+                return np.lib.format.read_array(member, allow_pickle=False)
+        except ValueError as err:
+            if "allow_pickle" in str(err):
+                raise UserError(f"{self.path}: '{name}' is an object array (pickled Python objects), which is "
+                                "never loaded; write it as a numeric array (np.savez does for numbers)") from None
+            raise UserError(f"{self.path}: '{name}' is not a .npy array ({err})") from None
+        except (zipfile.BadZipFile, OSError, EOFError, zlib.error) as err:
+            raise UserError(f"{self.path}: '{name}' cannot be read ({err}); the file is damaged") from None
 
     def __len__(self) -> int:
         return int(self.shape[0])
@@ -90,6 +106,18 @@ class NpzImages:
                 if len(raw) != n * per_image:
                     raise UserError(f"{self.path}: '{IMAGES}' ends after {start} images; the file is truncated")
                 yield np.frombuffer(bytearray(raw), dtype=np.uint8).reshape((n, *self.shape[1:]))
+
+
+def _gaussian(path: Path, mu: np.ndarray, sigma: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A reference batch's precomputed (mu (F,), sigma (F, F)), checked: float, matching, finite."""
+    floats = np.issubdtype(mu.dtype, np.floating) and np.issubdtype(sigma.dtype, np.floating)
+    if not floats or mu.ndim != 1 or sigma.shape != (len(mu), len(mu)):
+        raise UserError(f"{path}: 'mu' {mu.dtype} {mu.shape} and 'sigma' {sigma.dtype} {sigma.shape} are not a "
+                        "Gaussian (mu (F,), sigma (F, F), floats); rebuild the reference batch")
+    if not (np.isfinite(mu).all() and np.isfinite(sigma).all()):
+        raise UserError(f"{path}: 'mu' or 'sigma' holds NaN or infinite values; the reference batch is broken "
+                        "(re-download or recompute it)")
+    return mu.astype(np.float64), sigma.astype(np.float64)
 
 
 def _read_header(member, path: Path) -> tuple[tuple[int, ...], np.dtype]:

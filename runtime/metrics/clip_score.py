@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from runtime.errors import UserError
-from runtime.metrics.fidelity import INSTALL_HINT
+from runtime.metrics.fidelity import INSTALL_HINT, torchvision_mismatch
 from runtime.metrics.images import ImageSet
 from runtime.metrics.intervals import Estimate, estimate
 
@@ -29,6 +29,8 @@ def _open_clip() -> Any:
     except ImportError as err:
         raise UserError(f"CLIP score needs open_clip ({err}); {INSTALL_HINT.replace('torch-fidelity', 'open_clip')}"
                         ) from None
+    except (RuntimeError, AttributeError, OSError) as err:  # a torchvision built for another torch
+        raise UserError(torchvision_mismatch("open_clip", err)) from None
     return open_clip
 
 

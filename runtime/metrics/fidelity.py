@@ -40,12 +40,35 @@ FEATURES = ("2048", "logits_unbiased")
 
 
 def require_torch_fidelity() -> Any:
-    """The torch_fidelity module, or one UserError naming the extra to install."""
+    """The torch_fidelity module, or one UserError naming the extra (or the torch / torchvision
+    pair) to install."""
     try:
         import torch_fidelity
     except ImportError as err:
         raise UserError(f"FID / IS / KID / precision-recall need torch-fidelity ({err}); {INSTALL_HINT}") from None
+    except (RuntimeError, AttributeError, OSError) as err:  # a torchvision built for another torch
+        raise UserError(torchvision_mismatch("torch-fidelity", err)) from None
     return torch_fidelity
+
+
+def torchvision_mismatch(package: str, err: BaseException) -> str:
+    """The line for `package` failing to import because torchvision does not fit the installed torch
+    (torchvision's compiled operators are registered against one torch release: `operator
+    torchvision::nms does not exist`). torch 2.N pairs with torchvision 0.(N+15)."""
+    from importlib import metadata
+
+    first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    try:
+        vision = metadata.version("torchvision")
+    except metadata.PackageNotFoundError:
+        vision = "(not found)"
+    release = torch.__version__.split("+")[0]
+    major, minor = (int(x) for x in release.split(".")[:2])
+    pair = f"torchvision 0.{minor + 15}.x" if major == 2 else "the torchvision release made for it"
+    index = "https://download.pytorch.org/whl/cpu" if torch.version.cuda is None else "your CUDA's PyTorch index"
+    return (f"{package} could not import torchvision ({first}): torchvision {vision} is not the build for torch "
+            f"{torch.__version__}, which pairs with {pair}; install the pair from one index, e.g. pip install "
+            f"'torch=={release}' 'torchvision==0.{minor + 15}.*' --index-url {index} (docs/quality.md, Install)")
 
 
 def inception_weights(path: str | None) -> Path:
@@ -67,12 +90,17 @@ def load_inception(path: Path, *, trust: bool = False, device: torch.device | st
     torch-fidelity's constructor itself unpickles whatever path it is given with
     `weights_only=False`, so it is handed a private file holding just the tensors read here.
     """
-    require_torch_fidelity()
-    from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
-
     from runtime.models.loading import read_checkpoint
 
     state = read_checkpoint(path, trust=trust)
+    for key, tensor in state.items():  # NaN weights give NaN features, and every figure from them is NaN
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise UserError(f"{path}: {key!r} holds {bad} NaN or infinite values; the weights are corrupt "
+                            f"(download {INCEPTION_FILE} again from {INCEPTION_URL})")
+    require_torch_fidelity()
+    from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
+
     with tempfile.TemporaryDirectory(prefix="lantern-inception-") as tmp:
         plain = Path(tmp) / "inception.pth"
         torch.save({k: v.contiguous() for k, v in state.items()}, plain)
@@ -95,6 +123,15 @@ class InceptionFeatures:
 
     def __len__(self) -> int:
         return len(self.pool)
+
+    def check(self, what: str) -> "InceptionFeatures":
+        """Refuse features that hold NaN or inf (every figure from them would be NaN); returns self."""
+        for name, array in (("pool_3 features", self.pool), ("logits", self.logits)):
+            if not np.isfinite(array).all():
+                rows = int((~np.isfinite(array)).any(axis=1).sum())
+                raise UserError(f"{what}: the Inception {name} of {rows} of {len(array)} images are NaN or infinite; "
+                                "no figure was computed (check the weights file and the images)")
+        return self
 
 
 @torch.no_grad()
@@ -164,9 +201,17 @@ def fidelity_metrics(gen: InceptionFeatures, ref: InceptionFeatures | None,
     require_torch_fidelity()
     if len(gen) < 2:
         raise UserError("FID / KID / precision-recall need at least 2 generated images")
+    if ref is not None and len(ref) < 2:
+        raise UserError("FID / KID / precision-recall need at least 2 reference images")
     if paired and (ref is None or len(ref) != len(gen)):
         raise UserError("a paired reference must hold as many images as the generated set")
+    width = gen.pool.shape[1]
+    if ref_stats is not None and len(ref_stats[0]) != width:
+        raise UserError(f"the reference's precomputed mu / sigma have {len(ref_stats[0])} features but InceptionV3's "
+                        f"pool_3 has {width}; use a reference batch computed with pool_3 features (ADM's are)")
     stats = ref_stats if ref_stats is not None else (gaussian(ref.pool) if ref is not None else None)
+    if stats is not None and not np.isfinite(stats[1]).all():
+        raise UserError("the reference's feature covariance is not finite; no figure was computed")
 
     def figures(idx: np.ndarray, subsets: int) -> dict[str, float]:
         g = gen.pool[idx]
@@ -182,6 +227,10 @@ def fidelity_metrics(gen: InceptionFeatures, ref: InceptionFeatures | None,
     n = len(gen)
     point = figures(np.arange(n), subsets=100)
     # a resample's KID uses 10 subsets: its spread is dominated by the resample, not the subsets
+    broken = sorted(name for name, value in point.items() if not np.isfinite(value))
+    if broken:
+        raise UserError(f"{', '.join(broken)} came out NaN or infinite from finite features; the feature sets are "
+                        "degenerate (e.g. every image identical): no figure was written")
     replicates = [figures(idx, subsets=10) for idx in bootstrap(n, reps, seed)]
     return {name: Estimate.of(value, [r[name] for r in replicates]) for name, value in point.items()}
 

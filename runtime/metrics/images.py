@@ -109,11 +109,16 @@ def _run_folder(folder: Path) -> FileImages:
         result = json.loads((folder / "result.json").read_text(encoding="utf-8"))
         records = sorted(result["images"], key=lambda r: r["index"])
         files = [folder / r["file"] for r in records]
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, AttributeError):
         raise UserError(f"{folder / 'result.json'} is not a 'runtime run' result (no 'images' records "
                         "with 'index' and 'file')") from None
     if [r["index"] for r in records] != list(range(len(records))):
         raise UserError(f"{folder / 'result.json'}: image indices are not 0..{len(records) - 1}")
+    inside = folder.resolve()
+    for record, file in zip(records, files):
+        if not file.resolve().is_relative_to(inside):  # an absolute path, '..', or a link out of the run
+            raise UserError(f"{folder / 'result.json'}: image file {record['file']!r} lies outside the run folder; "
+                            "a run's images are files inside its folder (regenerate the run)")
     missing = [f for f in files if not f.is_file()]
     if missing:
         raise UserError(f"{missing[0]} is listed in result.json but missing; regenerate the run")
