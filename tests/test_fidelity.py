@@ -129,6 +129,45 @@ def test_runtime_eval_against_an_adm_reference_batch_uses_its_statistics(incepti
     assert result["metrics"]["fid"]["lo"] is None  # --bootstrap 0: no interval
 
 
+def _eval_process(*argv: str):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "runtime", "eval", *argv], capture_output=True, text=True,
+                          timeout=600)
+
+
+def _one_error_line(proc, *words: str) -> None:
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+
+
+def test_features_that_overflow_are_refused_and_nothing_is_written(inception_file, tmp_path):
+    """Finite weights scaled past float32's range: every feature is inf or NaN, so is every figure."""
+    from safetensors.torch import load_file
+
+    state = {k: v * 1e30 if v.is_floating_point() and k.endswith("conv.weight") else v
+             for k, v in load_file(str(inception_file)).items()}
+    huge = tmp_path / "huge.safetensors"
+    save_file(state, str(huge))
+    np.savez(tmp_path / "gen.npz", np.ascontiguousarray(make_images(4, np.arange(4))[0]))
+    out = tmp_path / "q.json"
+    _one_error_line(_eval_process(str(tmp_path / "gen.npz"), "--inception-weights", str(huge), "--bootstrap", "0",
+                                  "--out", str(out)), "pool_3 features of 4 of 4 images are NaN or infinite")
+    assert not out.exists()
+
+
+def test_a_reference_whose_statistics_have_another_feature_width_is_refused(inception_file, tmp_path):
+    images = np.ascontiguousarray(make_images(4, np.arange(4))[0])
+    np.savez(tmp_path / "gen.npz", images)
+    np.savez(tmp_path / "ref.npz", images, mu=np.zeros(16), sigma=np.eye(16))
+    _one_error_line(_eval_process(str(tmp_path / "gen.npz"), "--reference", str(tmp_path / "ref.npz"),
+                                  "--inception-weights", str(inception_file), "--bootstrap", "0"),
+                    "mu / sigma have 16 features but InceptionV3's pool_3 has 2048")
+
+
 @pytest.mark.parametrize("argv, message", [
     (("--reference", "REF", "--model", "demo"), "--model is for the demo metrics"),
     (("--clip-model", "ViT-B-32"), "needs both --clip-model"),
