@@ -228,6 +228,7 @@ def _npz(path: Path, n: int = 4, size: int = 64, **extra: np.ndarray) -> Path:
 
 @pytest.mark.parametrize("build, words", [
     (lambda d: _npz(d / "g.npz", n=0), ("'arr_0' holds no images",)),
+    (lambda d: _npz(d / "g.npz", n=1), ("1 image; a covariance", "needs at least 2")),
     (lambda d: _npz(d / "g.npz", arr_1=np.array([None] * 4, dtype=object)), ("'arr_1' is an object array",
                                                                               "never loaded")),
     (lambda d: _npz(d / "g.npz", arr_1=np.arange(3)), ("'arr_1' is int64 (3,)", "one integer label per image")),

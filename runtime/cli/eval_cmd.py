@@ -187,6 +187,9 @@ def _measure(run_dir: Path, reference: str | None, inception_path: str | None, c
                               "device": dev, "metrics": {}}
     started = time.perf_counter()
     if reference is not None or inception_path is not None:
+        if len(images) < 2:
+            raise UserError(f"{run_dir}: {len(images)} image; a covariance (FID, KID, precision-recall) needs at "
+                            "least 2")
         from runtime.metrics.fidelity import extract, fidelity_metrics, inception_weights, load_inception
 
         weights = inception_weights(inception_path)
