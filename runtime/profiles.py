@@ -8,7 +8,8 @@ recommended values apply; a profile may still pin them. Precedence, highest firs
 flag, profile, model bundle, code default.
 
 A profile file holds an optional top-level ``description`` and the tables ``[device]``, ``[tree]``,
-``[method]`` and ``[bench]``, each a pydantic model whose fields are its keys;
+``[method]`` and ``[bench]`` (and, where `runtime tune` wrote them, ``[auto]`` and ``[roof]``), each a
+pydantic model whose fields are its keys;
 anything else is refused, and a wrong value is told its key's ``description`` (``'method.top_p'
 must be a number in (0, 1], got 0``).
 """
@@ -125,6 +126,16 @@ class BenchSettings(_Section):
     repeats: _integer(1)
 
 
+class RoofSettings(_Section):
+    """``[roof]``: this machine's measured peaks for the roofline floor of each phase (``runtime
+    tune`` writes them on a CPU, where no vendor table applies): memory bandwidth in GB/s and the
+    dense matmul rate in TFLOP/s in the profile's dtype, and how they were measured."""
+
+    bandwidth_gbs: _real(0.0, low_open=True)
+    matmul_tflops: _real(0.0, low_open=True)
+    source: Annotated[str, Strict(), Field(description="a string")] = ""
+
+
 # Methods `--method auto` may pick: lossless ones (each image's law is the target's whatever is
 # picked; lantern++ runs with lambda 1, its exact tree).
 AUTO_METHODS: tuple[str, ...] = ("ar", "sd", "eagle2", "ddd", "lantern++", "sjd")
@@ -167,6 +178,7 @@ class _ProfileFile(_Section):
     method: MethodSettings
     bench: BenchSettings
     auto: AutoSettings | None = None
+    roof: RoofSettings | None = None
 
 
 class Profile(_ProfileFile):

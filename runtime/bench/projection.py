@@ -211,41 +211,67 @@ def spec_from_run(run: Any, sampling: Any) -> MethodSpec:
 
 
 def project(shape: ModelShape, backend: Any, targets: Sequence[Target], *, warmup: int = 3, iterations: int = 20,
-            batch_size: int = 1, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+            batch_size: int = 1, progress: Callable[[str], None] | None = None,
+            roof: Any = None) -> dict[str, Any]:
     """Measure the AR step and each target's iteration on `shape` (random weights) and project
     each target's speedup. Returns the JSON-ready body of a projection file: the shape, the
     per-phase samples, and per target tau (with its source), the medians and the projected
-    speedup with its interval."""
+    speedup with its interval; with a `roof` (`runtime.bench.roofline`), each phase's floor and
+    its measured time over it."""
+    from runtime.bench.roofline import decoder_phases
+
     say = progress or (lambda _: None)
     for t in targets:
         check_projectable(t.spec)
     target_model, drafter = random_models(shape, backend)
     sampling = targets[0].spec.sampling if targets else None
     ar_spec = MethodSpec(method="ar", sampling=sampling) if sampling is not None else MethodSpec(method="ar")
+    cfg = shape.config()
+    context = cfg.cls_token_num + cfg.block_size // 2  # the mean committed length over an image
 
-    def measure(spec: MethodSpec, label: str) -> StepTimes:
+    def measure(spec: MethodSpec, label: str) -> tuple[StepTimes, dict[str, Any] | None]:
         say(f"{shape.name}: {label}")
         decoder = Decoder(target_model, drafter, spec, neighbours=random_neighbours(shape, spec), backend=backend,
                           batch_size=batch_size)
-        return time_steps(decoder, backend, warmup=warmup, iterations=iterations)
+        times = time_steps(decoder, backend, warmup=warmup, iterations=iterations)
+        return times, (None if roof is None else floors(decoder_phases(decoder, context), times, roof, backend))
 
-    ar = measure(ar_spec, "ar")
+    ar, ar_floor = measure(ar_spec, "ar")
     ar_steps = ar.iterations()
     runs = []
     for t in targets:
-        times = measure(t.spec, t.label)
+        times, floor = measure(t.spec, t.label)
         point, low, high = projection_interval(t.tau, ar_steps, times.iterations())
         runs.append({"label": t.label, "method": t.spec.method, "params": t.spec.describe(), "tau": t.tau,
                      "tau_source": t.tau_source, "seconds": times.to_dict(),
                      "iteration_s": float(np.median(times.iterations())),
                      "iteration_over_ar_step": float(np.median(times.iterations()) / np.median(ar_steps)),
-                     "projected_speedup": {"point": point, "low": low, "high": high}})
-    cfg = shape.config()
-    return {"shape": {"name": shape.name, "description": shape.description, "layers": cfg.n_layer,
+                     "projected_speedup": {"point": point, "low": low, "high": high},
+                     **({"floor": floor} if floor is not None else {})})
+    body = {"shape": {"name": shape.name, "description": shape.description, "layers": cfg.n_layer,
                       "width": cfg.dim, "vocab_size": cfg.vocab_size, "image_tokens": cfg.block_size,
                       "weights": "random (LlamaGen init)"},
             "batch_size": batch_size, "warmup": warmup, "iterations": iterations,
-            "ar_step": {"seconds": ar.to_dict(), "median_s": float(np.median(ar_steps))}, "runs": runs}
+            "ar_step": {"seconds": ar.to_dict(), "median_s": float(np.median(ar_steps)),
+                        **({"floor": ar_floor} if ar_floor is not None else {})},
+            "runs": runs}
+    if roof is not None:
+        body["roof"] = {**roof.to_dict(), "context": context}
+    return body
+
+
+def floors(work: dict[str, Any], times: StepTimes, roof: Any, backend: Any) -> dict[str, Any]:
+    """Each phase's floor against its median measured time, and the whole iteration's (its
+    phases' floors summed: they run one after another)."""
+    from backends.base import dtype_name
+
+    dtype = dtype_name(backend.dtype)
+    out = {phase: w.against(float(np.median(getattr(times, phase))), roof, dtype) for phase, w in work.items()
+           if getattr(times, phase)}
+    total = sum(v["floor_s"] for v in out.values())
+    measured = float(np.median(times.iterations()))
+    out["iteration"] = {"floor_s": total, "measured_s": measured, "over_floor": measured / total}
+    return out
 
 
 # -- the projection file ------------------------------------------------------------------------
@@ -274,6 +300,7 @@ def _file_models():
         accept: list[float] = Field(min_length=1)
 
     class Run(Strict):
+        floor: dict[str, dict[str, float]] | None = None
         label: str
         method: str
         params: dict[str, Any]
@@ -296,6 +323,7 @@ def _file_models():
     class ArStep(Strict):
         seconds: Seconds
         median_s: float = Field(gt=0)
+        floor: dict[str, dict[str, float]] | None = None
 
     class ProjectionFile(Strict):
         schema_version: int = Field(ge=1, le=PROJECTION_SCHEMA_VERSION)
@@ -308,6 +336,7 @@ def _file_models():
         iterations: int = Field(ge=1)
         ar_step: ArStep
         runs: list[Run]
+        roof: dict[str, Any] | None = None  # the device's peaks the floors were computed with
 
     return ProjectionFile
 

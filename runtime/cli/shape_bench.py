@@ -30,6 +30,7 @@ def bench_shape(args: dict[str, Any]) -> None:
     from runtime.bench import schema
     from runtime.bench.environment import current_env
     from runtime.bench.projection import Target, model_shape, project, projection_file, spec_from_run
+    from runtime.bench.roofline import device_roof
     from runtime.cli.app import INVOCATION
     from runtime.settings import resolve_spec
 
@@ -72,8 +73,9 @@ def bench_shape(args: dict[str, Any]) -> None:
     warmup = prof.bench.warmup if args["warmup"] is None else args["warmup"]
     batch = opt.batch_size(args["batch_size"], prof)
     console = Console(stderr=True)
+    roof = device_roof(backend, prof)
     body = project(shape, backend, targets, warmup=max(warmup, 1), iterations=args["iterations"], batch_size=batch,
-                   progress=lambda text: console.print(f"[dim]{text}[/dim]"))
+                   progress=lambda text: console.print(f"[dim]{text}[/dim]"), roof=roof)
     info = backend.info()
     device = {"backend": backend.name, "name": str(info.get("name", backend.name)), "count": 1,
               "versions": {k: str(info[k]) for k in ("torch", "cuda", "driver", "synapseai") if info.get(k)}}
@@ -90,10 +92,26 @@ def bench_shape(args: dict[str, Any]) -> None:
         atomic_write_text(out, json.dumps(data, indent=2))
 
     table = Table(title=f"projection on {device['name']}: {shape.description} -> {out}")
-    for col in ("method", "tau (source)", "iteration / AR step", "projected speedup [95% CI]"):
+    for col in ("method", "tau (source)", "iteration / AR step", "iteration / floor", "projected speedup [95% CI]"):
         table.add_column(col)
+    table.add_row("ar", "1", "1.00", _over_floor(data["ar_step"]), "1.00x")
     for run in data["runs"]:
         s = run["projected_speedup"]
         table.add_row(run["label"], f"{run['tau']:.2f} ({run['tau_source']})", f"{run['iteration_over_ar_step']:.2f}",
-                      f"{s['point']:.2f}x [{s['low']:.2f}, {s['high']:.2f}]")
+                      _over_floor(run), f"{s['point']:.2f}x [{s['low']:.2f}, {s['high']:.2f}]")
     Console().print(table)
+    if roof is None:
+        Console().print(f"floor: no peak figures for {device['name']} (runtime.bench.roofline.ROOFS); not shown")
+    else:
+        Console().print(f"floor: max(bytes / bandwidth, FLOPs / matmul rate) per phase at the mean context "
+                        f"({data['roof']['context']} positions); {roof.name}: {roof.bandwidth / 1e9:,.0f} GB/s, "
+                        f"{max(roof.matmul.values()) / 1e12:,.1f} TFLOP/s ({roof.source})")
+
+
+def _over_floor(entry: dict[str, Any]) -> str:
+    """measured / floor of an iteration, with its phases': '12.3x (verify 10.1x, accept 40x)'."""
+    floor = entry.get("floor")
+    if not floor:
+        return "-"
+    phases = ", ".join(f"{k} {v['over_floor']:.1f}x" for k, v in floor.items() if k != "iteration")
+    return f"{floor['iteration']['over_floor']:.1f}x ({phases})"

@@ -380,4 +380,28 @@ def projection_section(projections: Sequence[tuple[str, Any]]) -> list[Block]:
                 for r in p.runs]
         blocks.append(Table(["method", "tau", "tau from", "iteration ms", "iteration / AR step",
                              "projected speedup [95% CI]"], rows))
+        if p.roof is not None:
+            blocks += _floor_blocks(p)
     return blocks
+
+
+def _floor_blocks(p: Any) -> list[Block]:
+    """Each phase of the projection file `p` against its roofline floor."""
+    roof = p.roof
+    text = (f"Against the physical floor: each phase's least time on this device, max(bytes / bandwidth, FLOPs / "
+            f"matmul rate), counted from the shape at the mean context ({roof['context']} positions) with "
+            f"{roof['name']}'s peaks ({roof['source']}). measured / floor = 1 is the hardware's limit; the "
+            "fractions are the bandwidth and matmul rate the phase achieved.")
+    rows = []
+    for label, floor in [("ar", p.ar_step.floor)] + [(r.label, r.floor) for r in p.runs]:
+        for phase, f in (floor or {}).items():
+            if phase == "iteration":
+                continue
+            rows.append([label, phase, sig(f["measured_s"] * 1e3), sig(f["floor_s"] * 1e3), f"{f['over_floor']:.1f}x",
+                         f"{f['bandwidth_fraction']:.0%}", f"{f['rate_fraction']:.0%}"])
+        if floor:
+            it = floor["iteration"]
+            rows.append([label, "iteration", sig(it["measured_s"] * 1e3), sig(it["floor_s"] * 1e3),
+                         f"{it['over_floor']:.1f}x", "", ""])
+    return [Paragraph(text), Table(["method", "phase", "measured ms", "floor ms", "measured / floor",
+                                    "of bandwidth", "of matmul rate"], rows)]
