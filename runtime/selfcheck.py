@@ -208,47 +208,51 @@ def measure_phases(bundle: Any, backend: Any) -> dict[str, Any]:
     return out
 
 
-def measure_xl_shape(backend: Any, repeats: int = 3) -> dict[str, Any]:
-    """AR step, verify (naive_extend_57) and one draft level of a LlamaGen-XL shape, random weights."""
-    from runtime.models.configs import DrafterConfig, gpt_config
-    from runtime.models.drafter import Drafter
-    from runtime.models.gpt import Transformer
+def measure_xl_shape(backends: dict[str, Any], repeats: int = 3, roof: Any = None) -> dict[str, Any]:
+    """AR step, and draft / verify / accept of LANTERN++ over naive_extend_57, on a LlamaGen-XL
+    shape with random weights, batch 1 with CFG, in each of `backends` (mode name -> backend:
+    "eager", and "captured" where the device captures steps), with each phase against its
+    roofline floor when a `roof` is given. Median seconds per phase over `repeats` iterations."""
+    from backends.base import dtype_name
+    from runtime.models.configs import gpt_config
+    from runtime.roofline import decoder_phases, floors
+    from runtime.step_timing import random_models, random_neighbours, time_steps
 
     cfg = gpt_config("GPT-XL", image_size=256)
-    with torch.device(backend.device):
-        target = Transformer(cfg).to(backend.dtype).eval()
-        drafter = Drafter(DrafterConfig.for_target(cfg)).to(backend.dtype).eval()
-    costs: dict[str, Any] = {"model": "GPT-XL c2i 256px (random weights)", "dtype": str(backend.dtype)}
-    for label, spec in (("ar_step", _spec("ar", False)),
-                        ("lantern++ naive_extend_57", _spec("lantern++", False, tree="naive_extend_57",
-                                                            lantern_lambda=1.0))):
-        dec = Decoder(target, drafter, spec, backend=backend)
-        dec.captured = True  # time eager steps: compiling a 775M-parameter model is not the point here
-        dec.prefill(torch.tensor([1], device=backend.device), None, 0)
-        steps = {"verify": dec._verify_step}
-        if spec.drafting != "none":
-            steps["draft"] = dec._draft_step
-        result = {}
-        with torch.no_grad():
-            for name, step in steps.items():
-                step()  # warm-up
-                backend.synchronize()
-                began = time.perf_counter()
-                for _ in range(repeats):
-                    step()
-                backend.synchronize()
-                result[f"{name}_s"] = (time.perf_counter() - began) / repeats
+    out: dict[str, Any] = {"model": "GPT-XL c2i 256px (random weights), batch 1 with CFG",
+                           "roof": roof.to_dict() if roof is not None else None}
+    models: dict[Any, Any] = {}
+    for mode, backend in backends.items():
+        key = (str(backend.device), backend.dtype)
+        if key not in models:
+            models[key] = random_models(cfg, backend)
+        target, drafter = models[key]
+        costs: dict[str, Any] = {"dtype": dtype_name(backend.dtype)}
+        for label, spec in (("ar_step", _spec("ar", False)),
+                            ("lantern++ naive_extend_57", _spec("lantern++", False, tree="naive_extend_57",
+                                                                lantern_lambda=1.0))):
+            dec = Decoder(target, drafter, spec, neighbours=random_neighbours(cfg.vocab_size, spec), backend=backend)
+            times = time_steps(dec, backend, warmup=1, iterations=repeats)
+            medians = times.medians()
+            result: dict[str, Any] = {f"{phase}_s": medians[phase] for phase in ("draft", "verify", "accept")
+                                      if phase in medians}
             result["ops_per_iteration"] = phase_ops(dec, torch.tensor([1], device=backend.device), seed=0,
                                                     iterations=1)
-        costs[label] = result
-    ar = costs["ar_step"]["verify_s"]
-    tree = costs["lantern++ naive_extend_57"]
-    costs["verify_over_ar_step"] = tree["verify_s"] / ar
-    costs["draft_over_ar_step"] = tree["draft_s"] / ar
-    return costs
+            if roof is not None:
+                result["floor"] = floors(decoder_phases(dec), medians, roof, backend.dtype)
+            costs[label] = result
+        ar = costs["ar_step"]["verify_s"] + costs["ar_step"]["accept_s"]
+        tree = costs["lantern++ naive_extend_57"]
+        costs["verify_over_ar_step"] = tree["verify_s"] / ar
+        costs["draft_over_ar_step"] = tree["draft_s"] / ar
+        out[mode] = costs
+    return out
 
 
-def run_selfcheck(backend: Any, *, xl: bool = True, progress: Callable[[str], None] | None = None) -> SelfcheckReport:
+def run_selfcheck(backend: Any, *, xl: bool = True, progress: Callable[[str], None] | None = None,
+                  xl_backends: dict[str, Any] | None = None, roof: Any = None) -> SelfcheckReport:
+    """Every check on `backend` (fp32); with `xl`, the LlamaGen-XL step costs on `xl_backends`
+    (mode -> backend in the device's own dtype; default: `backend`, eager or captured as it is)."""
     from runtime.demo.bundle import load_demo_bundle
 
     began = time.perf_counter()
@@ -267,6 +271,7 @@ def run_selfcheck(backend: Any, *, xl: bool = True, progress: Callable[[str], No
     report.phases = measure_phases(bundle, backend)
     if xl:
         say("LlamaGen-XL-shaped step costs")
-        report.xl_shape = measure_xl_shape(backend)
+        report.xl_shape = measure_xl_shape(xl_backends or {"captured" if backend.graph_mode else "eager": backend},
+                                           roof=roof)
     report.seconds = time.perf_counter() - began
     return report

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from runtime.bench.projection import (SHAPES, ModelShape, check_projectable, model_shape, projected_speedup,
-                                      projection_interval, random_models, random_neighbours, time_steps)
+                                      projection_interval)
+from runtime.step_timing import random_models, random_neighbours, time_steps
 from runtime.core import Decoder, MethodSpec, SamplingParams
 from runtime.errors import UserError
 
@@ -54,9 +55,9 @@ def test_step_times_of_a_tiny_shape(method, extra):
     from backends import get_backend
 
     backend = get_backend("cpu", graph_mode=False)
-    target, drafter = random_models(TINY, backend)
+    target, drafter = random_models(TINY.config(), backend)
     spec = MethodSpec(method=method, sampling=SamplingParams(greedy=False), **extra)
-    decoder = Decoder(target, drafter, spec, neighbours=random_neighbours(TINY, spec), backend=backend)
+    decoder = Decoder(target, drafter, spec, neighbours=random_neighbours(TINY.vocab_size, spec), backend=backend)
     times = time_steps(decoder, backend, warmup=2, iterations=12)
     assert len(times.verify) == len(times.accept) == 12
     assert len(times.draft) == (0 if method == "ar" else 12)

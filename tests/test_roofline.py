@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from runtime.bench.roofline import (Roof, StackShape, Work, accept_work, decoder_phases, draft_work, forward_work,
+from runtime.roofline import (Roof, StackShape, Work, accept_work, decoder_phases, draft_work, forward_work,
                                     level_tokens, roof_for, target_forward, target_shape)
 from runtime.models.configs import gpt_config
 

@@ -26,8 +26,7 @@ import torch
 from runtime.core import Decoder, MethodSpec
 from runtime.errors import UserError, did_you_mean
 from runtime.models.configs import GPTConfig, gpt_config
-
-PHASES = ("draft", "verify", "accept")
+from runtime.step_timing import StepTimes, random_models, random_neighbours, time_steps
 
 
 @dataclass(frozen=True)
@@ -67,92 +66,11 @@ def model_shape(name: str) -> ModelShape:
     return SHAPES[name]
 
 
-def random_models(shape: ModelShape, backend: Any, seed: int = 0) -> tuple[Any, Any]:
-    """(target, drafter) of `shape` on the backend's device and dtype, LlamaGen-initialised
-    random weights (with a non-zero head, so distributions are not uniform)."""
-    from runtime.models.configs import DrafterConfig
-    from runtime.models.drafter import Drafter
-    from runtime.models.gpt import Transformer
-
-    cfg = shape.config()
-    torch.manual_seed(seed)
-    with torch.device(backend.device):
-        target = Transformer(cfg)
-        target.init_weights()
-        torch.nn.init.normal_(target.output.weight, std=cfg.initializer_range)
-        drafter = Drafter(DrafterConfig.for_target(cfg))
-    return target.to(backend.dtype).eval(), drafter.to(backend.dtype).eval()
-
-
-def random_neighbours(shape: ModelShape, spec: MethodSpec, seed: int = 0) -> torch.Tensor | None:
-    """The proximity table of a random 8-dimensional codebook, for relaxed methods (its values
-    change which drafts are accepted, never the cost of an iteration)."""
-    if spec.relaxation_kind == "none":
-        return None
-    from runtime.core.proximity import neighbour_table
-
-    g = torch.Generator().manual_seed(seed)
-    table, _ = neighbour_table(torch.randn(shape.vocab_size, 8, generator=g), min(spec.lantern_k + 1, shape.vocab_size - 1))
-    return table
-
-
 def check_projectable(spec: MethodSpec) -> None:
     if spec.method == "ddd" or spec.dynamic_depth is not None:
         raise UserError(f"{spec.method}{' with --dynamic-depth' if spec.dynamic_depth is not None else ''} drafts "
                         "to a depth the trained weights decide, so random weights cannot stand in for its cost; "
                         "project a fixed-depth method")
-
-
-@dataclass
-class StepTimes:
-    """Seconds per iteration of each phase (one sample per timed iteration)."""
-
-    draft: list[float] = field(default_factory=list)
-    verify: list[float] = field(default_factory=list)
-    accept: list[float] = field(default_factory=list)
-
-    def iterations(self) -> np.ndarray:
-        """(n,) seconds of each whole iteration."""
-        parts = [np.asarray(getattr(self, p)) for p in PHASES if getattr(self, p)]
-        return np.sum(parts, axis=0)
-
-    def to_dict(self) -> dict[str, list[float]]:
-        return {p: list(getattr(self, p)) for p in PHASES}
-
-
-def time_steps(decoder: Decoder, backend: Any, *, warmup: int, iterations: int) -> StepTimes:
-    """Time `iterations` decoding iterations, phase by phase, after `warmup` untimed ones.
-
-    The steps run as the runtime runs them: captured replays in graph mode, eager otherwise.
-    Each phase is bracketed by device synchronisations, so its time is the device's. An image
-    that completes is restarted (untimed) so every timed iteration is a full one.
-    """
-    cond = torch.zeros(decoder.batch, dtype=torch.long, device=decoder.device)
-    if backend.graph_mode and not decoder.captured:
-        decoder._capture_steps(cond, None)
-    decoder.prefill(cond, None, 0)
-    times = StepTimes()
-    steps: list[tuple[str, Callable[[], Any]]] = []
-    if decoder._draft_segments:
-        steps.append(("draft", decoder._run_draft))
-    with torch.no_grad():
-        for i in range(warmup + iterations):
-            if bool((decoder.count >= decoder.num_tokens - decoder.max_depth - 1).any()):
-                decoder.prefill(cond, None, i)
-            depth = decoder.max_depth
-            for phase, step in steps + [("verify", None), ("accept", None)]:
-                backend.synchronize()
-                began = time.perf_counter()
-                if phase == "draft":
-                    depth = step()
-                elif phase == "verify":
-                    decoder._verify_at[depth]()
-                else:
-                    decoder._accept_at[depth]()
-                backend.synchronize()
-                if i >= warmup:
-                    getattr(times, phase).append(time.perf_counter() - began)
-    return times
 
 
 def projected_speedup(tau: float, ar_step_s: float, iteration_s: float) -> float:
@@ -216,14 +134,14 @@ def project(shape: ModelShape, backend: Any, targets: Sequence[Target], *, warmu
     """Measure the AR step and each target's iteration on `shape` (random weights) and project
     each target's speedup. Returns the JSON-ready body of a projection file: the shape, the
     per-phase samples, and per target tau (with its source), the medians and the projected
-    speedup with its interval; with a `roof` (`runtime.bench.roofline`), each phase's floor and
+    speedup with its interval; with a `roof` (`runtime.roofline`), each phase's floor and
     its measured time over it."""
-    from runtime.bench.roofline import decoder_phases
+    from runtime.roofline import decoder_phases, floors
 
     say = progress or (lambda _: None)
     for t in targets:
         check_projectable(t.spec)
-    target_model, drafter = random_models(shape, backend)
+    target_model, drafter = random_models(shape.config(), backend)
     sampling = targets[0].spec.sampling if targets else None
     ar_spec = MethodSpec(method="ar", sampling=sampling) if sampling is not None else MethodSpec(method="ar")
     cfg = shape.config()
@@ -231,10 +149,10 @@ def project(shape: ModelShape, backend: Any, targets: Sequence[Target], *, warmu
 
     def measure(spec: MethodSpec, label: str) -> tuple[StepTimes, dict[str, Any] | None]:
         say(f"{shape.name}: {label}")
-        decoder = Decoder(target_model, drafter, spec, neighbours=random_neighbours(shape, spec), backend=backend,
-                          batch_size=batch_size)
+        decoder = Decoder(target_model, drafter, spec, neighbours=random_neighbours(shape.vocab_size, spec),
+                          backend=backend, batch_size=batch_size)
         times = time_steps(decoder, backend, warmup=warmup, iterations=iterations)
-        return times, (None if roof is None else floors(decoder_phases(decoder, context), times, roof, backend))
+        return times, (None if roof is None else floors(decoder_phases(decoder, context), times.medians(), roof, backend.dtype))
 
     ar, ar_floor = measure(ar_spec, "ar")
     ar_steps = ar.iterations()
@@ -258,20 +176,6 @@ def project(shape: ModelShape, backend: Any, targets: Sequence[Target], *, warmu
     if roof is not None:
         body["roof"] = {**roof.to_dict(), "context": context}
     return body
-
-
-def floors(work: dict[str, Any], times: StepTimes, roof: Any, backend: Any) -> dict[str, Any]:
-    """Each phase's floor against its median measured time, and the whole iteration's (its
-    phases' floors summed: they run one after another)."""
-    from backends.base import dtype_name
-
-    dtype = dtype_name(backend.dtype)
-    out = {phase: w.against(float(np.median(getattr(times, phase))), roof, dtype) for phase, w in work.items()
-           if getattr(times, phase)}
-    total = sum(v["floor_s"] for v in out.values())
-    measured = float(np.median(times.iterations()))
-    out["iteration"] = {"floor_s": total, "measured_s": measured, "over_floor": measured / total}
-    return out
 
 
 # -- the projection file ------------------------------------------------------------------------
@@ -382,7 +286,7 @@ def save_random_checkpoints(shape: ModelShape, folder: str | Path, seed: int = 0
 
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
-    target, drafter = random_models(shape, _OnCpu(), seed)
+    target, drafter = random_models(shape.config(), _OnCpu(), seed)
     files = {"gpt_ckpt": out / f"c2i_{shape.gpt.split('-', 1)[1]}_{shape.image_size}.pt",
              "vq_ckpt": out / "vq_ds16_c2i.pt", "drafter": out / "drafter"}
     torch.save({"model": target.state_dict()}, files["gpt_ckpt"])

@@ -30,7 +30,18 @@ def selfcheck(
         raise UserError(f"--out {out} is a directory; give a file name such as {out / 'selfcheck.json'}")
     backend = get_backend(device, dtype="fp32", graph_mode=graph)
     console = Console(stderr=True)
-    report = run_selfcheck(backend, xl=xl, progress=lambda msg: console.print(f"[dim]selfcheck:[/] {msg}"))
+    xl_backends, roof = None, None
+    if xl:  # the XL shape as users run it: the device profile's dtype (bf16 on cuda / hpu), eager and captured
+        from runtime.roofline import device_roof
+        from runtime.cli import options as opt
+
+        eager, prof = opt.open_backend(device, None, False, None)
+        xl_backends = {"eager": eager}
+        if graph:
+            xl_backends["captured"] = opt.open_backend(device, None, True, None)[0]
+        roof = device_roof(eager, prof)
+    report = run_selfcheck(backend, xl=xl, progress=lambda msg: console.print(f"[dim]selfcheck:[/] {msg}"),
+                           xl_backends=xl_backends, roof=roof)
     out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(out) as tmp:
         Path(tmp).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
@@ -46,11 +57,14 @@ def selfcheck(
         ops = ", ".join(f"{k} {v:.0f}" for k, v in ph["ops_per_iteration"].items())
         secs = ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in ph["seconds"].items())
         table.add_row(name, "measured", f"ops/iter: {ops}; {secs}")
-    if report.xl_shape is not None:
-        x = report.xl_shape
-        table.add_row("GPT-XL shape", "measured",
-                      f"AR step {x['ar_step']['verify_s'] * 1e3:.1f} ms; verify(58) / AR {x['verify_over_ar_step']:.2f}; "
-                      f"draft / AR {x['draft_over_ar_step']:.2f}")
+    for mode, x in (report.xl_shape or {}).items():
+        if mode in ("model", "roof"):
+            continue
+        ar = x["ar_step"]
+        floor = f" ({ar['floor']['iteration']['over_floor']:.1f}x its floor)" if "floor" in ar else ""
+        table.add_row(f"GPT-XL shape, {mode} {x['dtype']}", "measured",
+                      f"AR step {(ar['verify_s'] + ar['accept_s']) * 1e3:.1f} ms{floor}; verify(58) / AR "
+                      f"{x['verify_over_ar_step']:.2f}; draft / AR {x['draft_over_ar_step']:.2f}")
     Console().print(table)
     if report.failed:
         Console(stderr=True).print(f"selfcheck failed: {', '.join(report.failed)} (details in {out})")

@@ -30,7 +30,7 @@ def bench_shape(args: dict[str, Any]) -> None:
     from runtime.bench import schema
     from runtime.bench.environment import current_env
     from runtime.bench.projection import Target, model_shape, project, projection_file, spec_from_run
-    from runtime.bench.roofline import device_roof
+    from runtime.roofline import device_roof
     from runtime.cli.app import INVOCATION
     from runtime.settings import resolve_spec
 
@@ -101,7 +101,7 @@ def bench_shape(args: dict[str, Any]) -> None:
                       _over_floor(run), f"{s['point']:.2f}x [{s['low']:.2f}, {s['high']:.2f}]")
     Console().print(table)
     if roof is None:
-        Console().print(f"floor: no peak figures for {device['name']} (runtime.bench.roofline.ROOFS); not shown")
+        Console().print(f"floor: no peak figures for {device['name']} (runtime.roofline.ROOFS); not shown")
     else:
         Console().print(f"floor: max(bytes / bandwidth, FLOPs / matmul rate) per phase at the mean context "
                         f"({data['roof']['context']} positions); {roof.name}: {roof.bandwidth / 1e9:,.0f} GB/s, "

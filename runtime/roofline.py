@@ -235,6 +235,20 @@ def accept_work(*, rows: int, tokens: int, vocab: int, logits_itemsize: int = 4)
     return Work(float(rows * tokens * vocab * logits_itemsize), 0.0)
 
 
+def floors(work: dict[str, Work], medians: dict[str, float], roof: Roof, dtype: torch.dtype) -> dict[str, Any]:
+    """Each phase's floor against its median measured seconds (`medians`, with the whole
+    iteration's under "iteration"), and the iteration's floor: its phases' floors summed (they
+    run one after another)."""
+    from backends.base import dtype_name
+
+    name = dtype_name(dtype)
+    out: dict[str, Any] = {phase: w.against(medians[phase], roof, name) for phase, w in work.items() if phase in medians}
+    total = sum(v["floor_s"] for v in out.values())
+    out["iteration"] = {"floor_s": total, "measured_s": medians["iteration"],
+                        "over_floor": medians["iteration"] / total}
+    return out
+
+
 def level_tokens(decoder: Any) -> list[int]:
     """Tokens each drafter forward runs: the root first, then at each level the nodes whose
     children it drafts (a static tree's nodes at that depth; EAGLE-2's top-k frontier)."""

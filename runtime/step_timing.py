@@ -1,0 +1,104 @@
+"""Timing decoding steps on a model's shape: random weights of the shape, and each phase of an
+iteration bracketed by device synchronisations (what `runtime bench --shape` projects from and
+`runtime selfcheck` reports for the LlamaGen-XL shape).
+
+A decoding iteration has fixed shapes by design, so its cost depends on the shape, the tree
+and the device, never on the weights' values: random weights stand in for a trained model.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+PHASES = ("draft", "verify", "accept")
+
+
+def random_models(cfg: Any, backend: Any, seed: int = 0) -> tuple[Any, Any]:
+    """(target, drafter) of the GPT config `cfg` on the backend's device and dtype, LlamaGen-initialised
+    random weights (with a non-zero head, so distributions are not uniform)."""
+    from runtime.models.configs import DrafterConfig
+    from runtime.models.drafter import Drafter
+    from runtime.models.gpt import Transformer
+
+    torch.manual_seed(seed)
+    with torch.device(backend.device):
+        target = Transformer(cfg)
+        target.init_weights()
+        torch.nn.init.normal_(target.output.weight, std=cfg.initializer_range)
+        drafter = Drafter(DrafterConfig.for_target(cfg))
+    return target.to(backend.dtype).eval(), drafter.to(backend.dtype).eval()
+
+
+def random_neighbours(vocab_size: int, spec: Any, seed: int = 0) -> torch.Tensor | None:
+    """The proximity table of a random 8-dimensional codebook, for relaxed methods (its values
+    change which drafts are accepted, never the cost of an iteration)."""
+    if spec.relaxation_kind == "none":
+        return None
+    from runtime.core.proximity import neighbour_table
+
+    g = torch.Generator().manual_seed(seed)
+    table, _ = neighbour_table(torch.randn(vocab_size, 8, generator=g), min(spec.lantern_k + 1, vocab_size - 1))
+    return table
+
+
+@dataclass
+class StepTimes:
+    """Seconds per iteration of each phase (one sample per timed iteration)."""
+
+    draft: list[float] = field(default_factory=list)
+    verify: list[float] = field(default_factory=list)
+    accept: list[float] = field(default_factory=list)
+
+    def iterations(self) -> np.ndarray:
+        """(n,) seconds of each whole iteration."""
+        parts = [np.asarray(getattr(self, p)) for p in PHASES if getattr(self, p)]
+        return np.sum(parts, axis=0)
+
+    def medians(self) -> dict[str, float]:
+        """Median seconds of each timed phase, and of the whole iteration (key "iteration")."""
+        out = {p: float(np.median(getattr(self, p))) for p in PHASES if getattr(self, p)}
+        out["iteration"] = float(np.median(self.iterations()))
+        return out
+
+    def to_dict(self) -> dict[str, list[float]]:
+        return {p: list(getattr(self, p)) for p in PHASES}
+
+
+def time_steps(decoder: Decoder, backend: Any, *, warmup: int, iterations: int) -> StepTimes:
+    """Time `iterations` decoding iterations, phase by phase, after `warmup` untimed ones.
+
+    The steps run as the runtime runs them: captured replays in graph mode, eager otherwise.
+    Each phase is bracketed by device synchronisations, so its time is the device's. An image
+    that completes is restarted (untimed) so every timed iteration is a full one.
+    """
+    cond = torch.zeros(decoder.batch, dtype=torch.long, device=decoder.device)
+    if backend.graph_mode and not decoder.captured:
+        decoder._capture_steps(cond, None)
+    decoder.prefill(cond, None, 0)
+    times = StepTimes()
+    steps: list[tuple[str, Callable[[], Any]]] = []
+    if decoder._draft_segments:
+        steps.append(("draft", decoder._run_draft))
+    with torch.no_grad():
+        for i in range(warmup + iterations):
+            if bool((decoder.count >= decoder.num_tokens - decoder.max_depth - 1).any()):
+                decoder.prefill(cond, None, i)
+            depth = decoder.max_depth
+            for phase, step in steps + [("verify", None), ("accept", None)]:
+                backend.synchronize()
+                began = time.perf_counter()
+                if phase == "draft":
+                    depth = step()
+                elif phase == "verify":
+                    decoder._verify_at[depth]()
+                else:
+                    decoder._accept_at[depth]()
+                backend.synchronize()
+                if i >= warmup:
+                    getattr(times, phase).append(time.perf_counter() - began)
+    return times
