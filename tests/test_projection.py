@@ -100,7 +100,9 @@ def test_a_bench_run_maps_back_to_its_method_spec():
 @pytest.mark.parametrize("args, words", [
     (["--tau", "2.5", "--num-images", "3"], "--num-images does nothing with --shape"),
     ([], "--shape needs the tau of a trained model"),
-    (["--tau", "2.5", "--methods", "sd,lantern++"], "name that one method in --methods"),
+    (["--tau", "2.5", "--methods", "sd,ar"], "not ar: it is the baseline"),
+    (["--tau", "2.5", "--methods", "sd:tau=x"], "tau must be a number"),
+    (["--tau", "2.5", "--methods", "sd:tau=0.9"], "got 0.9 for 'sd:tau=0.9'"),
     (["--tau", "0.5", "--methods", "sd"], "--tau is tokens per target forward, >= 1"),
     (["--tau-from", "x.json", "--methods", "sd"], "--tau-from projects the runs of the file"),
 ])
@@ -114,6 +116,21 @@ def test_bench_shape_refuses_what_a_projection_cannot_use(tmp_path, run_cli, arg
 def test_tau_flags_without_shape_are_refused(tmp_path, run_cli):
     res = run_cli("bench", "--tau", "2.0", "--out", str(tmp_path / "b.json"))
     assert res.exit_code == 2 and "--tau is for --shape projections" in res.stderr
+
+
+@pytest.mark.slow
+def test_bench_shape_projects_several_trees_each_at_its_own_tau(tmp_path, run_cli):
+    import json
+
+    out = tmp_path / "p.json"
+    res = run_cli("bench", "--shape", "llamagen-b", "--device", "cpu", "--no-graph", "--methods",
+                  "lantern++:tree=chain3:tau=2.2,lantern++:tree=chain6,sd:depth=2", "--tau", "2.67",
+                  "--iterations", "2", "--warmup", "1", "--out", str(out))
+    assert res.exit_code == 0, res.stderr
+    runs = json.loads(out.read_text())["runs"]
+    assert [(r["label"], r["tau"]) for r in runs] == [("lantern++:tree=chain3", 2.2), ("lantern++:tree=chain6", 2.67),
+                                                       ("sd:depth=2", 2.67)]
+    assert [r["params"]["tree"] for r in runs[:2]] == ["chain3", "chain6"]
 
 
 @pytest.mark.slow

@@ -42,7 +42,7 @@ def bench(
     batch_size: opt.BatchSize = None,
     shape: Optional[str] = typer.Option(None, "--shape", help="Project instead of measure: time AR and each method's iteration on a model shape with random weights (llamagen-b, llamagen-l, llamagen-xl, llamagen-xxl, chameleon-7b) and report tau x AR step / iteration; needs --tau-from or --tau."),
     tau_from: Optional[str] = typer.Option(None, "--tau-from", help="--shape: a bench result file; every run in it is projected with the tau it measured."),
-    tau: Optional[float] = typer.Option(None, "--tau", help="--shape: the tau of the one method in --methods (measured on a trained model)."),
+    tau: Optional[float] = typer.Option(None, "--tau", help="--shape: the tau (measured on a trained model) of the methods in --methods; an entry may give its own as METHOD:tau=X."),
     iterations: int = typer.Option(20, "--iterations", help="--shape: timed iterations per method."),
     profile: bool = typer.Option(False, "--profile", help="Also write a torch.profiler trace of each run, "
                                  "<out>.traces/NN.json.gz (NN = the run's index) of its first decode batch, from one extra untimed pass after "

@@ -63,13 +63,7 @@ def bench_shape(args: dict[str, Any]) -> None:
         if not targets:
             raise UserError(f"{args['tau_from']}: no run to project (ar, ddd and --dynamic-depth runs are skipped)")
     else:
-        names = [m.strip() for m in (args["methods"] or "").split(",") if m.strip()]
-        if len(names) != 1 or names[0] == "ar":
-            raise UserError("--tau gives one method's tau: name that one method in --methods (not ar)")
-        if not args["tau"] >= 1.0:
-            raise UserError(f"--tau is tokens per target forward, >= 1; got {args['tau']}")
-        spec = resolve_spec(names[0], flags, prof, dict(shape.sampling), run_methods=names)
-        targets = [Target(names[0], spec, float(args["tau"]), f"given: --tau {args['tau']:g}")]
+        targets = _given_tau_targets(args["methods"], float(args["tau"]), flags, prof, shape)
     warmup = prof.bench.warmup if args["warmup"] is None else args["warmup"]
     batch = opt.batch_size(args["batch_size"], prof)
     console = Console(stderr=True)
@@ -115,3 +109,34 @@ def _over_floor(entry: dict[str, Any]) -> str:
         return "-"
     phases = ", ".join(f"{k} {v['over_floor']:.1f}x" for k, v in floor.items() if k != "iteration")
     return f"{floor['iteration']['over_floor']:.1f}x ({phases})"
+
+
+def _given_tau_targets(methods: str | None, tau: float, flags: dict[str, Any], prof: Any, shape: Any) -> list[Any]:
+    """One projection target per `--methods` entry (`METHOD[:KEY=VALUE...]`, as `runtime bench`
+    takes them), each at `--tau`, or at its own `:tau=X` (e.g. one tau per tree)."""
+    from runtime.bench.projection import Target
+    from runtime.bench.runner import parse_method_entry
+    from runtime.settings import resolve_spec
+
+    entries = [m.strip() for m in (methods or "").split(",") if m.strip()]
+    if not entries or any(e.split(":")[0] == "ar" for e in entries):
+        raise UserError("--tau projects the methods named in --methods (not ar: it is the baseline every "
+                        "projection is measured against)")
+    targets = []
+    for entry in entries:
+        parts = entry.split(":")
+        own = [x for x in parts[1:] if x.startswith("tau=")]
+        value = tau
+        if own:
+            try:
+                value = float(own[-1][4:])
+            except ValueError:
+                raise UserError(f"--methods {entry!r}: tau must be a number") from None
+        if not value >= 1.0:
+            raise UserError(f"--tau is tokens per target forward, >= 1; got {value:g} for {entry!r}")
+        label = ":".join([parts[0]] + [x for x in parts[1:] if not x.startswith("tau=")])
+        run = parse_method_entry(label)
+        spec = resolve_spec(run.method, {**flags, **run.overrides}, prof, dict(shape.sampling),
+                            run_methods=sorted({e.split(":")[0] for e in entries}))
+        targets.append(Target(label, spec, value, f"given: {'tau' if own else '--tau'} {value:g}"))
+    return targets
