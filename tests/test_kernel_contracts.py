@@ -2,7 +2,7 @@
 the layout rules of the kernels the CUDA and Gaudi paths may select, for every method, tree and
 batch size, in bf16 and fp32; and the bf16 path runs end to end on the CPU close to fp32.
 
-The rules (docs/devices.md, "Kernel contracts"), the strictest of PyTorch's fused SDPA kernels
+The rules (docs/selfcheck.md, "Kernel contracts"), the strictest of PyTorch's fused SDPA kernels
 (flash, memory-efficient, cuDNN) and Habana's fused SDPA:
   * q, k, v and the mask have a contiguous last dimension (stride 1);
   * every other stride and the storage offset are multiples of 16 bytes (vectorised loads);
