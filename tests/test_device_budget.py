@@ -32,8 +32,10 @@ CASES = {
 # the earlier ones left (the reference's sequential rule): about 10 ops per sibling rank in
 # sampling mode, so a 10-wide EAGLE-2 tree (lantern) costs ~106 ops more than the bounded rule
 # and naive_extend_57 ~46. Its own limits, sampling mode; greedy keeps the common ones.
+# (Issue 44: the paper rule's stage loop lost its scalar_tensor kernels and an undrawn stage's
+# where, 148 -> 134 accept ops on the demo, (draft + accept) / verify 0.66 -> 0.64.)
 PAPER_SAMPLING = {"lantern": dict(accept=200, xl=0.40, demo=0.85),
-                  "lantern++ naive_extend_57": dict(accept=150, xl=0.35, demo=0.70)}
+                  "lantern++ naive_extend_57": dict(accept=140, xl=0.35, demo=0.65)}
 
 
 def _limits(method: str, greedy: bool) -> dict[str, float]:

@@ -78,6 +78,11 @@ class Relaxation:
     # rule clears when x is rejected), padded the same way.
     padded: torch.Tensor | None = field(init=False, default=None, repr=False)
     clear_padded: torch.Tensor | None = field(init=False, default=None, repr=False)
+    # 0-d constants on the table's device: the padding token V, 0.0 and +inf, for `torch.where` in
+    # the paper rule's stage loops (a Python scalar there costs a scalar_tensor kernel per call)
+    no_code: torch.Tensor | None = field(init=False, default=None, repr=False)
+    zero: torch.Tensor | None = field(init=False, default=None, repr=False)
+    inf: torch.Tensor | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.rule not in RELAX_RULES:
@@ -90,6 +95,9 @@ class Relaxation:
             zn = pad(zn.to(nb.device))
             ids = torch.arange(zn.size(0), device=nb.device)[:, None]
             object.__setattr__(self, "clear_padded", torch.cat([ids, zn], 1))
+            object.__setattr__(self, "no_code", torch.tensor(nb.size(0), device=nb.device))
+            object.__setattr__(self, "zero", torch.zeros((), device=nb.device))
+            object.__setattr__(self, "inf", torch.full((), torch.inf, device=nb.device))
 
 
 @dataclass
@@ -504,7 +512,7 @@ def _budget(rx: torch.Tensor, z: torch.Tensor, nbm: torch.Tensor, relax: Relaxat
     """
     cum = nbm.cumsum(-1)
     if relax.kind == "delta":
-        bound = torch.where(rx > 0, z * relax.delta, 0.0)
+        bound = torch.where(rx > 0, z * relax.delta, relax.zero)
     else:
         bound = rx * (relax.lam - 1.0)
     inside = cum <= bound[..., None]
@@ -570,7 +578,8 @@ def _paper_sampled_stages(tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor
     q_x = qm.gather(2, xs)
     left = (1.0 - (q_x.cumsum(-1) - q_x)).clamp(min=_EPS)  # W_s: q's mass before stage s
     qs_x = q_x / left  # q_s(x_s)
-    drawn = qs_x > 0
+    # an undrawn stage (q_s(x_s) = 0) changes nothing: its W_s is +inf, so its scale z / W_s is 0
+    left_drawn = torch.where(qs_x > 0, left, relax.inf)
     z = res.sum(-1)
     masses, gains, totals, last = [], [], [], []
     for s, n in enumerate(stages.rows):
@@ -581,8 +590,8 @@ def _paper_sampled_stages(tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor
         gains.append(c)
         totals.append(z)
         # q' = q / W_s without x_s's k+1 nearest codes when relaxed (V, a zero column, if not)
-        cleared = torch.where(used[..., None], clear[:, :n, s, 1:], v)
-        scale = torch.where(drawn[:, :n, s], z / left[:, :n, s], 0.0)  # an undrawn stage changes nothing
+        cleared = torch.where(used[..., None], clear[:, :n, s, 1:], relax.no_code)
+        scale = z / left_drawn[:, :n, s]
         res = torch.addcmul(res, qm.scatter(2, cleared, 0.0), scale[..., None], value=-1.0).clamp(min=0.0)
         z = res.sum(-1)
         last.append(res[:, stages.rows[s + 1] if s + 1 < len(stages.rows) else 0:, :v])
