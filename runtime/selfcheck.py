@@ -208,18 +208,20 @@ def measure_phases(bundle: Any, backend: Any) -> dict[str, Any]:
     return out
 
 
-def measure_xl_shape(backends: dict[str, Any], repeats: int = 3, roof: Any = None) -> dict[str, Any]:
+def measure_xl_shape(backends: dict[str, Any], repeats: int = 3, roof: Any = None, cfg: Any = None) -> dict[str, Any]:
     """AR step, and draft / verify / accept of LANTERN++ over naive_extend_57, on a LlamaGen-XL
     shape with random weights, batch 1 with CFG, in each of `backends` (mode name -> backend:
     "eager", and "captured" where the device captures steps), with each phase against its
-    roofline floor when a `roof` is given. Median seconds per phase over `repeats` iterations."""
+    roofline floor when a `roof` is given. Median seconds per phase over `repeats` iterations.
+    `cfg`: another GPT config to time the same way (tests use a tiny one)."""
     from backends.base import dtype_name
     from runtime.models.configs import gpt_config
     from runtime.roofline import decoder_phases, floors
     from runtime.step_timing import random_models, random_neighbours, time_steps
 
-    cfg = gpt_config("GPT-XL", image_size=256)
-    out: dict[str, Any] = {"model": "GPT-XL c2i 256px (random weights), batch 1 with CFG",
+    cfg = cfg or gpt_config("GPT-XL", image_size=256)
+    name = "GPT-XL c2i 256px" if cfg.n_layer == 36 and cfg.dim == 1280 else f"{cfg.n_layer} layers x {cfg.dim}"
+    out: dict[str, Any] = {"model": f"{name} (random weights), batch 1 with CFG",
                            "roof": roof.to_dict() if roof is not None else None}
     models: dict[Any, Any] = {}
     for mode, backend in backends.items():

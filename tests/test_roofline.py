@@ -101,3 +101,21 @@ def test_bench_shape_reports_each_phase_against_its_floor(tmp_path, run_cli):
         for phase in ("verify", "accept"):
             assert floor[phase]["bandwidth_fraction"] > 0 and floor[phase]["floor_s"] > 0
     assert "draft" in data["runs"][0]["floor"] and "iteration / floor" in res.stdout
+
+
+def test_selfcheck_times_each_phase_of_a_shape_against_its_floor():
+    from backends import get_backend
+    from runtime.roofline import Roof
+    from runtime.selfcheck import measure_xl_shape
+
+    cfg = gpt_config("GPT-B", dim=64, n_layer=2, n_head=2, multiple_of=32, image_size=64)
+    roof = Roof("toy", bandwidth=1e9, matmul={"fp32": 1e10}, source="test")
+    out = measure_xl_shape({"eager": get_backend("cpu", dtype="fp32", graph_mode=False)}, repeats=2, roof=roof, cfg=cfg)
+    assert out["model"].startswith("2 layers x 64") and out["roof"]["name"] == "toy"
+    eager = out["eager"]
+    assert eager["dtype"] == "fp32" and eager["verify_over_ar_step"] > 0 and eager["draft_over_ar_step"] > 0
+    tree = eager["lantern++ naive_extend_57"]
+    assert set(tree["floor"]) == {"draft", "verify", "accept", "iteration"}
+    assert tree["floor"]["verify"]["bytes"] > eager["ar_step"]["floor"]["verify"]["bytes"]
+    assert tree["floor"]["iteration"]["floor_s"] == pytest.approx(
+        sum(tree["floor"][p]["floor_s"] for p in ("draft", "verify", "accept")))
