@@ -53,6 +53,11 @@ def test_bench_then_report(tiny_official, tmp_path, run_cli):
     assert "What each acceptance rule does to the law" in md
     raw = json.loads(out.read_text())
     assert raw["schema_version"] == 2
+    # each phase's roofline floor, with the CPU's measured peaks it was computed from
+    assert result.device.roof is not None and result.device.roof.source.startswith("measured")
+    for run in result.runs:
+        assert all(o.floor_s > 0 for o in run.device_ops.values()) and set(run.device_ops) >= {"verify", "accept"}
+    assert "verify: measured / floor" in md
 
 
 @pytest.mark.parametrize("flag, schedule", [(None, "interleaved"), ("--no-interleave", "sequential")])

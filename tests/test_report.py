@@ -423,3 +423,24 @@ def test_the_bench_console_table_fits_80_columns() -> None:
     text = console.export_text()
     assert max(len(line) for line in text.splitlines()) <= 80
     assert "1.61x [1.25, 2.04]" in text and "rule=paper" in text  # nothing cut off: speedup and settings
+
+
+def test_phase_floors_round_trip_and_are_reported_as_measured_over_floor(tmp_path: Path) -> None:
+    from runtime.bench.schema import DeviceOps, Roof
+
+    path = write_bench(tmp_path / "b.json", "cpu", "Xeon", [("ar", {}, 4.0, 64, None), ("lantern++", {}, 2.0, 20, None)])
+    bench = load_bench(path)
+    bench.device.roof = Roof(name="toy", bandwidth_bytes_per_s=1e10, matmul_flops_per_s={"fp32": 1e11}, source="test")
+    verify = bench.runs[1].phases["verify"]
+    floor = verify.seconds / verify.count / 4  # the verify runs at 4x its floor
+    bench.runs[1].device_ops = {"verify": DeviceOps(ops_per_iteration=760.0, kernels_per_step=None, floor_s=floor)}
+    save_bench(bench, path)
+    again = load_bench(path)
+    assert again.device.roof.name == "toy" and again.runs[1].device_ops["verify"].floor_s == pytest.approx(floor)
+    out = tmp_path / "report"
+    write_report([path], out)
+    md = (out / "report.md").read_text()
+    assert "Against the physical floor" in md and "toy, 10 GB/s (test)" in md
+    table = [t for t in md_tables(md) if t and "verify: measured / floor" in t[0]][0]
+    row = [r for r in table if r["method"] == "lantern++"][0]
+    assert row["verify: measured / floor"].endswith("= 4.0x") and row["draft: measured / floor"] == "-"

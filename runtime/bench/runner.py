@@ -123,8 +123,11 @@ def bench(loaded: LoadedModel, backend: Any, profile: Any, plan: Sequence[Planne
     `runtime.core.law`) during its first warm-up pass, or in one extra untimed pass after its
     timed repeats when there is no warm-up; never during a timed pass.
     """
+    from runtime.roofline import device_roof
+
     started = datetime.now(timezone.utc)
     t0 = time.perf_counter()
+    roof = device_roof(backend, profile)  # before the runs: a CPU's is measured on an idle machine
     users = sorted({p.method for p in plan})
     specs = [resolve_spec(p.method, {**flags, **p.overrides}, profile, loaded.recommended, run_methods=users)
              for p in plan]
@@ -190,7 +193,7 @@ def bench(loaded: LoadedModel, backend: Any, profile: Any, plan: Sequence[Planne
             for j in range(len(specs)):
                 i = (j + r) % len(specs)
                 one_pass(i, decoders[i], timed=True)
-        ops = [_device_ops(d, conditions, backend) for d in decoders]
+        ops = [_device_ops(d, conditions, backend, roof) for d in decoders]
         for i, decoder in enumerate(decoders):
             law_pass(i, decoder)
             traced_pass(i, decoder)
@@ -201,7 +204,7 @@ def bench(loaded: LoadedModel, backend: Any, profile: Any, plan: Sequence[Planne
             state[i] = decoder.state_bytes()
             for r in range(warmup + repeats):
                 one_pass(i, decoder, timed=r >= warmup)
-            ops[i] = _device_ops(decoder, conditions, backend)
+            ops[i] = _device_ops(decoder, conditions, backend, roof)
             law_pass(i, decoder)
             traced_pass(i, decoder)
             del decoder
@@ -217,7 +220,8 @@ def bench(loaded: LoadedModel, backend: Any, profile: Any, plan: Sequence[Planne
     info = backend.info()
     versions = {k: str(info[k]) for k in ("torch", "cuda", "driver", "synapseai") if info.get(k)}
     device = schema.DeviceInfo(backend=backend.name, name=str(info.get("name", backend.name)),
-                               count=int(info.get("count", 1)), versions=versions)
+                               count=int(info.get("count", 1)), versions=versions,
+                               roof=schema.Roof(**roof.to_dict()) if roof is not None else None)
     workload = schema.Workload(
         model=loaded.name, params=loaded.params, tokens_per_image=loaded.config.block_size,
         image_size=loaded.image_size, conditions=schema.Conditions.for_classes(conditions), num_images=n,
@@ -247,14 +251,21 @@ def _label(spec: MethodSpec, batch_size: int = 1) -> str:
     return f"{spec.method} {extra}".strip()
 
 
-def _device_ops(decoder: Any, conditions: Sequence[Any], backend: Any) -> dict[str, schema.DeviceOps]:
-    """Ops per iteration of each phase (eager count, first condition) and the kernels the
-    compiler generated for the decoder's captured steps. Runs after the timed repeats."""
+def _device_ops(decoder: Any, conditions: Sequence[Any], backend: Any, roof: Any) -> dict[str, schema.DeviceOps]:
+    """Ops per iteration of each phase (eager count, first condition), the kernels the
+    compiler generated for the decoder's captured steps, and each phase's roofline floor per call
+    (with a `roof`). Runs after the timed repeats."""
+    from backends.base import dtype_name
+    from runtime.roofline import decoder_phases
+
     first = conditions[0]
     if not isinstance(first, (int, np.integer)):
         return {}  # caption workloads: the count needs the prepared caption features
     ops = phase_ops(decoder, torch.tensor([int(first)] * decoder.batch, device=backend.device), seed=0)
-    return {phase: schema.DeviceOps(ops_per_iteration=float(n), kernels_per_step=decoder.kernels_per_step.get(phase))
+    floors = ({phase: w.floor_s(roof, dtype_name(decoder.dtype)) for phase, w in decoder_phases(decoder).items()}
+              if roof is not None else {})
+    return {phase: schema.DeviceOps(ops_per_iteration=float(n), kernels_per_step=decoder.kernels_per_step.get(phase),
+                                    floor_s=floors.get(phase))
             for phase, n in ops.items()}
 
 

@@ -91,13 +91,25 @@ class _Sparse(_Model):
         return {key: value for key, value in handler(self).items() if value is not None}
 
 
+class Roof(_Model):
+    """The device's peaks that phase floors are computed with (`runtime.roofline`): memory bandwidth
+    (bytes/s), dense matmul rate per dtype (FLOP/s), and where the figures come from."""
+
+    name: Text
+    bandwidth_bytes_per_s: Positive
+    matmul_flops_per_s: dict[Text, Positive]
+    source: Text
+
+
 class DeviceInfo(_Model):
-    """The hardware: backend, device name, devices (ranks) used, the stack below torch (`versions`)."""
+    """The hardware: backend, device name, devices (ranks) used, the stack below torch (`versions`),
+    and its peaks (`roof`; absent in older files and for a device without figures)."""
 
     backend: Backend
     name: Text
     count: PositiveInt
     versions: dict[str, Text]
+    roof: Roof | None = None
 
 
 class Sampling(_Model):
@@ -353,6 +365,9 @@ class DeviceOps(_Model):
 
     ops_per_iteration: NonNegative
     kernels_per_step: Count | None
+    # the phase's roofline floor per call: the least time the device's peaks allow for the bytes it
+    # must move and the FLOPs it must run, at the mean context of an image (absent in older files)
+    floor_s: NonNegative | None = None
 
 
 class RunResult(_Model):

@@ -294,6 +294,25 @@ def device_budget_table(runs: Sequence[RunResult]) -> Table | None:
                   "(draft + accept) / verify ops", "loop efficiency"], rows)
 
 
+def floor_table(runs: Sequence[RunResult]) -> Table | None:
+    """Each phase's measured time per call against its roofline floor (`DeviceOps.floor_s`)."""
+    if not any(o.floor_s for r in runs for o in r.device_ops.values()):
+        return None
+    rows = []
+    for run in runs:
+        cells = []
+        for phase in ("draft", "verify", "accept"):
+            o, ph = run.device_ops.get(phase), run.phases.get(phase)
+            if o is None or not o.floor_s or ph is None or not ph.count:
+                cells.append("-")
+                continue
+            per_call = ph.seconds / ph.count
+            cells.append(f"{sig(per_call * 1e3)} ms / {sig(o.floor_s * 1e3)} ms = {per_call / o.floor_s:.1f}x")
+        rows.append([run.method, run.params.label(), *cells])
+    return Table(["method", "params", "draft: measured / floor", "verify: measured / floor", "accept: measured / floor"],
+                 rows)
+
+
 MIN_REPEATS, MIN_IMAGES = 5, 12  # below these a bench's intervals are too wide to rank methods
 
 

@@ -16,6 +16,7 @@ from runtime.bench.report.numbers import (
     decompose,
     depth_table,
     device_budget_table,
+    floor_table,
     device_label,
     env_summary,
     file_mode,
@@ -203,6 +204,17 @@ def _device_section(bench: BenchFile, slug: str) -> list[Block]:
             "verify time / iteration time: 1.00 would mean drafting, acceptance and the host loop are free."
         ))
         blocks.append(budget)
+    floors = floor_table(result.runs)
+    if floors is not None:
+        roof = result.device.roof
+        blocks.append(Paragraph(
+            "Against the physical floor: each phase's mean time per call over the least time this device's peaks "
+            "allow, max(bytes / bandwidth, FLOPs / matmul rate), with the bytes (weights once per forward, the KV "
+            "cache of the context, the logits) and FLOPs counted from the shapes at the mean context of an image "
+            f"(`runtime.roofline`). Peaks: {roof.name if roof else '?'}, "
+            f"{(roof.bandwidth_bytes_per_s / 1e9) if roof else float('nan'):,.0f} GB/s ({roof.source if roof else '-'})."
+        ))
+        blocks.append(floors)
     latency = plot_latency(bench)
     if latency is not None:
         blocks.append(figure(f"{slug}-latency", latency, f"Seconds per image, every timed repeat, {bench.label}"))
