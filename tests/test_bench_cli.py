@@ -26,6 +26,7 @@ def test_bench_then_report(tiny_official, tmp_path, run_cli):
                   "ar,sd,lantern++", "--sweep", "lambda=1,2", "--lantern-k", "8", "--tree", "small_12",
                   "--num-images", "2", "--repeats", "2", "--warmup", "1", "--out", str(out))
     assert res.exit_code == 0, res.stderr
+    assert "Measured / physical floor per call: ar (verify" in " ".join(res.stdout.split())
     result = load_bench(out)
     assert [r.method for r in result.runs] == ["ar", "sd", "lantern++", "lantern++"]
     assert [r.params.lantern_lambda for r in result.runs[2:]] == [1.0, 2.0]

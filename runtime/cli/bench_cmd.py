@@ -124,13 +124,13 @@ def bench(
         if trace_staging is not None:
             shutil.rmtree(trace_staging, ignore_errors=True)  # already gone once published
 
-    from runtime.bench.report import bench_warnings, summary_line
+    from runtime.bench.report import bench_warnings, floor_line, summary_line
 
     console = Console()
     console.print(bench_table(result, path))
-    summary = summary_line(result)
-    if summary is not None:
-        console.print(summary.replace("`", ""))
+    for line in (summary_line(result), floor_line(result)):
+        if line is not None:
+            console.print(line.replace("`", ""))
     for warning in bench_warnings(result):
         console.print(f"[yellow]warning:[/] {warning.replace('`', '')}")
 

@@ -43,6 +43,7 @@ from runtime.bench.report.numbers import (  # noqa: F401 - the names other modul
     device_label,
     fastest_run,
     fastest_text,
+    floor_line,
     quality_estimates,
     quality_text,
     speedup_ci,

@@ -342,6 +342,20 @@ def fastest_text(result: BenchResult) -> str:
     return f"fastest `{run.method}` ({run.params.label()}): {value}, tau {fmt_tau(run.stats.mean_accepted_length)}"
 
 
+def floor_line(result: BenchResult) -> str | None:
+    """One line: each run's phases as measured time per call over their roofline floor."""
+    parts = []
+    for run in result.runs:
+        ratios = [f"{phase} {run.phases[phase].seconds / run.phases[phase].count / o.floor_s:.1f}x"
+                  for phase, o in run.device_ops.items()
+                  if o.floor_s and phase in run.phases and run.phases[phase].count]
+        if ratios:
+            parts.append(f"{run.method} ({', '.join(ratios)})")
+    if not parts:
+        return None
+    return f"Measured / physical floor per call: {'; '.join(parts)}."
+
+
 def summary_line(result: BenchResult) -> str | None:
     """The fastest method over ar by the mean-based speedup, with its 95% interval, tau and, where
     measured, its paired quality difference to ar; None without per-image timings or an ar run."""
