@@ -96,6 +96,8 @@ def test_tune_writes_a_profile_that_loads_and_runs(tmp_path, run_cli):
                 "--max-depth", "2", "--ranks", "2", "--ddd-thresholds", "-0.3", "--occupancies", "1,2", "--out", str(out))
     assert r.exit_code == 0, r.stderr
     profile = load_profile(out)
+    assert profile.roof is not None and profile.roof.bandwidth_gbs > 0 and profile.roof.matmul_tflops > 0
+    assert profile.roof.source.startswith("runtime tune: measured")
     # --method auto's table: the faster of AR and the tuned tree (exact) at each occupancy, measured
     record_rows = json.loads((tmp_path / "tuned.tune.json").read_text())["occupancy"]
     assert [row["occupancy"] for row in record_rows] == [1, 2]

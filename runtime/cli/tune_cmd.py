@@ -66,6 +66,11 @@ def tune_cmd(
 
     full = flags.as_dict()
     backend, prof = opt.open_backend(device, profile_name, graph, dtype)
+    roof = None
+    if backend.name == "cpu":  # no vendor figures: measure the peaks once, on an idle machine, for the profile
+        from runtime.roofline import measure_cpu_roof
+
+        roof = measure_cpu_roof(backend.dtype)
     loaded = source.load(backend)
     if loaded.config.model_type != "c2i":
         raise UserError("runtime tune calibrates on class conditions; text-to-image models are not supported yet")
@@ -111,7 +116,7 @@ def tune_cmd(
     with atomic_path(record_path) as tmp:
         Path(tmp).write_text(json.dumps({**result.to_dict(), "occupancy": occupancy}, indent=2) + "\n")
     with atomic_path(out) as tmp:
-        Path(tmp).write_text(profile_toml(result, prof, spec, tree_path.name, record_path.name, occupancy))
+        Path(tmp).write_text(profile_toml(result, prof, spec, tree_path.name, record_path.name, occupancy, roof))
     console.print(f"tree: {c['nodes']} nodes, depth {c['depth']}, expected {c['expected_tokens']:.2f} tokens per "
                   f"iteration, {c['iteration_s'] * 1e3:.1f} ms per iteration, expected {c['expected_speedup']:.2f}x "
                   f"over AR" + (f"; ddd threshold {result.ddd['threshold']}" if result.ddd else ""))
@@ -143,9 +148,10 @@ def _occupancies(text: str) -> tuple[int, ...]:
 
 
 def profile_toml(result: Any, base: Any, spec: Any, tree_file: str, record_file: str,
-                 occupancy: list[dict[str, Any]] | None = None) -> str:
+                 occupancy: list[dict[str, Any]] | None = None, roof: Any = None) -> str:
     """The tuned profile: the base profile's device and bench settings, the chosen tree and
-    method settings, and comments saying what was measured and why this tree won."""
+    method settings, comments saying what was measured and why this tree won, and (on a CPU)
+    the machine's measured peaks as `[roof]` for the phases' floors."""
     c, costs = result.choice, result.costs
     ms = lambda s: f"{s * 1e3:.2f} ms"  # noqa: E731
     lines = [
@@ -204,4 +210,9 @@ def profile_toml(result: Any, base: Any, spec: Any, tree_file: str, record_file:
                   "[auto]",
                   "by_occupancy = { " + ", ".join(f'{row["occupancy"]} = "{row["fastest"]}"' for row in occupancy)
                   + " }", ""]
+    if roof is not None:
+        (dtype, rate), = roof.matmul.items()
+        lines += ["# This machine's peaks, for each phase's roofline floor (runtime bench, selfcheck, report):",
+                  "[roof]", f"bandwidth_gbs = {roof.bandwidth / 1e9:.3f}", f"matmul_tflops = {rate / 1e12:.4f}",
+                  f"source = {json.dumps(f'runtime tune: {roof.source} ({dtype})')}", ""]
     return "\n".join(lines)
