@@ -56,7 +56,9 @@ step() {
   local began=$SECONDS
   timeout --kill-after=10 "$limit" "$@" > "$OUT/logs/$name.log" 2>&1
   local rc=$?
-  printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - began))" "$*" >> "$OUT/steps.tsv"
+  # one row per step: the command's newlines and tabs folded, so every row has four fields
+  printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - began))" "$(printf '%s' "$*" | tr '\n\t' '  ')" \
+    >> "$OUT/steps.tsv"
   tail -n 3 "$OUT/logs/$name.log"; echo "rc=$rc"
 }
 
@@ -66,8 +68,8 @@ step() {
 
   step selfcheck 170 runtime selfcheck --device "$DEVICE" $GRAPH $XL --out "$OUT/selfcheck.json"
   # pytest exits 5 when every test is deselected (no device of either kind): nothing failed
-  step device_tests 60 bash -c 'python3 -m pytest -q -p no:cacheprovider -m "cuda or hpu" tests/test_accelerators.py \
-    tests/test_backends.py; rc=$?; [ "$rc" = 5 ] && exit 0; exit "$rc"'
+  TESTS="tests/test_accelerators.py tests/test_backends.py"
+  step device_tests 60 bash -c "python3 -m pytest -q -p no:cacheprovider -m 'cuda or hpu' $TESTS; rc=\$?; [ \$rc = 5 ] && exit 0; exit \$rc"
   for shape in $SHAPES; do
     for b in $BATCHES; do
       step "shape_${shape}_b$b" 90 runtime bench --shape "$shape" --device "$DEVICE" --profile-name "$PROFILE" $GRAPH \
