@@ -95,8 +95,6 @@ class SampleStore:
     def open(self, workload: dict[str, Any]) -> None:
         """Create the folder for `workload`, or check that an existing one holds the same workload
         (and sweep the temporary files killed processes left in it)."""
-        if self.root.exists() and not self.root.is_dir():
-            raise UserError(f"--out {self.root}: exists and is not a folder; choose a folder path")
         manifest = self.root / MANIFEST
         if manifest.is_file():
             for folder in (self.root, self.chunk_dir):

@@ -102,6 +102,7 @@ def test_a_resumed_two_shard_sampling_run_equals_one_uninterrupted_run(tmp_path,
     (("--shard", "2/2"), "need 0 <= I < N"),
     (("--shard", "x"), "expected I/N"),
     (("--chunk", "0"), "--chunk must be >= 1"),
+    (("--out", ""), "--out is empty"),
     (("--per-class", "2", "--num-images", "4"), "not both"),
 ])
 def test_sample_refusals(tmp_path, run_cli, argv, message):

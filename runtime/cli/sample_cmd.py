@@ -57,7 +57,7 @@ def sample(**params: Any) -> None:
     opt.check_num_images(params["num_images"], opt.SAMPLE_IMAGES)
     shard = _parse_shard(params["shard"])
     out = params["out"]
-    _probe_out(Path(out) if out.strip() else Path(""))
+    _probe_out(out)
     ctx = init_distributed(_backend_name(params["device"]))
     try:
         if ctx.is_distributed and shard != (0, 1):
@@ -123,12 +123,13 @@ def sample(**params: Any) -> None:
         destroy(ctx)
 
 
-def _probe_out(out: Path) -> None:
+def _probe_out(text: str) -> None:
     """Before the model loads: --out must be a folder path under which this process can write."""
     from runtime.atomic import probe_writable
 
-    if not str(out).strip():
+    if not text.strip():  # Path("") would be the current folder
         raise UserError("--out is empty; give the sampling folder's path")
+    out = Path(text)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out}: exists and is not a folder; choose a folder path")
     probe_writable(out / "manifest.json", f"--out {out}")
