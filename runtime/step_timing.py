@@ -15,7 +15,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-PHASES = ("draft", "verify", "accept")
+from runtime.core.opcount import PHASES
 
 
 def random_models(cfg: Any, backend: Any, seed: int = 0) -> tuple[Any, Any]:
