@@ -17,7 +17,7 @@ from torch import nn
 
 from runtime.models.configs import GPTConfig
 from runtime.models.kv_cache import StaticKVCache
-from runtime.models.layers import RMSNorm, SwiGLU, attend, prefix_mask
+from runtime.models.layers import RMSNorm, SwiGLU, attend, reference_prefix_mask
 from runtime.models.target import CachedDecoding
 from runtime.models.rope import apply_rope, rope_table_2d, rotation_table
 
@@ -114,6 +114,9 @@ class TransformerBlock(nn.Module):
 class Transformer(CachedDecoding, nn.Module):
     """The LlamaGen GPT. Logits are returned in fp32; hidden states are post-final-norm."""
 
+    # a padded caption position's hidden state is what LANTERN's t2i drafters were trained on
+    prefix_rule = staticmethod(reference_prefix_mask)
+
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.config = config
@@ -190,7 +193,7 @@ class Transformer(CachedDecoding, nn.Module):
         freqs = self.rope_rows(torch.arange(s, device=x.device))
         mask = None
         if cond_mask is not None:
-            mask = prefix_mask(cond_mask, s)[:, None]
+            mask = reference_prefix_mask(cond_mask, s, x.dtype)[:, None]
         for i, layer in enumerate(self.layers):
             x = layer(x, freqs, layer=i, cache=None, slots=None, mask=mask)
         hidden = self.norm(x)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any, Iterator
 
 import torch
@@ -96,16 +97,56 @@ def prefix_mask(cond_mask: torch.Tensor, s: int) -> torch.Tensor:
     return (causal[None] & cols[:, None, :]) | eye[None]
 
 
-def run_prefix(model: Any, x: torch.Tensor, cache: StaticKVCache, cond_mask: torch.Tensor | None) -> torch.Tensor:
+def reference_prefix_mask(cond_mask: torch.Tensor, s: int, dtype: torch.dtype) -> torch.Tensor:
+    """(B, s, s) bool: the keys each query of a sequence that starts with a left-padded condition
+    (B, cls) attends to, as LANTERN's reference LlamaGen target computes it
+    (`models/kv_variants/modeling_llamagen_kv.py`, whose states LANTERN's t2i drafters were
+    trained on).
+
+    The reference adds two additive masks: the causal one in fp32 (`finfo(float32).min` above the
+    diagonal) and the caption padding one in the model dtype (`finfo(dtype).min` on padded
+    columns), sums them in fp32 (two minima overflow to -inf) and takes a softmax in fp32. A row's
+    weight lands on the entries equal to its maximum: a valid query sees the valid keys up to
+    itself (as in official LlamaGen); a padded query sees the padded keys up to itself and, in fp32
+    only, every valid key after it (there fp32's and the dtype's minimum are the same number; in
+    bf16 / fp16 the dtype's minimum is the larger one and wins). The minimum swamps the scores, so
+    the reference spreads such a row uniformly over its keys; LlamaGen's caption positions carry no
+    rotary (q = k = 0), so a boolean mask over the same keys gives the same uniform weights.
+    """
+    cls = cond_mask.size(1)
+    device = cond_mask.device
+    f32 = torch.float32
+    causal = torch.full((s, s), torch.finfo(f32).min, dtype=f32, device=device).triu(1)
+    pad = torch.zeros(cond_mask.size(0), s, dtype=f32, device=device)
+    pad[:, :cls] = torch.where(cond_mask, 0.0, float(torch.finfo(dtype).min))
+    combined = causal[None] + pad[:, None, :]
+    return combined == combined.amax(-1, keepdim=True)
+
+
+PrefixRule = Callable[[torch.Tensor, int, torch.dtype], torch.Tensor]
+
+
+def run_prefix(model: Any, x: torch.Tensor, cache: StaticKVCache, cond_mask: torch.Tensor | None,
+               rule: PrefixRule | None = None) -> torch.Tensor:
     """Prefill: the condition's embeddings x (B, cls, dim) at positions 0..cls-1 into an empty
-    cache through `model.forward_cached`, padded positions marked invalid; returns hidden (B, cls, dim)."""
+    cache through `model.forward_cached`, padded positions marked invalid for every later query;
+    returns hidden (B, cls, dim).
+
+    `rule(cond_mask, cls, dtype)` -> (B, cls, cls) bool says what each condition query sees
+    (`reference_prefix_mask`); without one a padded key is hidden from every query, padded ones
+    included.
+    """
     cls = x.size(1)
     if cond_mask is None:
         block = torch.ones(cls, cls, dtype=torch.bool, device=x.device).tril()
-    else:
+    elif rule is None:
         block = prefix_mask(cond_mask, cls)
         cache.mark_prefix(cond_mask)
+    else:
+        block = rule(cond_mask, cls, x.dtype)
     hidden = model.forward_cached(x, torch.arange(cls, device=x.device), block, cache)
+    if cond_mask is not None and rule is not None:
+        cache.mark_prefix(cond_mask)
     cache.advance(cls)
     return hidden
 

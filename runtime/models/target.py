@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from runtime.models.kv_cache import StaticKVCache
-from runtime.models.layers import run_prefix
+from runtime.models.layers import PrefixRule, run_prefix
 
 
 class Target(Protocol):
@@ -58,6 +58,9 @@ class CachedDecoding:
     and `rotary(positions)` -> the rotation its layers take."""
 
     constrain: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    # what a padded condition's queries see in the prefill (`run_prefix`); None: nothing but
+    # themselves hidden too
+    prefix_rule: PrefixRule | None = None
 
     def new_cache(self, batch: int, capacity: int, device: torch.device | str,
                   dtype: torch.dtype | None = None) -> StaticKVCache:
@@ -68,7 +71,8 @@ class CachedDecoding:
     def prefill(self, cond: torch.Tensor, cache: StaticKVCache,
                 cond_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Run the condition positions 0..cls-1 into an empty cache; returns hidden (B, cls, D)."""
-        return run_prefix(self, self.embed_prefix(cond), cache, cond_mask)  # type: ignore[attr-defined]
+        return run_prefix(self, self.embed_prefix(cond), cache, cond_mask,  # type: ignore[attr-defined]
+                          self.prefix_rule)
 
     def forward_cached(self, x: torch.Tensor, positions: torch.Tensor, block_mask: torch.Tensor,
                        cache: StaticKVCache, offset: int = 0) -> torch.Tensor:
