@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from runtime.core import Decoder, MethodSpec, generate, neighbours_for
+from runtime.core.law import WATCH_EVERY, watches_law
 from runtime.errors import UserError
 from runtime.loading import LoadedModel
 
@@ -108,8 +109,11 @@ def make_decoder(loaded: LoadedModel, spec: MethodSpec, backend: Any, batch_size
                         "folder), use --method sjd (no drafter needed) or --method ar")
     neighbours = neighbours_for(loaded.vq, spec, loaded.config.vocab_size)
     with out_of_memory_as_user_error(None, backend, batch_size):
-        return Decoder(loaded.target, loaded.drafter, spec, neighbours=neighbours, backend=backend,
-                       batch_size=batch_size)
+        decoder = Decoder(loaded.target, loaded.drafter, spec, neighbours=neighbours, backend=backend,
+                          batch_size=batch_size)
+    if watches_law(spec):  # is the relaxation within its stated bound? (`bound_warning`)
+        decoder.measure_law, decoder.law_every = True, WATCH_EVERY
+    return decoder
 
 
 @contextlib.contextmanager

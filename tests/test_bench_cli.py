@@ -36,6 +36,13 @@ def test_bench_then_report(tiny_official, tmp_path, run_cli):
     for run in result.runs[1:3]:
         assert run.stats.step_tvd == pytest.approx(0.0, abs=1e-5) and run.stats.law_steps > 0
     assert result.runs[3].stats.step_tvd_bound > 0
+    # the run records the bound verdict on its own measured law (`runtime.core.law.bound_warning`)
+    from runtime.core import MethodSpec
+    from runtime.core.law import bound_warning
+
+    st = result.runs[3].stats
+    assert result.runs[3].bound_warning == bound_warning(MethodSpec(method="lantern++", lantern_lambda=2.0),
+                                                         st.step_tvd, st.step_tvd_bound, st.law_steps)
     ar = result.runs[0]
     for run in result.runs:
         assert run.speedup_vs_ar == pytest.approx(ar.latency_s.mean / run.latency_s.mean)

@@ -24,6 +24,7 @@ from runtime.bench import schema
 from runtime.bench.environment import current_env
 from runtime.core import MethodSpec
 from runtime.core.opcount import phase_ops
+from runtime.core.law import bound_warning
 from runtime.errors import UserError, did_you_mean
 from runtime.method_options import OPTION_TYPES
 from runtime.loading import LoadedModel
@@ -293,7 +294,7 @@ def _run_result(spec: MethodSpec, out: Any, latencies: list[float], peak_bytes: 
     if phases is None:
         phases = mean_phases([out.phases])
     st = out.stats
-    return schema.make_run(
+    run = schema.make_run(
         spec.method, latencies=latencies, num_images=n, target_forwards=st["target_forwards"], tokens=st["tokens"],
         mean_accepted_length=st["mean_accepted_length"], params=params,
         per_depth_acceptance=st["per_depth_acceptance"], mean_relaxation_mass=st["mean_relaxation_mass"],
@@ -301,6 +302,8 @@ def _run_result(spec: MethodSpec, out: Any, latencies: list[float], peak_bytes: 
         phases=phases, peak_bytes=peak_bytes, state_bytes=state_bytes, device_ops=device_ops,
         per_image_latencies=per_image or None, image_counts=out.image_counts or None, law=law,
         quality=quality)
+    warning = bound_warning(spec, run.stats.step_tvd, run.stats.step_tvd_bound, run.stats.law_steps or 0)
+    return run.model_copy(update={"bound_warning": warning}) if warning else run
 
 
 QUALITY_RESAMPLES = 200  # the demo's figures are cheap: 200 resamples make stable 95% intervals

@@ -384,6 +384,8 @@ class RunResult(_Model):
     memory: Memory
     quality: Quality
     device_ops: dict[DeviceOpsPhase, DeviceOps] = {}
+    # set when the measured step TVD is clearly past the relaxation's stated bound (`runtime.core.law`)
+    bound_warning: str | None = None
 
 
 class BenchResult(_Model):

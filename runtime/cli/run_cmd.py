@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -271,6 +272,10 @@ def _write_outputs(staging: Path, parts: list[dict], n: int, labels: list, loade
         "profile": prof.to_dict(),
         "images": records,
     }
+    from runtime.core.law import bound_warning
+
+    warning = bound_warning(spec, stats["step_tvd"], stats["step_tvd_bound"], stats["law_steps"])
+    result["bound_warning"] = warning
     if len(parts) > 1:
         result["ranks"] = [{"rank": p["rank"], "num_images": len(p["indices"]), "total_s": p["total_s"],
                             "images_per_s": len(p["indices"]) / p["total_s"] if p["total_s"] > 0 else None}
@@ -302,7 +307,19 @@ def _merge_stats(all_stats: list[dict]) -> dict:
             "mean_relaxation_mass": (sum(s["mean_relaxation_mass"] * w for s, w in zip(all_stats, weights))
                                      / max(fw, 1)),
             "mean_drafted_depth": (sum(s.get("mean_drafted_depth", 0.0) * w for s, w in zip(all_stats, weights))
-                                   / max(fw, 1))}
+                                   / max(fw, 1)),
+            **merge_law(all_stats)}
+
+
+def merge_law(all_stats: list[dict]) -> dict:
+    """step_tvd / step_tvd_bound / law_steps of several parts' stats: step-weighted means (None
+    where no part measured the law)."""
+    steps = sum(int(s.get("law_steps") or 0) for s in all_stats)
+    if not steps:
+        return {"step_tvd": None, "step_tvd_bound": None, "law_steps": 0}
+    mean = {key: sum((s.get(key) or 0.0) * int(s.get("law_steps") or 0) for s in all_stats) / steps
+            for key in ("step_tvd", "step_tvd_bound")}
+    return {**mean, "law_steps": steps}
 
 
 def _merge_phases(all_phases: list[dict]) -> dict:
@@ -327,3 +344,5 @@ def _print_summary(result: dict, out_dir: Path) -> None:
                   str(result["stats"]["target_forwards"]), f"{t['total_s']:.2f}",
                   f"{t['images_per_s']:.3f}" if t["images_per_s"] else "-")
     Console().print(table)
+    if result.get("bound_warning"):
+        print(f"warning: {result['bound_warning']}", file=sys.stderr)

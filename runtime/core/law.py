@@ -22,6 +22,8 @@ target mass (sum of p(x_s) for deterministic drafts, E_q[p(x)] for sampled ones)
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from runtime.core.acceptance import (Relaxation, _deterministic_stages, _paper_deterministic_stages,
@@ -29,6 +31,9 @@ from runtime.core.acceptance import (Relaxation, _deterministic_stages, _paper_d
 from runtime.core.rng import CounterRNG
 from runtime.core.sampling import sample_without_replacement
 from runtime.core.tree import static_buffers, validate_paths
+
+if TYPE_CHECKING:
+    from runtime.core.methods import MethodSpec
 
 # the paper rule's sampled drafts: the first draft runs over this many of q's most likely
 # tokens, and about SAMPLES draws of the later siblings are spread over them by q
@@ -130,3 +135,42 @@ def nominal_bound(p: torch.Tensor, xs: torch.Tensor, relax: Relaxation, q: torch
     else:
         mass = torch.nn.functional.pad(p, (0, 1)).gather(1, xs).sum(-1)
     return (relax.lam - 1.0) * mass
+
+
+# -- watching a run: does the relaxation keep the bound it is stated with? -------------------------
+# `runtime run`, `sample` and `serve` measure the law at one iteration in WATCH_EVERY (eager work
+# between the captured steps; bench measures it in its untimed pass). A measured step TVD is a
+# mean over the iterations measured; it counts as past its bound only beyond both margins, so a
+# relaxation at its bound is not flagged for the estimate's noise.
+WATCH_EVERY = 8
+MARGIN_ABS = 0.05
+MARGIN_REL = 0.25
+MIN_STEPS = 16  # fewer measured steps than this: no verdict
+
+
+def watches_law(spec: "MethodSpec") -> bool:
+    """Whether a run of `spec` measures its law: a relaxed drafting method under sampling (greedy
+    output is no draw from a law; grouped acceptance reports its own bound)."""
+    return (spec.drafting != "none" and spec.relaxation_kind != "none" and not spec.sampling.greedy
+            and spec.accept != "grouped")
+
+
+def exceeds_bound(measured: float, bound: float) -> bool:
+    """A measured mean step TVD clearly past the stated mean bound."""
+    return measured > bound + max(MARGIN_ABS, MARGIN_REL * bound)
+
+
+def bound_warning(spec: "MethodSpec", measured: float | None, bound: float | None, steps: int) -> str | None:
+    """One line (printed after "warning: ") when `spec`'s measured step TVD is clearly past its
+    stated bound, else None."""
+    if measured is None or bound is None or steps < MIN_STEPS or not exceeds_bound(measured, bound):
+        return None
+    if spec.relaxation_kind == "delta":
+        setting, knob = f"delta {spec.lantern_delta:g}", "--lantern-delta"
+    else:
+        setting, knob = f"lambda {spec.lantern_lambda:g}", "--lantern-lambda"
+    fix = ("--relax-rule bounded keeps each step within it" if spec.relax_rule == "paper"
+           else f"a smaller {knob} keeps each step closer to it")
+    return (f"{spec.method} ({setting}, --relax-rule {spec.relax_rule}) moved each step's output "
+            f"{measured:.3f} in total variation from the target's law (mean of {steps} measured steps), "
+            f"past its stated bound {bound:.3f}; {fix}")

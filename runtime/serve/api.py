@@ -118,7 +118,8 @@ def create_app(engine: Engine, served: "Served") -> Any:
             return error(503, "warming up" if not engine.ready.is_set() else "draining", "unavailable")
         return {"status": "ready", "method": served.method, "in_use": engine.current, "model": served.model,
                 "batch_size": served.batch_size, "settings": served.spec.describe(),
-                "compile_keys": {m: d.compile_key for m, d in engine.decoders.items()}}
+                "compile_keys": {m: d.compile_key for m, d in engine.decoders.items()},
+                "bound_warnings": dict(engine.stats.bound_warnings)}
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus() -> PlainTextResponse:

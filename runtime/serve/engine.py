@@ -60,6 +60,14 @@ class EngineStats:
     busy_slots: int = 0
     accepted_tokens: int = 0
     target_forwards: int = 0
+    # per method: [sum of step TVDs, sum of stated bounds, steps measured] (`Decoder.measure_law`)
+    law: dict[str, list[float]] = field(default_factory=dict)
+    bound_warnings: dict[str, str] = field(default_factory=dict)  # method -> the one warning logged
+
+    def step_tvd(self, method: str) -> tuple[float | None, float | None, int]:
+        """(mean step TVD, mean stated bound, steps) measured for `method` so far."""
+        tvd, bound, steps = self.law.get(method, (0.0, 0.0, 0))
+        return (tvd / steps, bound / steps, int(steps)) if steps else (None, None, 0)
 
 
 class Engine:
@@ -202,10 +210,28 @@ class Engine:
         self.stats.images_done += 1
         self.stats.accepted_tokens += stats.accepted_tokens
         self.stats.target_forwards += stats.target_forwards
+        self._watch_law(stats)
         self._seconds_per_image = 0.9 * self._seconds_per_image + 0.1 * (now - (job.started_at or now))
         if self.on_done is not None:
             self.on_done(job, info)
         _settle(job.future, result=(tokens.cpu(), info))
+
+    def _watch_law(self, stats: Any) -> None:
+        """Add an image's measured law to its method's sums; log once per method when the
+        relaxation is clearly past its stated bound (`runtime.core.law.bound_warning`)."""
+        if not getattr(stats, "law_steps", 0):
+            return
+        from runtime.core.law import bound_warning
+
+        sums = self.stats.law.setdefault(self.current, [0.0, 0.0, 0])
+        sums[0] += stats.law_tvd
+        sums[1] += stats.law_bound
+        sums[2] += stats.law_steps
+        if self.current not in self.stats.bound_warnings:
+            warning = bound_warning(self.decoder.spec, *self.stats.step_tvd(self.current))
+            if warning is not None:
+                self.stats.bound_warnings[self.current] = warning
+                _log.warning(warning)
 
     def _run(self, warm_up: Job | None) -> None:
         torch.set_grad_enabled(False)

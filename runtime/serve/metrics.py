@@ -35,6 +35,14 @@ class ServeMetrics:
             lambda: engine.decoder.batch)
         Gauge("lantern_tau", "Tokens per target forward over every image served.", registry=registry).set_function(
             lambda: engine.stats.accepted_tokens / max(engine.stats.target_forwards, 1))
+        tvd = Gauge("lantern_step_tvd", "Measured total variation of a step's output law from the target's "
+                    "(one iteration in several measured; relaxed methods under sampling).", ["method"],
+                    registry=registry)
+        bound = Gauge("lantern_step_tvd_bound", "The relaxation's stated bound at the same steps.", ["method"],
+                      registry=registry)
+        for name in getattr(engine, "decoders", None) or {}:
+            tvd.labels(method=name).set_function(lambda name=name: engine.stats.step_tvd(name)[0] or 0.0)
+            bound.labels(method=name).set_function(lambda name=name: engine.stats.step_tvd(name)[1] or 0.0)
         self.images = Counter("lantern_images", "Images generated.", registry=registry)
         Gauge("lantern_images_failed", "Images an engine error failed (since start).", registry=registry).set_function(
             lambda: engine.stats.images_failed)

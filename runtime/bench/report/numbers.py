@@ -384,6 +384,8 @@ def bench_warnings(result: BenchResult) -> list[str]:
         if ci is not None and ci.contains(1.0):
             out.append(f"`{run.method}` ({run.params.label()}): its speedup interval {fmt_interval(ci)} spans 1: "
                        "not distinguishable from ar")
+        if run.bound_warning:
+            out.append(run.bound_warning)
     return out
 
 def file_mode(result: BenchResult) -> str:
