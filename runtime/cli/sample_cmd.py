@@ -159,6 +159,7 @@ def _write_result(root: Path, summary: dict[str, Any], workload: dict[str, Any],
     from rich.console import Console
 
     from runtime.atomic import atomic_write_text
+    from runtime.core.law import bound_warning
 
     chunks = summary["chunks"]
     chunk_seconds = sum(c["seconds"] for c in chunks)
@@ -173,10 +174,14 @@ def _write_result(root: Path, summary: dict[str, Any], workload: dict[str, Any],
                    "this_invocation": {"images": made, "seconds": seconds}},
         "files": {"samples": "samples.npz", "tokens": "tokens.npy"},
     }
+    stats = result["stats"]
+    result["bound_warning"] = bound_warning(spec, stats["step_tvd"], stats["step_tvd_bound"], stats["law_steps"])
     atomic_write_text(root / "result.json", json.dumps(result, indent=2))
     rate = result["timing"]["images_per_s_per_device"]
     Console().print(f"sample: {workload['num_images']} images in {root / 'samples.npz'} (tau "
                     f"{result['stats']['mean_accepted_length']:.2f}, {rate:.3f} images/s per device)")
+    if result["bound_warning"]:
+        print(f"warning: {result['bound_warning']}", file=sys.stderr)
 
 
 def _declare() -> None:
