@@ -59,6 +59,171 @@ def sample(args: argparse.Namespace) -> int:
     return 0
 
 
+# `runtime sample` flags -> bench file `params` fields, for matching a setting to its bench run
+ARG_FIELDS = {"--tree": ("tree", str), "--lantern-lambda": ("lantern_lambda", float),
+              "--lantern-delta": ("lantern_delta", float), "--relax-rule": ("relax_rule", str),
+              "--depth": ("depth", int), "--top-k-draft": ("top_k_draft", int),
+              "--total-tokens": ("total_tokens", int), "--coupling": ("coupling", str),
+              "--proactive": ("proactive", lambda v: v.replace(",", "x")), "--accept": ("accept", str)}
+
+
+def setting_params(args: list[str]) -> tuple[str, dict]:
+    """(method, {params field: value}) of a setting's flags."""
+    flags = dict(zip(args[::2], args[1::2]))
+    params = {ARG_FIELDS[f][0]: ARG_FIELDS[f][1](v) for f, v in flags.items() if f in ARG_FIELDS}
+    return flags["--method"], params
+
+
+def bench_match(benches: list, method: str, params: dict):
+    """(file, bench result, run) whose method and params equal the setting's, the first found; or None."""
+    for path, result in benches:
+        for run in result.runs:
+            if run.method == method and all(getattr(run.params, k, None) == v for k, v in params.items()):
+                return path, result, run
+    return None
+
+
+def load_sets(root: Path, name: str, seeds: list[int]):
+    """{seed: (images uint8 (N, H, W, 3), labels (N,), result.json)} of a setting's finished seed sets."""
+    import json
+
+    import numpy as np
+
+    out = {}
+    for seed in seeds:
+        folder = root / name / f"s{seed}"
+        if (folder / "samples.npz").exists() and (folder / "result.json").exists():
+            with np.load(folder / "samples.npz") as npz:
+                out[seed] = (npz["arr_0"], npz["arr_1"], json.loads((folder / "result.json").read_text()))
+    return out
+
+
+def score(args: argparse.Namespace) -> int:
+    import json
+
+    import numpy as np
+
+    from runtime.bench.report.numbers import speedup_ci, tau_ci
+    from runtime.bench.schema import ar_baseline, load_bench
+    from runtime.cli.run_cmd import merge_law, software_record
+    from runtime.demo.bundle import load_demo_bundle
+    from runtime.demo.quality import demo_scores
+    from runtime.quality_budget import RESAMPLES, band, judge, own, paired
+
+    root = Path(args.root)
+    bundle = load_demo_bundle()
+    benches = [(b, load_bench(Path(b))) for b in args.bench]
+    table = settings()
+    ar_setting = next(s for s in table if s["name"] == "ar")
+    ar_b_setting = next(s for s in table if s["name"] == "ar_b")
+    offset = int(ar_b_setting.get("seed_offset", 0))
+    ar_sets = load_sets(root, "ar", list(range(0, 100)))
+    ar_b_sets = load_sets(root, "ar_b", [s + offset for s in ar_sets])
+    seeds = sorted(s for s in ar_sets if s + offset in ar_b_sets)
+    if not seeds:
+        print("score: no seed set with both ar and ar_b finished", file=sys.stderr)
+        return 2
+
+    def joined(sets: dict, keys: list[int]):
+        images = np.concatenate([sets[k][0] for k in keys])
+        labels = np.concatenate([sets[k][1] for k in keys])
+        return images, labels
+
+    ar_images, ar_labels = joined(ar_sets, seeds)
+    b_images, b_labels = joined(ar_b_sets, [s + offset for s in seeds])
+    if not np.array_equal(ar_labels, b_labels):
+        raise SystemExit("score: ar and ar_b differ in their classes")
+    ar_scores, b_scores = demo_scores(bundle, ar_images, ar_labels), demo_scores(bundle, b_images, b_labels)
+    ar_vs_ar = paired(b_scores, ar_scores, args.resamples)
+    bands = band(ar_vs_ar)
+    print(f"AR vs AR at {len(ar_labels)} images: " + ", ".join(f"{m} {e.text()}" for m, e in ar_vs_ar.items()),
+          flush=True)
+    rows = []
+    for s in table:
+        if s["name"] in ("ar", "ar_b"):
+            continue
+        sets = load_sets(root, s["name"], seeds)
+        if set(sets) != set(seeds):  # judged only on every seed set AR has, so the band applies
+            print(f"score: {s['name']}: seed sets {sorted(sets)} of {seeds} finished; skipped", flush=True)
+            continue
+        images, labels = joined(sets, seeds)
+        verdict = judge(demo_scores(bundle, images, labels), ar_scores, bands, reps=args.resamples)
+        stats = [sets[k][2]["stats"] for k in seeds]
+        forwards = sum(st["target_forwards"] for st in stats)
+        method, params = setting_params(s["args"])
+        row = {"name": s["name"], "args": s["args"], "method": method, "params": params,
+               **verdict.to_dict(),
+               "tau": sum(st["mean_accepted_length"] * st["target_forwards"] for st in stats) / forwards,
+               **merge_law(stats)}
+        match = bench_match(benches, method, params)
+        if match is not None:
+            path, result, run = match
+            ci, tau = speedup_ci(run, ar_baseline(result.runs, run.params.batch_size)), tau_ci(run)
+            row["bench"] = {"file": path,
+                            "device": result.device.name, "num_images": result.workload.num_images,
+                            "repeats": result.env.repeats, "speedup": run.speedup_vs_ar,
+                            "speedup_lo": ci.lo if ci else None, "speedup_hi": ci.hi if ci else None,
+                            "tau": run.stats.mean_accepted_length, "tau_lo": tau.lo if tau else None,
+                            "tau_hi": tau.hi if tau else None, "step_tvd": run.stats.step_tvd,
+                            "step_tvd_bound": run.stats.step_tvd_bound}
+        rows.append(row)
+        print(f"{s['name']}: {'indistinguishable' if verdict.indistinguishable else 'distinguishable'}; "
+              + ", ".join(f"{m} {e.text()}" for m, e in verdict.vs_ar.items()), flush=True)
+    fastest = max((r for r in rows if r["indistinguishable"] and r.get("bench")),
+                  key=lambda r: r["bench"]["speedup"], default=None)
+    out = {"kind": "frontier", "software": software_record(), "model": "demo",
+           "seed_sets": seeds, "per_setting": len(ar_labels), "resamples": args.resamples,
+           "ar": {"figures": {m: e.to_dict() for m, e in own(ar_scores, args.resamples).items()},
+                  "tau": 1.0},
+           "ar_vs_ar": {m: e.to_dict() for m, e in ar_vs_ar.items()}, "band": bands,
+           "rule": "indistinguishable from AR: |paired difference| <= band for every figure",
+           "settings": rows, "fastest_indistinguishable": fastest["name"] if fastest else None}
+    Path(args.out).write_text(json.dumps(out, indent=2))
+    print(f"score: {len(rows)} settings at {len(ar_labels)} images each -> {args.out}; fastest indistinguishable: "
+          f"{out['fastest_indistinguishable']}")
+    if args.figure:
+        figure(out, Path(args.figure))
+    return 0
+
+
+def figure(frontier: dict, path: Path) -> None:
+    """Speed against quality: one panel per figure, x the bench's speedup, y the paired difference
+    from AR, error bars both ways, one line per method and rule, the AR-vs-AR band shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics = list(frontier["band"])
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.8), squeeze=False)
+    lines: dict[str, list[dict]] = {}
+    for row in frontier["settings"]:
+        if not row.get("bench"):
+            continue
+        rule = row["params"].get("relax_rule", "exact" if row["method"] != "sjd" else row["params"].get("accept"))
+        lines.setdefault(f"{row['method']} {rule}", []).append(row)
+    for ax, m in zip(axes[0], metrics):
+        ax.axhspan(-frontier["band"][m], frontier["band"][m], color="0.88", label="AR-vs-AR band")
+        ax.axvline(1.0, color="0.6", lw=0.8)
+        for label, rows in sorted(lines.items()):
+            rows = sorted(rows, key=lambda r: r["bench"]["speedup"])
+            x = [r["bench"]["speedup"] for r in rows]
+            y = [r["vs_ar"][m]["value"] for r in rows]
+            xerr = [[r["bench"]["speedup"] - (r["bench"]["speedup_lo"] or r["bench"]["speedup"]) for r in rows],
+                    [(r["bench"]["speedup_hi"] or r["bench"]["speedup"]) - r["bench"]["speedup"] for r in rows]]
+            yerr = [[r["vs_ar"][m]["value"] - r["vs_ar"][m]["lo"] for r in rows],
+                    [r["vs_ar"][m]["hi"] - r["vs_ar"][m]["value"] for r in rows]]
+            ax.errorbar(x, y, xerr=xerr, yerr=yerr, marker="o", ms=4, capsize=2, lw=1, label=label)
+        ax.set_xlabel("speedup over AR (bench)")
+        ax.set_ylabel(f"{m}: setting - AR (paired)")
+        ax.set_title(m.replace("_", " "))
+    axes[0][0].legend(fontsize=7, loc="best")
+    fig.suptitle(f"demo, {frontier['per_setting']} images per setting: speed against quality", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -71,6 +236,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--only", default="", help="comma-separated setting names (default: all)")
     p.set_defaults(run=sample)
+    p = sub.add_parser("score", help="quality of every finished setting against AR, beside the bench's speed")
+    p.add_argument("--root", required=True)
+    p.add_argument("--bench", nargs="*", default=[], help="bench result files with the settings' speedups")
+    p.add_argument("--resamples", type=int, default=200)
+    p.add_argument("--out", required=True, help="the frontier result file (JSON)")
+    p.add_argument("--figure", default="", help="also draw speed against quality to this PNG")
+    p.set_defaults(run=score)
     args = parser.parse_args(argv)
     return args.run(args)
 

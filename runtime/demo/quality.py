@@ -10,7 +10,7 @@ values only at equal `n` and `n_real`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -91,19 +91,52 @@ def evaluate_images(bundle: "DemoBundle", images_uint8: np.ndarray, labels: np.n
 
 @dataclass
 class DemoScores:
-    """What the demo classifier says of each generated image: hits (N,) bool (predicted class ==
-    the class it was generated for) and features (N, F) float64; `real` the real images'
-    features (n_real, F) the FD compares against."""
+    """What a feature extractor says of each generated image: features (N, F) float64 and, with a
+    classifier, hits (N,) bool (predicted class == the class it was generated for; None without
+    one); `real` the real images' features (n_real, F) the FD and precision / recall compare
+    against. The demo classifier's, or Inception's for a user's model (`runtime.quality_budget`)."""
 
-    hits: np.ndarray
+    hits: np.ndarray | None
     features: np.ndarray
     real: np.ndarray
+    # torch copies of real and features, and the real images' k-NN radii: made on first use
+    _real: Any = field(default=None, repr=False)
+    _gen: Any = field(default=None, repr=False)
+    _real_radii: Any = field(default=None, repr=False)
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        """The figures these scores give, in report order."""
+        return (("class_accuracy",) if self.hits is not None else ()) + ("fd", "precision", "recall")
 
     def accuracy(self, idx: np.ndarray) -> float:
+        if self.hits is None:
+            raise ValueError("class accuracy needs a classifier's verdicts")
         return float(self.hits[idx].mean())
 
     def fd(self, idx: np.ndarray) -> float:
         return frechet_distance(self.features[idx], self.real)
+
+    def precision_recall(self, idx: np.ndarray) -> tuple[float, float]:
+        """Precision of the images at `idx` (repeats counted) against the real manifold; recall of
+        the real images against the manifold of the distinct images at `idx` (a repeated image
+        adds no cover, and counted twice it would shrink its own radius to 0)."""
+        from runtime.metrics.manifold import coverage, radii
+
+        if self._real_radii is None:
+            self._real = torch.from_numpy(np.asarray(self.real, dtype=np.float64))
+            self._gen = torch.from_numpy(np.asarray(self.features, dtype=np.float64))
+            self._real_radii = radii(self._real)
+        distinct = self._gen[np.unique(idx)]
+        return (coverage(self._gen[idx], self._real, self._real_radii),
+                coverage(self._real, distinct, radii(distinct)))
+
+    def figures(self, idx: np.ndarray) -> dict[str, float]:
+        """Every figure (`metrics`) of the images at `idx`."""
+        out = {"class_accuracy": self.accuracy(idx)} if self.hits is not None else {}
+        out["fd"] = self.fd(idx)
+        out["precision"], out["recall"] = self.precision_recall(idx)
+        return out
 
 
 def demo_scores(bundle: "DemoBundle", images_uint8: np.ndarray, labels: np.ndarray,
