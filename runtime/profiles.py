@@ -8,7 +8,7 @@ recommended values apply; a profile may still pin them. Precedence, highest firs
 flag, profile, model bundle, code default.
 
 A profile file holds an optional top-level ``description`` and the tables ``[device]``, ``[tree]``,
-``[method]`` and ``[bench]`` (and, where `runtime tune` wrote them, ``[auto]`` and ``[roof]``), each a
+``[method]`` and ``[bench]`` (and, where `runtime tune` wrote them, ``[auto]``, ``[roof]`` and ``[quality]``), each a
 pydantic model whose fields are its keys;
 anything else is refused, and a wrong value is told its key's ``description`` (``'method.top_p'
 must be a number in (0, 1], got 0``).
@@ -136,6 +136,29 @@ class RoofSettings(_Section):
     source: Annotated[str, Strict(), Field(description="a string")] = ""
 
 
+_FIGURES = ("class_accuracy", "fd", "precision", "recall")
+_FIGURE = Annotated[Literal[_FIGURES], Field(description="one of " + ", ".join(f"'{f}'" for f in _FIGURES))]
+
+
+class QualitySettings(_Section):
+    """``[quality]``: the relaxation ``runtime tune --quality-budget`` measured fastest among those
+    whose quality stayed within ``budget`` times the AR-vs-AR band on every figure, at ``images``
+    images judged by ``features``; ``vs_ar`` holds each figure's paired difference from AR as
+    [value, lo, hi] (95 % interval), ``band`` the AR-vs-AR band it was judged against.
+    ``--method auto`` and ``runtime serve`` run lantern++ with this relaxation instead of the
+    exact rule (they take only settings measured within a budget)."""
+
+    budget: _real(0.0, low_open=True)
+    images: _integer(2)
+    features: Annotated[str, Strict(), Field(description="a string")]
+    relax_rule: _choice(("paper", "bounded"))
+    lantern_lambda: _real(1.0)
+    speedup: _real(0.0, low_open=True)
+    band: Annotated[dict[_FIGURE, _real(0.0)], Field(description="a table of figure -> band")]
+    vs_ar: Annotated[dict[_FIGURE, Annotated[list[float], Field(min_length=3, max_length=3)]],
+                     Field(description="a table of figure -> [value, lo, hi]")]
+
+
 # Methods `--method auto` may pick: lossless ones (each image's law is the target's whatever is
 # picked; lantern++ runs with lambda 1, its exact tree).
 AUTO_METHODS: tuple[str, ...] = ("ar", "sd", "eagle2", "ddd", "lantern++", "sjd")
@@ -179,6 +202,7 @@ class _ProfileFile(_Section):
     bench: BenchSettings
     auto: AutoSettings | None = None
     roof: RoofSettings | None = None
+    quality: QualitySettings | None = None
 
 
 class Profile(_ProfileFile):

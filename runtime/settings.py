@@ -70,7 +70,8 @@ def resolve_spec(method: str | None, flags: dict[str, Any], profile: Any, recomm
 
     A cfg_interval >= 0 without guidance (cfg <= 1) would do nothing and is refused, and so
     is a method flag that none of `run_methods` (default: this method) reads. `lossless`: the
-    relaxation is turned off (what `--method auto` runs). sjd is exact
+    relaxation is turned off (what `--method auto` runs), except lantern++'s where the profile has
+    a `[quality]` table (`runtime tune --quality-budget`: a relaxation measured within a budget). sjd is exact
     unless --lantern-delta or --lantern-lambda is given as a flag (the model's recommended
     relaxation is for its drafter methods).
     """
@@ -102,10 +103,13 @@ def resolve_spec(method: str | None, flags: dict[str, Any], profile: Any, recomm
             for key in ("group_window", "group_gap", "group_dist"):
                 if flags.get(key) is not None:
                     raise UserError(f"--{key.replace('_', '-')} does nothing without --accept grouped; drop it")
-    if lossless:  # --method auto: the method's exact rule (lantern++ over its tree at lambda 1)
+    if lossless:  # --method auto: the method's exact rule (lantern++ over its tree at lambda 1) ...
         values.update(lantern_lambda=1.0, lantern_delta=0.0)
         if name == "sjd":
             values["relax"] = "none"
+        quality = getattr(profile, "quality", None)
+        if name == "lantern++" and quality is not None:  # ... or the one tune measured within a quality budget
+            values.update(lantern_lambda=quality.lantern_lambda, relax_rule=quality.relax_rule)
     spec = MethodSpec(method=name, sampling=sampling, **values)
     if sampling.cfg_interval >= 0 and not sampling.uses_cfg:
         where = {"flag": "--cfg-interval", "profile": f"profile {getattr(profile, 'name', '?')} cfg_interval",

@@ -122,7 +122,42 @@ def test_tune_writes_a_profile_that_loads_and_runs(tmp_path, run_cli):
     assert result["batch_size"] == 1 and result["profile"]["tree"]["name"].endswith("tuned.tree.toml")
 
 
+def test_tune_quality_budget_chooses_within_the_band_and_auto_runs_it(tmp_path, run_cli):
+    """Quick mode (the mechanics, not a verdict worth keeping): 12 images per set, one lambda."""
+    out = tmp_path / "q.toml"
+    r = run_cli("tune", "--device", "cpu", "--no-graph", "--num-images", "1", "--max-nodes", "2", "--max-depth", "2",
+                "--ranks", "2", "--ddd-thresholds", "none", "--occupancies", "1", "--quality-budget", "1",
+                "--quality-images", "12", "--lambdas", "4", "--relax-rules", "paper", "--out", str(out))
+    assert r.exit_code == 0, r.stderr
+    record = json.loads((tmp_path / "q.tune.json").read_text())["quality"]
+    assert record["images"] == 12 and record["features"] == "demo classifier"
+    tried = [(c["relax_rule"], c["lantern_lambda"]) for c in record["candidates"]]
+    assert tried == [("paper", 1.0), ("paper", 4.0)]  # the exact tree always competes
+    assert set(record["band"]) == {"class_accuracy", "fd", "precision", "recall"}
+    for c in record["candidates"]:
+        inside = all(abs(c["vs_ar"][m]["value"]) <= record["band"][m] for m in record["band"])
+        assert c["indistinguishable"] == inside
+    within = [c for c in record["candidates"] if c["indistinguishable"]] or record["candidates"][:1]
+    chosen = max(within, key=lambda c: c["images_per_s"])
+    assert (record["chosen"]["relax_rule"], record["chosen"]["lantern_lambda"]) == \
+        (chosen["relax_rule"], chosen["lantern_lambda"])
+    profile = load_profile(out)
+    assert profile.quality is not None and profile.quality.images == 12
+    assert profile.quality.lantern_lambda == chosen["lantern_lambda"] == profile.method.lantern_lambda
+    assert set(profile.quality.vs_ar) == set(record["band"])
+    # --method auto reads it: lantern++ at the chosen relaxation, not the exact rule
+    from runtime.settings import resolve_spec
+
+    spec = resolve_spec("lantern++", {}, profile, {}, lossless=True)
+    assert spec.lantern_lambda == profile.quality.lantern_lambda and spec.relax_rule == profile.quality.relax_rule
+
+
 @pytest.mark.parametrize("args, message", [
+    (["--method", "sd", "--quality-budget", "1"], "--method sd is exact"),
+    (["--lambdas", "2,3"], "only set(s) up --quality-budget"),
+    (["--quality-budget", "0"], "must be > 0"),
+    (["--quality-budget", "1", "--relax-rules", "loose"], "expected paper, bounded"),
+    (["--quality-budget", "1", "--lambdas", "0.5"], "numbers >= 1"),
     (["--method", "eagle2"], "chooses a static tree"),
     (["--max-depth", "0"], "--max-depth must be in"),
     (["--ddd-thresholds", "0.5"], "log probabilities"),

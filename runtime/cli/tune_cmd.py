@@ -39,6 +39,19 @@ def tune_cmd(
                                     "table (--method auto). 'none' skips it."),
     seed: opt.Seed = 0,
     force: bool = typer.Option(False, "--force", help="Overwrite an existing profile."),
+    quality_budget: Optional[float] = typer.Option(None, "--quality-budget", help="Also choose the relaxation: the "
+                                                   "fastest (rule, lambda) whose quality stays within this many "
+                                                   "AR-vs-AR bands of AR on every figure (1: indistinguishable "
+                                                   "from AR at --quality-images)."),
+    quality_images: Optional[int] = typer.Option(None, "--quality-images", help="Images per set the quality is "
+                                                 "judged on (default 240; AR is decoded twice more)."),
+    lambdas: Optional[str] = typer.Option(None, "--lambdas", help="Lambdas tried by --quality-budget "
+                                          "(default 1.5,2,3,5,8; the exact tree always competes)."),
+    relax_rules: Optional[str] = typer.Option(None, "--relax-rules", help="Rules tried by --quality-budget "
+                                              "(default paper,bounded)."),
+    inception_weights: Optional[str] = typer.Option(None, "--inception-weights", help="--quality-budget on a model "
+                                                    "other than the demo: torch-fidelity's InceptionV3 weights "
+                                                    "(default: $LANTERN_INCEPTION_WEIGHTS)."),
 ) -> None:
     """Choose this device's static tree by measurement and write it as a profile."""
     from rich.console import Console
@@ -63,6 +76,7 @@ def tune_cmd(
         raise UserError(f"--method {method}: runtime tune chooses a static tree, for lantern++ or sd")
     thresholds = _thresholds(ddd_thresholds)
     occupancy_list = _occupancies(occupancies)
+    search = _quality_options(quality_budget, quality_images, lambdas, relax_rules, inception_weights, method)
 
     full = flags.as_dict()
     backend, prof = opt.open_backend(device, profile_name, graph, dtype)
@@ -99,14 +113,23 @@ def tune_cmd(
         Path(tmp).write_text(tree_toml([tuple(p) for p in c["paths"]],
                                        f"runtime tune: {c['nodes']} nodes, depth {c['depth']}, "
                                        f"expected {c['expected_tokens']:.2f} tokens per iteration"))
+    from dataclasses import replace
+
+    from runtime.tune import on_tree
+
+    quality = None
+    if search is not None:
+        quality = _search_quality(loaded, on_tree(spec, str(tree_path)), backend, conditions, batch, seed, search,
+                                  console)
+        spec = replace(spec, lantern_lambda=quality.chosen.lantern_lambda, relax_rule=quality.chosen.rule)
     occupancy: list[dict[str, Any]] = []
     if occupancy_list:
-        from dataclasses import replace
-
         from runtime.core.methods import MethodSpec
-        from runtime.tune import occupancy_table, on_tree
+        from runtime.tune import occupancy_table
 
-        exact = on_tree(replace(spec, method="lantern++", lantern_lambda=1.0), str(tree_path))
+        # what --method auto runs: the tree exact, or at the relaxation chosen within the quality budget
+        exact = on_tree(replace(spec, method="lantern++", lantern_lambda=1.0 if quality is None
+                                else quality.chosen.lantern_lambda), str(tree_path))
         specs = {"ar": MethodSpec(method="ar", sampling=spec.sampling), "lantern++": exact}
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console) as bar:
@@ -114,13 +137,76 @@ def tune_cmd(
             occupancy = occupancy_table(loaded, specs, backend, conditions, occupancy_list, seed=seed,
                                         progress=lambda what, done, total: bar.update(task, completed=done))
     with atomic_path(record_path) as tmp:
-        Path(tmp).write_text(json.dumps({**result.to_dict(), "occupancy": occupancy}, indent=2) + "\n")
+        Path(tmp).write_text(json.dumps({**result.to_dict(), "occupancy": occupancy,
+                                         "quality": quality.to_dict() if quality else None}, indent=2) + "\n")
     with atomic_path(out) as tmp:
-        Path(tmp).write_text(profile_toml(result, prof, spec, tree_path.name, record_path.name, occupancy, roof))
+        Path(tmp).write_text(profile_toml(result, prof, spec, tree_path.name, record_path.name, occupancy, roof,
+                                          quality))
     console.print(f"tree: {c['nodes']} nodes, depth {c['depth']}, expected {c['expected_tokens']:.2f} tokens per "
                   f"iteration, {c['iteration_s'] * 1e3:.1f} ms per iteration, expected {c['expected_speedup']:.2f}x "
                   f"over AR" + (f"; ddd threshold {result.ddd['threshold']}" if result.ddd else ""))
+    if quality is not None:
+        c = quality.chosen
+        console.print(f"relaxation: {c.rule} lambda {c.lantern_lambda:g}, {c.images_per_s / quality.ar_images_per_s:.2f}x "
+                      f"AR in this pass, within {quality.budget:g} AR-vs-AR band(s) at {quality.images} images "
+                      f"({sum(x.verdict.indistinguishable for x in quality.candidates)} of "
+                      f"{len(quality.candidates)} settings were)")
     print(out)
+
+
+# --quality-budget's defaults
+QUALITY_IMAGES = 240
+QUALITY_LAMBDAS = (1.5, 2.0, 3.0, 5.0, 8.0)
+QUALITY_RULES = ("paper", "bounded")
+
+
+def _quality_options(budget: float | None, images: int | None, lambdas: str | None, rules: str | None,
+                     inception: str | None, method: str | None) -> dict[str, Any] | None:
+    """The quality search's settings, or None without --quality-budget (its other flags refused then)."""
+    if budget is None:
+        given = [n for n, v in (("--quality-images", images), ("--lambdas", lambdas), ("--relax-rules", rules),
+                                ("--inception-weights", inception)) if v is not None]
+        if given:
+            raise UserError(f"{', '.join(given)} only set(s) up --quality-budget; add --quality-budget 1 or drop it")
+        return None
+    if method != "lantern++":
+        raise UserError("--quality-budget chooses lantern++'s relaxation; --method sd is exact (drop one)")
+    if not budget > 0:
+        raise UserError(f"--quality-budget must be > 0 (multiples of the AR-vs-AR band), got {budget:g}")
+    n = QUALITY_IMAGES if images is None else images
+    if not 8 <= n <= 100_000:
+        raise UserError(f"--quality-images must be in [8, 100000], got {n}")
+    try:
+        lams = QUALITY_LAMBDAS if lambdas is None else tuple(float(t) for t in lambdas.split(",") if t.strip())
+    except ValueError:
+        raise UserError(f"--lambdas {lambdas!r}: expected comma-separated numbers >= 1 like 2,3,5") from None
+    if not lams or any(not 1 <= v < 1e6 for v in lams):
+        raise UserError(f"--lambdas {lambdas!r}: expected comma-separated numbers >= 1 like 2,3,5")
+    names = QUALITY_RULES if rules is None else tuple(r.strip() for r in rules.split(",") if r.strip())
+    if not names or any(r not in QUALITY_RULES for r in names):
+        raise UserError(f"--relax-rules {rules!r}: expected paper, bounded or both (paper,bounded)")
+    return {"budget": budget, "images": n, "lambdas": lams, "rules": names, "inception": inception}
+
+
+def _search_quality(loaded: Any, spec: Any, backend: Any, conditions: Any, batch: int, seed: int,
+                    search: dict[str, Any], console: Any) -> Any:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from runtime.quality_tune import quality_search
+
+    inception = None
+    if loaded.bundle is None:
+        from runtime.metrics.fidelity import inception_weights, load_inception
+
+        inception = load_inception(inception_weights(search["inception"]), device=backend.device)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console) as bar:
+        task = bar.add_task("tune: quality", total=None)
+        return quality_search(loaded, spec, backend, conditions, images=search["images"], budget=search["budget"],
+                              lambdas=search["lambdas"], rules=search["rules"], batch_size=batch, seed=seed,
+                              inception=inception,
+                              progress=lambda what, done, total: bar.update(task, completed=done, total=total,
+                                                                            description=f"tune: {what}"))
 
 
 def _thresholds(text: str) -> tuple[float, ...]:
@@ -147,8 +233,13 @@ def _occupancies(text: str) -> tuple[int, ...]:
     return tuple(sorted(set(values)))
 
 
+def _toml_float(x: float) -> str:
+    """A TOML float (always a decimal point or exponent: the profile's keys are strict floats)."""
+    return repr(float(f"{float(x):.6g}"))
+
+
 def profile_toml(result: Any, base: Any, spec: Any, tree_file: str, record_file: str,
-                 occupancy: list[dict[str, Any]] | None = None, roof: Any = None) -> str:
+                 occupancy: list[dict[str, Any]] | None = None, roof: Any = None, quality: Any = None) -> str:
     """The tuned profile: the base profile's device and bench settings, the chosen tree and
     method settings, comments saying what was measured and why this tree won, and (on a CPU)
     the machine's measured peaks as `[roof]` for the phases' floors."""
@@ -210,6 +301,24 @@ def profile_toml(result: Any, base: Any, spec: Any, tree_file: str, record_file:
                   "[auto]",
                   "by_occupancy = { " + ", ".join(f'{row["occupancy"]} = "{row["fastest"]}"' for row in occupancy)
                   + " }", ""]
+    if quality is not None:
+        c = quality.chosen
+        lines += [f"# Quality: AR and {len(quality.candidates)} settings of the tree above decoded {quality.images} "
+                  f"images each from the same seeds, judged by the {quality.features} against AR (paired "
+                  f"differences, 95 % intervals) and against AR on disjoint seeds (the band); chosen: the "
+                  f"fastest within {quality.budget:g} band(s) on every figure ({quality.seconds:.0f} s). "
+                  f"Every setting, in {record_file}:",
+                  *[f"#   {x.rule} lambda {x.lantern_lambda:g}: {x.images_per_s / quality.ar_images_per_s:.2f}x, "
+                    + ("within" if x.verdict.indistinguishable else "outside") + "; "
+                    + ", ".join(f"{m} {e.value:+.3f}" for m, e in x.verdict.vs_ar.items())
+                    for x in quality.candidates],
+                  "[quality]", f"budget = {float(quality.budget)}", f"images = {quality.images}",
+                  f"features = {json.dumps(quality.features)}", f'relax_rule = "{c.rule}"',
+                  f"lantern_lambda = {float(c.lantern_lambda)}",
+                  f"speedup = {_toml_float(c.images_per_s / quality.ar_images_per_s)}",
+                  "band = { " + ", ".join(f"{m} = {_toml_float(v)}" for m, v in quality.band.items()) + " }",
+                  "vs_ar = { " + ", ".join(f"{m} = [{_toml_float(e.value)}, {_toml_float(e.lo)}, {_toml_float(e.hi)}]"
+                                           for m, e in c.verdict.vs_ar.items()) + " }", ""]
     if roof is not None:
         (dtype, rate), = roof.matmul.items()
         lines += ["# This machine's peaks, for each phase's roofline floor (runtime bench, selfcheck, report):",
