@@ -46,9 +46,10 @@ def sample(args: argparse.Namespace) -> int:
             out = root / s["name"] / f"s{run_seed}"
             if (out / "samples.npz").exists():
                 continue
+            batch = args.batch_size if s["args"][1] == "ar" else args.draft_batch_size
             cmd = ["runtime", "sample", "--device", args.device, "--per-class", str(args.per_class),
-                   "--chunk", str(args.chunk), "--batch-size", str(args.batch_size), "--seed", str(run_seed),
-                   "--out", str(out), *s["args"]]
+                   "--chunk", str(args.chunk), "--batch-size", str(batch), "--seed", str(run_seed),
+                   *(["--graph"] if args.graph else []), "--out", str(out), *s["args"]]
             print(time.strftime("%H:%M:%S"), " ".join(cmd), flush=True)
             started = time.time()
             rc = subprocess.call(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -232,7 +233,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--per-class", type=int, default=50)
     p.add_argument("--seed-sets", default="0,1", help="run seeds; each is per-class x 12 more images per setting")
     p.add_argument("--chunk", type=int, default=120)
-    p.add_argument("--batch-size", type=int, default=60)
+    p.add_argument("--batch-size", type=int, default=60, help="AR's batch (the tokens do not depend on it)")
+    p.add_argument("--draft-batch-size", type=int, default=16,
+                   help="the drafted methods' batch: on a CPU a wide verify is compute-bound, so speculation "
+                        "pays at small batches only")
+    p.add_argument("--graph", action="store_true", help="capture the steps (compiles once per setting)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--only", default="", help="comma-separated setting names (default: all)")
     p.set_defaults(run=sample)
