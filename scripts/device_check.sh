@@ -19,7 +19,9 @@
 #  3. the demo bench of every method (graph, sampling, 24 images, 5 repeats) with its quality;
 #  4. the serve load test on the demo (served vs offline images/s, every image verified);
 #  5. if the budget allows, the speed-quality frontier of LANTERN++ on the demo, the load test on
-#     a LlamaGen-XL-shaped model and the drain under load (the old serve script's checks).
+#     a LlamaGen-XL-shaped model and the drain under load (the old serve script's checks);
+#  6. the frontier's quality at 600 images per setting (scripts/frontier.py: every setting of
+#     scripts/frontier_settings.toml against AR on the same seeds), beside step 5's speedups.
 # Exit 0 only when every step that ran exited 0.
 set -uo pipefail
 # shellcheck source=scripts/device_env.sh
@@ -99,6 +101,16 @@ step() {
       --verify 8 --out "$OUT/serve_drain_demo.json" -- --device "$DEVICE" --profile-name "$PROFILE" --batch-size 8 \
       --method lantern++
   fi
+  # the speed-quality frontier at a sample size that separates settings (scripts/frontier_settings.toml): 50
+  # images per class per setting from AR's seeds, scored against AR and the AR-vs-AR band, beside the bench's
+  # speedups above (the samples stay in /tmp: too large to bring back)
+  if [ "$QUICK" = 1 ]; then FPC=1; FONLY="ar,ar_b,lpp_exact"; FRES=20; FBATCH=16; else FPC=50; FONLY=""; FRES=200; FBATCH=64; fi
+  FROOT="$(mktemp -d)"
+  step frontier_samples 300 python3 scripts/frontier.py sample --root "$FROOT" --device "$DEVICE" --per-class "$FPC" \
+    --seed-sets 0 --chunk 120 --batch-size 64 --draft-batch-size "$FBATCH" --only "$FONLY" $([ "$GRAPH" = --graph ] && echo --graph)
+  step frontier_score 120 python3 scripts/frontier.py score --root "$FROOT" --resamples "$FRES" \
+    --bench $(ls "$OUT"/frontier_demo_sampling.json 2>/dev/null) --out "$OUT/frontier_quality.json" \
+    --figure "$OUT/frontier_quality.png"
   python3 "$(dirname "${BASH_SOURCE[0]}")/device_summary.py" "$OUT"
 } 2>&1 | tee "$OUT/device_log.txt"
 # the exit code: 0 only when every step that ran exited 0 (skipped steps are named in summary.md)
