@@ -160,7 +160,8 @@ class QualitySettings(_Section):
 
 
 # Methods `--method auto` may pick: lossless ones (each image's law is the target's whatever is
-# picked; lantern++ runs with lambda 1, its exact tree).
+# picked; lantern++ runs with lambda 1, its exact tree, unless a [quality] table names a relaxation
+# measured within a quality budget).
 AUTO_METHODS: tuple[str, ...] = ("ar", "sd", "eagle2", "ddd", "lantern++", "sjd")
 
 

@@ -225,6 +225,37 @@ def figure(frontier: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def table(args: argparse.Namespace) -> int:
+    """The frontier file as the markdown table docs/results.md carries."""
+    import json
+
+    f = json.loads(Path(args.file).read_text())
+
+    def est(e: dict, fmt: str = "+.3f") -> str:
+        return f"{e['value']:{fmt}} [{e['lo']:{fmt}}, {e['hi']:{fmt}}]"
+
+    metrics = list(f["band"])
+    head = ["setting", "speedup (bench)", "tau", "step TVD / bound", *[f"{m} vs AR" for m in metrics], "verdict"]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    ar = f["ar"]["figures"]
+    print("| ar (own figures) | 1.00x | 1.00 | - | " + " | ".join(est(ar[m], ".3f") for m in metrics) + " | - |")
+    print("| ar_b - ar (the band: max abs end) | - | 1.00 | - | "
+          + " | ".join(f"{est(f['ar_vs_ar'][m])} (±{f['band'][m]:.3f})" for m in metrics) + " | - |")
+    for r in f["settings"]:
+        b = r.get("bench")
+        speed = "-" if not b else (f"{b['speedup']:.2f}x [{b['speedup_lo']:.2f}, {b['speedup_hi']:.2f}]"
+                                   if b.get("speedup_lo") is not None else f"{b['speedup']:.2f}x")
+        tvd = "-" if r.get("step_tvd") is None else f"{r['step_tvd']:.3f} / {r['step_tvd_bound']:.3f}"
+        if tvd == "-" and b and b.get("step_tvd") is not None:
+            tvd = f"{b['step_tvd']:.3f} / {b['step_tvd_bound']:.3f} (bench)"
+        worse = ", ".join(f"{m} {v:+.3f}" for m, v in r["worse"].items())
+        verdict = "indistinguishable" if r["indistinguishable"] else ("worse: " + worse if worse else "outside the band")
+        print(f"| {r['name']} | {speed} | {r['tau']:.2f} | {tvd} | "
+              + " | ".join(est(r["vs_ar"][m]) for m in metrics) + f" | {verdict} |")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -248,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="the frontier result file (JSON)")
     p.add_argument("--figure", default="", help="also draw speed against quality to this PNG")
     p.set_defaults(run=score)
+    p = sub.add_parser("table", help="the frontier file as a markdown table")
+    p.add_argument("file")
+    p.set_defaults(run=table)
     args = parser.parse_args(argv)
     return args.run(args)
 
