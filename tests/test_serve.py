@@ -103,6 +103,10 @@ def test_concurrent_requests_get_the_images_runtime_run_makes(server, demo):
 @pytest.mark.parametrize("body, message", [
     ({"prompt": "12"}, "prompt: class 12 is out of range"),
     ({"prompt": "zebra"}, "prompt: 'zebra' is no class of this model; give one of circle"),
+    ({"prompt": "\u00b2"}, "prompt: '\u00b2' is no class of this model"),  # isdigit(), but no int()
+    ({"prompt": "\u0663"}, "prompt: '\u0663' is no class of this model"),  # an Arabic-Indic 3 is no class id
+    ({"prompt": "7" * 5000}, "prompt: '" + "7" * 60 + "... (5000 characters)' is no class"),  # cut, no 500
+    ({"prompt": "3", "n": 13}, "n: 13 images can never be queued together on this server (--max-queue 12)"),
     ({"prompt": "3", "n": 0}, "n: Input should be greater than or equal to 1"),
     ({"prompt": "3", "n": 17}, "n: Input should be less than or equal to 16"),
     ({"prompt": "3", "response_format": "url"}, "response_format: Input should be 'b64_json'"),
@@ -120,9 +124,15 @@ def test_a_bad_request_gets_422_with_one_line(server, body, message):
 
 def test_a_full_queue_answers_429_with_retry_after_and_queues_nothing(server):
     client, engine, _ = server
-    answer = client.post("/v1/images/generations", json={"prompt": "1", "n": 13})  # more than --max-queue 12
-    assert answer.status_code == 429 and int(answer.headers["Retry-After"]) >= 1
-    assert engine.queue_depth == 0
+    filling = [Job("fill", i, 1, i) for i in range(12)]  # --max-queue 12: 3 take slots, 9 wait
+    engine.submit(filling)
+    try:
+        before = engine.queue_depth
+        answer = client.post("/v1/images/generations", json={"prompt": "1", "n": 4})
+        assert answer.status_code == 429 and int(answer.headers["Retry-After"]) >= 1
+        assert engine.queue_depth <= before  # nothing of the refused request was queued
+    finally:
+        engine.cancel(filling)
 
 
 def test_a_cancelled_request_leaves_the_queue_and_frees_its_slots(server):

@@ -32,7 +32,7 @@ def build_server(loaded: Any, spec: Any, backend: Any, *, batch_size: int, max_q
                     backend.device, max_queue=max_queue, choose=None if auto is None else auto[1].method_for,
                     capture_count=backend.capture_count)
     served = Served(loaded, spec, batch_size=batch_size, timeout_s=timeout_s, version=__version__,
-                    method="auto" if auto is not None else spec.method, conditioner=conditioner)
+                    method="auto" if auto is not None else spec.method, conditioner=conditioner, max_queue=max_queue)
     app = create_app(engine, served)
     first = None
     if warm_up:

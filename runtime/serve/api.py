@@ -256,8 +256,9 @@ class Served:
     """What the server serves, and how a request maps onto it."""
 
     def __init__(self, loaded: Any, spec: Any, *, batch_size: int, timeout_s: float, version: str,
-                 method: str | None = None, conditioner: Any = None) -> None:
+                 method: str | None = None, conditioner: Any = None, max_queue: int | None = None) -> None:
         self.loaded, self.spec = loaded, spec
+        self.max_queue = max_queue  # a request of more images can never be queued whole
         # models conditioned on text: `conditioner` (runtime/serve/conditions.py) reads the prompt
         self.conditioner = conditioner
         self.model = loaded.name
@@ -281,8 +282,9 @@ class Served:
     def label(self, prompt: str) -> int:
         """The class id of a prompt (`check` has accepted it)."""
         text = prompt.strip()
-        if text.isdigit():
-            return int(text)
+        class_id = _class_id(text)
+        if class_id is not None:
+            return class_id
         return [n.lower() for n in self.loaded.class_names].index(text.lower())
 
     @property
@@ -298,17 +300,21 @@ class Served:
 
     def _check_class(self, text: str) -> str | None:
         n_classes = self.loaded.num_classes
-        if text.isdigit():
-            if int(text) >= n_classes:
-                return f"prompt: class {text} is out of range; this model has classes 0..{n_classes - 1}"
+        class_id = _class_id(text)
+        if class_id is not None:
+            if class_id >= n_classes:
+                return f"prompt: class {class_id} is out of range; this model has classes 0..{n_classes - 1}"
         else:
             names = self.loaded.class_names
             if names is None or text.lower() not in [n.lower() for n in names]:
                 known = f"one of {', '.join(names)}" if names else f"a class id 0..{n_classes - 1}"
-                return f"prompt: {text!r} is no class of this model; give {known}"
+                return f"prompt: {_cut(text)!r} is no class of this model; give {known}"
         return None
 
     def _check_settings(self, body: ImageRequest) -> str | None:
+        if self.max_queue is not None and body.n > self.max_queue:
+            return (f"n: {body.n} images can never be queued together on this server (--max-queue "
+                    f"{self.max_queue}); ask for at most {self.max_queue} per request")
         if body.model is not None and body.model != self.model:
             return f"model: this server serves {self.model!r}, not {body.model!r}"
         if body.size is not None and body.size != self.size:
@@ -336,3 +342,19 @@ class Served:
             Image.fromarray(image).save(buf, format="PNG")
             out.append(base64.b64encode(buf.getvalue()).decode("ascii"))
         return out
+
+
+CLASS_ID_DIGITS = 9  # a class id is ASCII digits, at most this many (ImageNet's ids have 3)
+ECHO_CHARS = 60  # the most of a prompt an error message repeats
+
+
+def _class_id(text: str) -> int | None:
+    """The class id `text` spells (ASCII digits only: "٣" or "²" are no ids), or None."""
+    if text.isascii() and text.isdigit() and len(text) <= CLASS_ID_DIGITS:
+        return int(text)
+    return None
+
+
+def _cut(text: str) -> str:
+    """`text` shortened for an error message."""
+    return text if len(text) <= ECHO_CHARS else text[:ECHO_CHARS] + f"... ({len(text)} characters)"
