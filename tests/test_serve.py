@@ -153,6 +153,22 @@ def test_engine_refuses_when_stopping_and_queue_full_is_typed(server):
         engine.submit([Job("big", i, 0, i) for i in range(engine.max_queue + 1)])
 
 
+def test_the_returned_seed_reproduces_the_request(server):
+    """An unseeded request returns the run seed it drew; the same request with that seed makes the
+    same images, and each image names its own stream and the method that made it."""
+    from runtime.core.rng import derive_seed
+
+    client, _, _ = server
+    first = client.post("/v1/images/generations", json={"prompt": "4", "n": 2, "return_tokens": True}).json()["data"]
+    seed = first[0]["seed"]
+    assert all(d["seed"] == seed for d in first) and [d["index"] for d in first] == [0, 1]
+    assert [d["image_seed"] for d in first] == [derive_seed(seed, 0), derive_seed(seed, 1)]
+    assert {d["method"] for d in first} == {"lantern++"}
+    again = client.post("/v1/images/generations",
+                        json={"prompt": "4", "n": 2, "seed": seed, "return_tokens": True}).json()["data"]
+    assert [d["tokens"] for d in again] == [d["tokens"] for d in first]
+
+
 def test_health_ready_and_metrics(server):
     client, _, served = server
     assert client.get("/health").json() == {"status": "ok"}

@@ -68,7 +68,11 @@ class ImageStats(BaseModel):
 class ImageData(BaseModel):
     b64_json: str
     index: int
-    seed: int
+    seed: int = Field(description="The request's run seed (the one given, or the one drawn for an unseeded "
+                      "request): the same request with this seed makes the same images, image `index` from "
+                      "`image_seed`.")
+    image_seed: int = Field(description="This image's own stream, derived from (seed, index).")
+    method: str = Field(description="The method that made this image (with --method auto, chosen by load).")
     class_id: int | None = None
     revised_prompt: str | None = None
     tokens: list[int] | None = None
@@ -152,7 +156,7 @@ def create_app(engine: Engine, served: "Served") -> Any:
             return error(503, str(stopping), "unavailable")
         waiting = [asyncio.wrap_future(job.future) for job in jobs]
         if body.stream:
-            return StreamingResponse(_events(jobs, waiting, body, served, engine),
+            return StreamingResponse(_events(jobs, waiting, body, served, engine, seed),
                                      media_type="text/event-stream")
         try:
             done = await _until_done(waiting, request, served.timeout_s)
@@ -167,7 +171,7 @@ def create_app(engine: Engine, served: "Served") -> Any:
             return error(500, f"generation failed: {err}", "server_error")
         tokens = [t for t, _ in done]
         pngs = await asyncio.get_running_loop().run_in_executor(None, served.encode, tokens)
-        data = [_image_data(job, tok, info, png, body, served)
+        data = [_image_data(job, tok, info, png, body, served, seed)
                 for job, (tok, info), png in zip(jobs, done, pngs)]
         return ImagesResponse(created=int(time.time()), data=data).model_dump(exclude_none=True)
 
@@ -179,9 +183,10 @@ class _Disconnected(Exception):
 
 
 def _image_data(job: Job, tokens: Any, info: dict[str, Any], png: str, body: ImageRequest,
-                served: "Served") -> ImageData:
+                served: "Served", seed: int) -> ImageData:
     revised = served.class_name(job.label) if job.label is not None else served.conditioner.revised(body.prompt)
-    return ImageData(b64_json=png, index=job.index, seed=job.seed, class_id=job.label, revised_prompt=revised,
+    return ImageData(b64_json=png, index=job.index, seed=seed, image_seed=job.seed, method=info.get("method", "?"),
+                     class_id=job.label, revised_prompt=revised,
                      tokens=tokens.tolist() if body.return_tokens else None,
                      stats=ImageStats(tau=info["tau"], latency_s=info["latency_s"], queue_s=info["queue_s"]))
 
@@ -195,7 +200,7 @@ def _event(kind: str, body: dict[str, Any]) -> str:
 
 
 async def _events(jobs: list[Job], waiting: list[asyncio.Future], body: ImageRequest, served: "Served",
-                  engine: Engine):  # type: ignore[no-untyped-def]
+                  engine: Engine, seed: int):  # type: ignore[no-untyped-def]
     """Server-sent events: `image_generation.progress` (index, tokens_done, tokens_total) while an
     image decodes, at most every PROGRESS_EVERY_S; `image_generation.completed` (its ImageData)
     as each is done, in any order (`index` says which); then `data: [DONE]`. An `error` event
@@ -222,7 +227,7 @@ async def _events(jobs: list[Job], waiting: list[asyncio.Future], body: ImageReq
                     yield _event("error", {"error": {"message": f"generation failed: {err}", "type": "server_error"}})
                     return
                 (png,) = await loop.run_in_executor(None, served.encode, [tokens])
-                data = _image_data(job, tokens, info, png, body, served).model_dump(exclude_none=True)
+                data = _image_data(job, tokens, info, png, body, served, seed).model_dump(exclude_none=True)
                 yield _event("image_generation.completed", data)
             for job in pending.values():
                 if job.tokens_done > told[job.index]:

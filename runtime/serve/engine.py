@@ -206,7 +206,8 @@ class Engine:
         now = time.perf_counter()
         info = {"tau": stats.accepted_tokens / max(stats.target_forwards, 1),
                 "latency_s": now - job.queued_at, "queue_s": (job.started_at or now) - job.queued_at,
-                "target_forwards": stats.target_forwards, "accepted_tokens": stats.accepted_tokens}
+                "target_forwards": stats.target_forwards, "accepted_tokens": stats.accepted_tokens,
+                "method": self.current}
         self.stats.images_done += 1
         self.stats.accepted_tokens += stats.accepted_tokens
         self.stats.target_forwards += stats.target_forwards
