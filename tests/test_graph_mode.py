@@ -67,6 +67,23 @@ def test_sampled_acceptance_compiles_whole_and_matches_eager(method):
     assert all(v == 1 for v in backend.capture_count.values())
 
 
+@pytest.mark.parametrize("method", ["eagle2", "lantern"])
+def test_dynamic_tree_at_batch_two_compiles_whole_and_matches_eager(method):
+    """The EAGLE-2 draft writes its top-k into column slices of per-batch buffers, contiguous only
+    at batch 1: at batch 2 the capture must still be one graph (it failed: `out=` non-contiguous)."""
+    target, drafter = tiny_pair(vocab=8, sharpness=1.0)
+    nb = compute_neighbours(torch.randn(8, 2, generator=torch.Generator().manual_seed(0)), 3)
+    spec = MethodSpec(method=method, sampling=SamplingParams(cfg=2.0), depth=2, top_k_draft=3, total_tokens=8,
+                      lantern_delta=0.2, lantern_k=3)
+    eager = generate(target, drafter, spec, [0, 1, 2], seed=6, neighbours=nb,
+                     decoder=Decoder(target, drafter, spec, neighbours=nb, batch_size=2))
+    backend = get_backend("cpu", graph_mode=True)
+    graph = generate(target, drafter, spec, [0, 1, 2], seed=6,
+                     decoder=Decoder(target, drafter, spec, neighbours=nb, backend=backend, batch_size=2))
+    assert torch.equal(graph.tokens, eager.tokens)
+    assert all(v == 1 for v in backend.capture_count.values()) and f"{method}.draft.b2" in backend.capture_count
+
+
 def test_compile_caches_are_keyed_on_every_shape_setting_knob(tmp_path, monkeypatch):
     """With LANTERN_RUNTIME_CACHE set, each configuration's compiled steps land in their own
     folder, named by the decoder's compile_key: another batch size, tree or window is another

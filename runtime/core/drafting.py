@@ -31,7 +31,7 @@ drafts as deterministic (top-k / EAGLE-2, `q` None).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -614,8 +614,8 @@ class DynamicTreePolicy(DrafterPolicy):
             self.alive.fill_(True)
             self.drafted.fill_(1)
         tok, score = self._block(0)
-        torch.topk(self._log_q(root[:, None], 0)[:, 0], k, out=(score, tok))  # (B, k)
-        torch.minimum(score, c["root_below"], out=score)  # = child_scores(0, top.values): one op
+        _topk_into(self._log_q(root[:, None], 0)[:, 0], k, score, tok)  # (B, k)
+        _into(score, torch.minimum, score, c["root_below"])  # = child_scores(0, top.values): one op
         return {"tok": tok, "score": score,
                 "hidden": root[:, None].expand(-1, k, -1), "mask": own[:, :, :k]}
 
@@ -634,13 +634,13 @@ class DynamicTreePolicy(DrafterPolicy):
                                          rot_all[:, level - 1:level].expand(-1, k, *rot_all.shape[2:]),
                                          slots_all[:, (level - 1) * k: level * k], frontier["mask"], self.dcache)
         tok, score = self._block(level)  # (B, k, k) views
-        torch.topk(self._log_q(out, level), k, dim=-1, out=(score, tok))
+        _topk_into(self._log_q(out, level), k, score, tok)
         parent = frontier["score"][..., None]
-        torch.minimum(parent + score, _below_negative(parent), out=score)
+        _into(score, torch.minimum, parent + score, _below_negative(parent))
         scores, ch_tok = score.view(b, -1), tok.view(b, -1)
         if checks and level > checks[0]:  # an image that stopped adds nothing
             self.drafted += self.alive.long()
-            torch.where(self.alive[:, None], scores, self._c["stopped"], out=scores)
+            _into(scores, torch.where, self.alive[:, None], scores, self._c["stopped"])
         elif checks:
             self.drafted += 1
         if level == state.spec.expansions:
@@ -648,7 +648,7 @@ class DynamicTreePolicy(DrafterPolicy):
         # the next frontier: local ids in this block, which are also the next block's frontier ids
         best_score = self.fr_score[:, level - 1]
         ids = self.cand_fid[:, 1 + level * k: 1 + (level + 1) * k]
-        torch.topk(scores, k, out=(best_score, ids))  # (B, k)
+        _topk_into(scores, k, best_score, ids)  # (B, k)
         parent_rows = state.expand_rows(ids // k)  # (rows, k): each one's parent in the frontier
         mask = frontier["mask"]
         # a child sees what its parent saw, and itself
@@ -668,10 +668,33 @@ class DynamicTreePolicy(DrafterPolicy):
         par_id = (fid + c["fid_offset"]).gather(1, sel // k)  # candidate c's parent: frontier c // k
         # the tree's buffers are filled in place: each op writes its result there (no copies)
         t = self.tree
-        torch.gather(node_of, 1, par_id, out=t.parent[:, 1:])  # t.parent[:, 0] stays 0 (the root)
+        _into(t.parent[:, 1:], torch.gather, node_of, 1, par_id)  # t.parent[:, 0] stays 0 (the root)
         parent = t.parent
         # selected in candidate order, so a parent's children come in rank order
         sib = torch.logical_and(parent[:, :, None] == parent[:, None, :], c["earlier"], out=t.earlier_sibling)
         buffers_from_parents(parent, torch.sum(sib, -1, out=t.rank), t.max_depth, t.max_children,
                              earlier_sibling=sib, consts=self._tree_consts, out=t)
-        torch.gather(tok, 1, sel, out=state.tokens[:, 1:])
+        _into(state.tokens[:, 1:], torch.gather, tok, 1, sel)
+
+
+def _into(out: torch.Tensor, op: Callable[..., torch.Tensor], *args: Any) -> None:
+    """op(*args) written into `out`: through `out=` where `out` is contiguous (no extra op), else
+    computed and copied in (torch.compile refuses a non-contiguous `out=`; the candidate blocks
+    and token rows written here are column slices, contiguous only at batch 1)."""
+    if out.is_contiguous():
+        op(*args, out=out)
+    else:
+        out.copy_(op(*args))
+
+
+def _topk_into(x: torch.Tensor, k: int, values: torch.Tensor, indices: torch.Tensor) -> None:
+    """topk of x along its last dim into preallocated `values`, `indices`: through `out=` where both
+    are contiguous (no extra op), else computed and copied in. The candidate blocks are column
+    slices of (B, N) buffers, contiguous only at batch 1, and torch.compile refuses a
+    non-contiguous `out=` pair (a batch > 1 EAGLE-2 draft failed to capture)."""
+    if values.is_contiguous() and indices.is_contiguous():
+        torch.topk(x, k, out=(values, indices))
+    else:
+        top = torch.topk(x, k)
+        values.copy_(top.values)
+        indices.copy_(top.indices)
