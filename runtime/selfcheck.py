@@ -110,11 +110,11 @@ def check_graph_and_sync(bundle: Any, backend: Any) -> list[Check]:
             mismatches.append(f"{method} differs from token {first}")
         # a second image through guarded replays: a sync inside a step raises on CUDA
         before = _hpu_compilations() if backend.name == "hpu" else None
-        dec._draft_segments = [_no_sync(backend, step) for step in dec._draft_segments]
-        if dec._draft_finish is not None:
-            dec._draft_finish = _no_sync(backend, dec._draft_finish)
-        dec._verify_at = {d: _no_sync(backend, step) for d, step in dec._verify_at.items()}
-        dec._accept_at = {d: _no_sync(backend, step) for d, step in dec._accept_at.items()}
+        dec.draft_segments = [_no_sync(backend, step) for step in dec.draft_segments]
+        if dec.draft_finish is not None:
+            dec.draft_finish = _no_sync(backend, dec.draft_finish)
+        dec.verify_at = {d: _no_sync(backend, step) for d, step in dec.verify_at.items()}
+        dec.accept_at = {d: _no_sync(backend, step) for d, step in dec.accept_at.items()}
         try:
             dec.generate_one(torch.tensor([5], device=backend.device), None, 9)
         except RuntimeError as err:

@@ -78,12 +78,12 @@ def time_steps(decoder: Decoder, backend: Any, *, warmup: int, iterations: int) 
     """
     cond = torch.zeros(decoder.batch, dtype=torch.long, device=decoder.device)
     if backend.graph_mode and not decoder.captured:
-        decoder._capture_steps(cond, None)
+        decoder.capture_steps(cond, None)
     decoder.prefill(cond, None, 0)
     times = StepTimes()
     steps: list[tuple[str, Callable[[], Any]]] = []
-    if decoder._draft_segments:
-        steps.append(("draft", decoder._run_draft))
+    if decoder.draft_segments:
+        steps.append(("draft", decoder.run_draft))
     with torch.no_grad():
         for i in range(warmup + iterations):
             if bool((decoder.count >= decoder.num_tokens - decoder.max_depth - 1).any()):
@@ -95,9 +95,9 @@ def time_steps(decoder: Decoder, backend: Any, *, warmup: int, iterations: int) 
                 if phase == "draft":
                     depth = step()
                 elif phase == "verify":
-                    decoder._verify_at[depth]()
+                    decoder.verify_at[depth]()
                 else:
-                    decoder._accept_at[depth]()
+                    decoder.accept_at[depth]()
                 backend.synchronize()
                 if i >= warmup:
                     getattr(times, phase).append(time.perf_counter() - began)

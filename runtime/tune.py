@@ -353,22 +353,22 @@ def tune(loaded: Any, spec: MethodSpec, backend: Any, conditions: Sequence[int],
             d = decoder_for(str(tfile))
         finally:
             tfile.unlink(missing_ok=True)
-        d._draft_step()  # real drafts in the tree, so the accept step does real work
-        steps[f"verify{n}"] = captured(d._verify_at[d.max_depth], f"tune.verify{n}")
-        steps[f"accept{n}"] = captured(d._accept_at[d.max_depth], f"tune.accept{n}")
+        d.draft_step()  # real drafts in the tree, so the accept step does real work
+        steps[f"verify{n}"] = captured(d.verify_at[d.max_depth], f"tune.verify{n}")
+        steps[f"accept{n}"] = captured(d.accept_at[d.max_depth], f"tune.accept{n}")
         keep.append(d)
         tick(f"capture: verify/accept of {n} nodes")
     depths = sorted({1, max_depth})
     for depth in depths:
         d = decoder_for(f"chain{depth}")
-        steps[f"draft{depth}"] = captured(d._draft_step, f"tune.draft{depth}")
+        steps[f"draft{depth}"] = captured(d.draft_step, f"tune.draft{depth}")
         keep.append(d)
         tick(f"capture: draft of depth {depth}")
     ar = Decoder(target, None, replace(spec, method="ar", tree="chain1", dynamic_depth=None), backend=backend,
                  batch_size=batch_size)
     ar.prefill(cond.repeat(batch_size)[:batch_size], None, seed)
-    steps["ar_verify"] = captured(ar._verify_at[0], "tune.ar.verify")
-    steps["ar_accept"] = captured(ar._accept_at[0], "tune.ar.accept")
+    steps["ar_verify"] = captured(ar.verify_at[0], "tune.ar.verify")
+    steps["ar_accept"] = captured(ar.accept_at[0], "tune.ar.accept")
     keep.append(ar)
     secs = _timed_rounds(steps, backend, rounds)
     del keep, steps

@@ -163,9 +163,9 @@ def score(args: argparse.Namespace) -> int:
             row["bench"] = {"file": path,
                             "device": result.device.name, "num_images": result.workload.num_images,
                             "repeats": result.env.repeats, "speedup": run.speedup_vs_ar,
-                            "speedup_lo": ci.lo if ci else None, "speedup_hi": ci.hi if ci else None,
-                            "tau": run.stats.mean_accepted_length, "tau_lo": tau.lo if tau else None,
-                            "tau_hi": tau.hi if tau else None, "step_tvd": run.stats.step_tvd,
+                            "speedup_lo": ci.low if ci else None, "speedup_hi": ci.high if ci else None,
+                            "tau": run.stats.mean_accepted_length, "tau_lo": tau.low if tau else None,
+                            "tau_hi": tau.high if tau else None, "step_tvd": run.stats.step_tvd,
                             "step_tvd_bound": run.stats.step_tvd_bound}
         rows.append(row)
         print(f"{s['name']}: {'indistinguishable' if verdict.indistinguishable else 'distinguishable'}; "

@@ -25,7 +25,7 @@ def test_depth_counts_expansions_after_the_root_as_in_the_reference(depth):
     assert dec.policy.n_cand == 3 + depth * 9
     dec.prefill(torch.tensor([1]), None, seed=0)
     with torch.no_grad():  # as the loop runs its steps
-        dec._draft_step()
+        dec.draft_step()
     assert int(dec.tree.depth.max()) <= depth + 1
 
 

@@ -52,12 +52,12 @@ def test_steps_never_read_the_device(method, greedy):
         dec.prefill(torch.tensor([1]), None, seed=0)
         with SyncCounter() as counter:
             for _ in range(3):
-                for segment in dec._draft_segments:
+                for segment in dec.draft_segments:
                     segment()
-                if dec._draft_finish is not None:
-                    dec._draft_finish()
-                dec._verify_at[dec.max_depth]()
-                dec._accept_at[dec.max_depth]()
+                if dec.draft_finish is not None:
+                    dec.draft_finish()
+                dec.verify_at[dec.max_depth]()
+                dec.accept_at[dec.max_depth]()
     assert counter.count == 0
 
     with SyncCounter() as counter:

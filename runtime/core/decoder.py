@@ -150,6 +150,15 @@ class Decoder:
     summed per image with the stated bound; eager host-side work outside the captured steps,
     for untimed passes. Sampling only (greedy output is no draw from a law), not for grouped
     acceptance (its bound is reported as its relaxation mass).
+
+    The steps, public for the tools that time, count or wrap them (tune, selfcheck, the shape
+    projection, opcount): `capture_steps(cond, mask)` captures every step once (graph mode);
+    `draft_segments` (the draft as its segments; empty for AR), `draft_finish`, `run_draft()`
+    (the draft, returning the depth it reached), `verify_at[depth]` and `accept_at[depth]` (one
+    step per tree prefix the policy may verify) are the callables the loop runs, replaced by
+    their captured replays; `draft_step`, `verify_step(depth)` and `accept_step(depth)` are the
+    eager bodies. A caller may wrap the callables (selfcheck checks them for host syncs) but
+    reaches nothing else private.
     """
 
     def __init__(self, target: Transformer, drafter: Drafter | None, spec: MethodSpec, *,
@@ -250,19 +259,19 @@ class Decoder:
         self.law_sums = torch.zeros(3, b, device=dev)  # TV, bound, steps measured
         self._iteration = 0
 
-        # -- steps: eager until `_capture_steps` swaps in captured replays ------------------
+        # -- steps: eager until `capture_steps` swaps in captured replays ------------------
         # the draft as the policy's segments (one, unless its depth is decided as it goes),
         # and one verify / accept per tree prefix the policy may verify
-        self._draft_segments: list[Callable[[], None]] = self.policy.segments() if spec.drafting != "none" else []
-        self._draft_finish: Callable[[], None] | None = self.policy.finish()
-        self._verify_at: dict[int, Callable[[], None]] = {d: self._verify_fn(d) for d in self.prefix_trees}
-        self._accept_at: dict[int, Callable[[], None]] = {d: self._accept_fn(d) for d in self.prefix_trees}
+        self.draft_segments: list[Callable[[], None]] = self.policy.segments() if spec.drafting != "none" else []
+        self.draft_finish: Callable[[], None] | None = self.policy.finish()
+        self.verify_at: dict[int, Callable[[], None]] = {d: self._verify_fn(d) for d in self.prefix_trees}
+        self.accept_at: dict[int, Callable[[], None]] = {d: self._accept_fn(d) for d in self.prefix_trees}
         self.captured = backend is None or not getattr(backend, "graph_mode", False)
         # kernels the graph compiler generated for each captured step (phase -> count)
         self.kernels_per_step: dict[str, int] = {}
 
     # ------------------------------------------------------------------------------------
-    def _capture_steps(self, cond: torch.Tensor, cond_mask: torch.Tensor | None) -> None:
+    def capture_steps(self, cond: torch.Tensor, cond_mask: torch.Tensor | None) -> None:
         """Capture draft/verify/accept once, on state from a throwaway prefill.
 
         Capturing runs each step a few times (warm-up, compilation), which advances the
@@ -298,16 +307,16 @@ class Decoder:
                 self.kernels_per_step[phase] = self.kernels_per_step.get(phase, 0) + made
             return replay
 
-        many = len(self._draft_segments) > 1
-        self._draft_segments = [capture("draft", seg, f".{i}" if many else "")
-                                for i, seg in enumerate(self._draft_segments)]
-        if self._draft_finish is not None:
-            self._draft_finish = capture("draft", self._draft_finish, ".finish")
+        many = len(self.draft_segments) > 1
+        self.draft_segments = [capture("draft", seg, f".{i}" if many else "")
+                                for i, seg in enumerate(self.draft_segments)]
+        if self.draft_finish is not None:
+            self.draft_finish = capture("draft", self.draft_finish, ".finish")
         many = len(self.prefix_trees) > 1
         for d in self.prefix_trees:  # deepest first: it is the one the kernel counts report
             part = f".d{d}" if many else ""
-            verify, accept = capture("verify", self._verify_at[d], part), capture("accept", self._accept_at[d], part)
-            self._verify_at[d], self._accept_at[d] = verify, accept
+            verify, accept = capture("verify", self.verify_at[d], part), capture("accept", self.accept_at[d], part)
+            self.verify_at[d], self.accept_at[d] = verify, accept
 
     def _timer(self):
         return self.timer if self.timer is not None else _NullTimer()
@@ -382,7 +391,7 @@ class Decoder:
         self.law_sums[:, i] = 0.0
         self.policy.start(i, rows, hidden, first, cond_mask)
 
-    def _draft_step(self) -> None:
+    def draft_step(self) -> None:
         """The whole draft, every segment (the deepest draft: what op counts measure)."""
         for seg in self.policy.segments():
             seg()
@@ -390,26 +399,26 @@ class Decoder:
         if finish is not None:
             finish()
 
-    def _run_draft(self) -> int:
+    def run_draft(self) -> int:
         """The draft's segments until no image wants more (one host read per check); returns
         the depth of the tree prefix to verify."""
-        ran = len(self._draft_segments)
-        for i, seg in enumerate(self._draft_segments):
+        ran = len(self.draft_segments)
+        for i, seg in enumerate(self.draft_segments):
             seg()
             if i in self.policy.checks and not bool(self.policy.go_on.any()):
                 ran = i + 1
                 break
-        if self._draft_finish is not None:
-            self._draft_finish()
+        if self.draft_finish is not None:
+            self.draft_finish()
         return self.policy.verified_depth(ran)
 
     def _verify_fn(self, depth: int) -> Callable[[], None]:
-        return lambda: self._verify_step(depth)
+        return lambda: self.verify_step(depth)
 
     def _accept_fn(self, depth: int) -> Callable[[], None]:
-        return lambda: self._accept_step(depth)
+        return lambda: self.accept_step(depth)
 
-    def _verify_step(self, depth: int | None = None) -> None:
+    def verify_step(self, depth: int | None = None) -> None:
         """Target forward over the tree (or its prefix down to `depth`): fills p and hidden."""
         tree = self.tree if depth is None else self.prefix_trees[depth]
         n1 = tree.size
@@ -436,7 +445,7 @@ class Decoder:
         index = torch.where(spread == 0, self.no_position, self.count[:, None] + depth).amin(1)
         self.nonfinite[part].copy_(torch.minimum(self.nonfinite[part], index))
 
-    def _accept_step(self, depth: int | None = None) -> None:
+    def accept_step(self, depth: int | None = None) -> None:
         live = self.live()
         if not self.max_depth:
             self._accept_ar(live)
@@ -552,7 +561,7 @@ class Decoder:
         mask = None if padded[0][2] is None else torch.cat([m for _, _, m, _ in padded])
         if not self.captured:
             with timer.phase("capture"):
-                self._capture_steps(cond, mask)
+                self.capture_steps(cond, mask)
         with timer.phase("prefill"):
             self.prefill(cond, mask, [seed for _, _, _, seed in padded])
         holder: list[Any] = [first[i][0] if i < len(first) else None for i in range(b)]  # image key per slot
@@ -607,17 +616,17 @@ class Decoder:
                     break
                 start(0, item)
             depth = self.max_depth
-            if self._draft_segments:
+            if self.draft_segments:
                 with timer.phase("draft"):
-                    depth = self._run_draft()
+                    depth = self.run_draft()
             with timer.phase("verify"):
-                self._verify_at[depth]()
+                self.verify_at[depth]()
             if self.measure_law and self.max_depth and self.group is None and not self.params.greedy:
                 if self._iteration % self.law_every == 0:
                     self._measure_law(depth)
                 self._iteration += 1
             with timer.phase("accept"):
-                self._accept_at[depth]()
+                self.accept_at[depth]()
             if mark is not None:
                 mark()
             iteration += 1

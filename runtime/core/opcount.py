@@ -5,7 +5,7 @@ Counting non-view aten ops at the dispatcher therefore gives, on the CPU, the nu
 the same step would launch eagerly on a GPU: the replay overhead a graph without fusion pays.
 
     with OpCounter() as c:
-        decoder._accept_step()
+        decoder.accept_step()
     c.count        # non-view aten ops dispatched
     c.by_op        # Counter of op names, for finding what to remove
 
@@ -69,9 +69,9 @@ def phase_ops(decoder: Any, cond: torch.Tensor, cond_mask: torch.Tensor | None =
     of `cond` ((B,) conditions for a decoder of batch size B). Phases the method does not have (AR has no draft) are absent.
     """
     decoder.prefill(cond, cond_mask, seed)
-    steps = {"verify": decoder._verify_step, "accept": decoder._accept_step}
+    steps = {"verify": decoder.verify_step, "accept": decoder.accept_step}
     if decoder.spec.drafting != "none":
-        steps = {"draft": decoder._draft_step, **steps}
+        steps = {"draft": decoder.draft_step, **steps}
     totals = {name: 0 for name in steps}
     done = 0
     for _ in range(iterations):
