@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, Strict, StringConstraints, ValidationError, create_model
 
 from runtime.errors import UserError
-from runtime.method_options import METHOD_OPTIONS, MethodOption
+from runtime.method_options import METHOD_OPTIONS, METHOD_ORDER, MethodOption
 from runtime.toml_compat import tomllib
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 PROFILE_PACKAGE = "profiles"
 DTYPE_NAMES: tuple[str, ...] = ("bf16", "fp16", "fp32")
 HPU_MODES: tuple[str, ...] = ("lazy", "eager")
-METHOD_NAMES: tuple[str, ...] = ("ar", "sd", "eagle2", "ddd", "lantern", "lantern++")
+METHOD_NAMES: tuple[str, ...] = METHOD_ORDER  # every method (the core's METHOD_TABLE, in its order)
 _NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
 
 
@@ -162,7 +162,7 @@ class QualitySettings(_Section):
 # Methods `--method auto` may pick: lossless ones (each image's law is the target's whatever is
 # picked; lantern++ runs with lambda 1, its exact tree, unless a [quality] table names a relaxation
 # measured within a quality budget).
-AUTO_METHODS: tuple[str, ...] = ("ar", "sd", "eagle2", "ddd", "lantern++", "sjd")
+AUTO_METHODS: tuple[str, ...] = tuple(m for m in METHOD_ORDER if m != "lantern")  # lantern: relaxed by design
 
 
 class AutoSettings(_Section):

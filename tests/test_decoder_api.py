@@ -27,3 +27,13 @@ def test_no_private_decoder_name_outside_core():
                 if name in names:
                     found.append(f"{path.relative_to(ROOT)}:{i}: .{name}")
     assert not found, "\n".join(found)
+
+
+def test_method_names_are_declared_once():
+    """The core's table is the list of methods; profiles and the option declarations take it."""
+    from runtime.core.methods import METHOD_TABLE
+    from runtime.method_options import METHOD_ORDER
+    from runtime.profiles import AUTO_METHODS, METHOD_NAMES
+
+    assert tuple(METHOD_TABLE) == METHOD_ORDER == METHOD_NAMES
+    assert "sjd" in METHOD_NAMES and set(AUTO_METHODS) == set(METHOD_NAMES) - {"lantern"}

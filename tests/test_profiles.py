@@ -107,7 +107,7 @@ def test_a_profile_may_pin_the_cfg_interval(tmp_path: Path) -> None:
         ("top_k_draft = 10", "top_p = 0", "'method.top_p' must be a number in (0, 1], got 0"),
         ("top_k_draft = 10", "cfg_interval = -2", "'method.cfg_interval' must be an integer >= -1, got -2"),
         ("repeats = 5", "", "missing key 'bench.repeats'"),
-        ("[tree]", "[trees]", "unknown key 'trees' (known: description, device, tree, method, bench, auto, roof)"),
+        ("[tree]", "[trees]", "unknown key 'trees' (known: description, device, tree, method, bench, auto, roof, quality)"),
         ('description = "test profile"', "description = 3", "'description' must be a string"),
         ("graph = true", "graph = ", "not valid TOML"),
         ("lantern_k = 1000", 'lantern_k = "1000"', "'method.lantern_k' must be an integer >= 1, got '1000'"),
