@@ -103,7 +103,11 @@ def image_shares(done_at: dict[int, float], start: float, end: float) -> list[fl
     return [shares[j] for j in sorted(shares)]
 
 
-def make_decoder(loaded: LoadedModel, spec: MethodSpec, backend: Any, batch_size: int = 1) -> Decoder:
+def make_decoder(loaded: LoadedModel, spec: MethodSpec, backend: Any, batch_size: int = 1,
+                 watch_law: bool = True) -> Decoder:
+    """A decoder of `spec` at `batch_size`. `watch_law`: a relaxed method under sampling measures its
+    law at one iteration in WATCH_EVERY (`runtime.core.law.bound_warning`); tools that time decoders
+    against each other turn it off."""
     if spec.needs_drafter and loaded.drafter is None:
         raise UserError(f"method {spec.method} needs a drafter: pass --drafter DIR (a LANTERN drafter "
                         "folder), use --method sjd (no drafter needed) or --method ar")
@@ -111,9 +115,21 @@ def make_decoder(loaded: LoadedModel, spec: MethodSpec, backend: Any, batch_size
     with out_of_memory_as_user_error(None, backend, batch_size):
         decoder = Decoder(loaded.target, loaded.drafter, spec, neighbours=neighbours, backend=backend,
                           batch_size=batch_size)
-    if watches_law(spec):  # is the relaxation within its stated bound? (`bound_warning`)
+    if watch_law and watches_law(spec):
         decoder.measure_law, decoder.law_every = True, WATCH_EVERY
     return decoder
+
+
+def timed_many(decoder: Decoder, work: list[tuple[torch.Tensor, torch.Tensor | None, int]], backend: Any
+               ) -> tuple[list[torch.Tensor], float]:
+    """Decode `work` (`Decoder.generate_many`'s items) after an untimed pass over its first batch
+    (captures and warms the steps); (tokens per image, synchronised wall seconds of the timed pass)."""
+    decoder.generate_many(work[: decoder.batch])
+    backend.synchronize()
+    start = time.perf_counter()
+    tokens, _ = decoder.generate_many(work)
+    backend.synchronize()
+    return tokens, time.perf_counter() - start
 
 
 @contextlib.contextmanager

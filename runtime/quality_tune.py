@@ -32,7 +32,7 @@ from runtime.core import MethodSpec
 from runtime.core.rng import derive_seed
 from runtime.demo.quality import DemoScores
 from runtime.errors import UserError
-from runtime.pipeline import decode_tokens, make_decoder
+from runtime.pipeline import decode_tokens, make_decoder, timed_many
 from runtime.quality_budget import RESAMPLES, band, judge, paired
 
 # run seeds of the AR sets beside the candidates' `seed` (disjoint per-image seeds)
@@ -89,12 +89,12 @@ def candidate_specs(spec: MethodSpec, lambdas: Sequence[float], rules: Sequence[
 class Features:
     """Per-image scores of decoded images: the demo classifier's, or Inception's against a reference."""
 
-    def __init__(self, loaded: Any, inception: torch.nn.Module | None, device: Any) -> None:
+    def __init__(self, loaded: Any, inception: torch.nn.Module | None) -> None:
         if loaded.bundle is None and inception is None:
             raise UserError("runtime tune --quality-budget on a model other than the demo judges images with "
                             "InceptionV3: give --inception-weights FILE (torch-fidelity's weights, as runtime eval "
                             "takes them)")
-        self.loaded, self.inception, self.device = loaded, inception, device
+        self.loaded, self.inception = loaded, inception
         self.name = "demo classifier" if loaded.bundle is not None else "inception (pool_3)"
         self.reference: np.ndarray | None = None
 
@@ -136,7 +136,7 @@ def quality_search(loaded: Any, spec: MethodSpec, backend: Any, classes: Sequenc
     """Decode `images` images (classes cycled) with AR and each candidate of `spec` (lantern++ over
     its tuned tree), judge each against AR, and choose (see the module docstring)."""
     started = time.perf_counter()
-    features = Features(loaded, inception, backend.device)
+    features = Features(loaded, inception)
     labels = np.array([int(classes[i % len(classes)]) for i in range(images)])
     specs = candidate_specs(spec, lambdas, rules)
     ar_spec = MethodSpec(method="ar", sampling=spec.sampling)
@@ -144,16 +144,11 @@ def quality_search(loaded: Any, spec: MethodSpec, backend: Any, classes: Sequenc
     done = [0]
 
     def decode(s: MethodSpec, run_seed: int) -> tuple[np.ndarray, float]:
-        decoder = make_decoder(loaded, s, backend, batch_size=min(batch_size, images))
-        decoder.measure_law = False  # speed as served without the watch; the frontier measures the law
+        decoder = make_decoder(loaded, s, backend, batch_size=min(batch_size, images), watch_law=False)
         work = [(torch.tensor([int(c)], device=backend.device), None, derive_seed(run_seed, i))
                 for i, c in enumerate(labels)]
-        decoder.generate_many(work[: decoder.batch])  # capture and warm up
-        backend.synchronize()
-        t0 = time.perf_counter()
-        tokens, _ = decoder.generate_many(work)
-        backend.synchronize()
-        rate = len(work) / (time.perf_counter() - t0)
+        tokens, seconds = timed_many(decoder, work, backend)
+        rate = len(work) / seconds
         done[0] += 1
         if progress is not None:
             progress(f"quality: {s.method} {s.relax_rule if s.lantern_lambda > 1 else ''} "

@@ -451,22 +451,18 @@ def occupancy_table(loaded: Any, specs: dict[str, MethodSpec], backend: Any, con
     that captures its steps; images per second from the synchronised wall time.
     Rows {"occupancy", "images_per_s": {method: value}, "fastest"}."""
     from runtime.core.rng import derive_seed
-    from runtime.pipeline import make_decoder
+    from runtime.pipeline import make_decoder, timed_many
 
     rows = []
     total, done = len(occupancies) * len(specs), 0
     for b in occupancies:
         rates: dict[str, float] = {}
         for name, spec in specs.items():
-            decoder = make_decoder(loaded, spec, backend, batch_size=b)
+            decoder = make_decoder(loaded, spec, backend, batch_size=b, watch_law=False)
             work = [(torch.tensor([int(conditions[i % len(conditions)])], device=backend.device), None,
                      derive_seed(seed, i)) for i in range(2 * b)]
-            decoder.generate_many(work[:b])  # capture and warm up
-            backend.synchronize()
-            start = time.perf_counter()
-            decoder.generate_many(work)
-            backend.synchronize()
-            rates[name] = len(work) / (time.perf_counter() - start)
+            _, seconds = timed_many(decoder, work, backend)
+            rates[name] = len(work) / seconds
             done += 1
             if progress is not None:
                 progress("occupancy", done, total)

@@ -225,7 +225,7 @@ def _offline(records: list[dict[str, Any]], serve_args: list[str], ready: dict[s
     from runtime.method_options import OPTION_TYPES, SAMPLING_KEYS
     from runtime.device_setup import open_backend
     from runtime.loading import load_model
-    from runtime.pipeline import make_decoder
+    from runtime.pipeline import make_decoder, timed_many
     from runtime.settings import resolve_spec
 
     def flag(name: str, default: Any = None) -> Any:
@@ -255,12 +255,7 @@ def _offline(records: list[dict[str, Any]], serve_args: list[str], ready: dict[s
     work = [(torch.tensor([int(r["request"]["prompt"])], device=backend.device), None, derive_seed(r["request"]["seed"], i))
             for r in served for i in range(r["request"]["n"])]
     decoder = make_decoder(loaded, spec, backend, batch_size=int(ready.get("batch_size", 1)))
-    decoder.generate_many(work[: decoder.batch])  # warm-up (capture)
-    backend.synchronize()
-    start = time.perf_counter()
-    decoder.generate_many(work)
-    backend.synchronize()
-    seconds = time.perf_counter() - start
+    _, seconds = timed_many(decoder, work, backend)
     return mismatches, {"images": len(work), "seconds": seconds, "images_per_s": len(work) / seconds,
                         "batch_size": decoder.batch, "method": spec.method}
 
