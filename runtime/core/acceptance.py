@@ -45,6 +45,12 @@ _EPS = 1e-12
 RELAX_RULES = ("paper", "bounded")
 
 
+# bonus_rows(best (B,), rows (B,), position (B,) or None) -> (B, V): the residual after every
+# child of node `best` was rejected; `position`, when given, is best's place in the stage order
+# (`_Walk.stage_position`), which the stage functions otherwise look up
+BonusRows = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
+
+
 @dataclass(frozen=True)
 class Relaxation:
     """kind: "none" (exact), "delta" (LANTERN, additive) or "lambda" (LANTERN++).
@@ -102,10 +108,16 @@ class Relaxation:
 
 @dataclass
 class Accepted:
+    """What acceptance decided, per image: path (B, M) the accepted nodes, root first (padded
+    by repeating the last); count (B,) accepted nodes with the root; bonus (B,) the token
+    sampled after them; relax_mass (B,) the relaxation used on the accepted drafts; commit
+    (B, M) or None: nodes whose tokens, once the root's token is the bonus, are the new block
+    (accepted drafts, then the bonus) in one gather (shared trees)."""
     path: torch.Tensor
     count: torch.Tensor
     bonus: torch.Tensor
     relax_mass: torch.Tensor
+    commit: torch.Tensor | None = None
 
 
 def relaxed_target(r: torch.Tensor, x: torch.Tensor, relax: Relaxation) -> tuple[torch.Tensor, torch.Tensor]:
@@ -157,7 +169,9 @@ class _Walk:
     best: torch.Tensor  # (B,) the deepest node whose path was accepted
     count: torch.Tensor  # (B,) accepted nodes including the root: depth(best) + 1
     path: torch.Tensor  # (B, D+1) path_table row of best
-    on_path: torch.Tensor  # (B, N+1) float 1 for best and its ancestors
+    on_path: torch.Tensor  # (B, N+1) float 1 for best and its ancestors, the root excepted
+    commit: torch.Tensor | None = None  # (B, D+1) `SharedWalk` commit row of best (shared trees)
+    stage_position: torch.Tensor | None = None  # (B,) best's place in the stage order (shared trees)
 
 
 def _walk(won: torch.Tensor, tree: TreeBuffers, rows: torch.Tensor, weights: tuple[torch.Tensor, ...],
@@ -171,14 +185,41 @@ def _walk(won: torch.Tensor, tree: TreeBuffers, rows: torch.Tensor, weights: tup
     wins; `reference_row_order`).
     """
     anc, _, depth1 = weights
-    full = _per_node(anc, won, tree) == depth1
+    return _deepest(_per_node(anc, won, tree) == depth1, tree, rows, weights, tie)
+
+
+def _first_wins_walk(passed: torch.Tensor, tree: TreeBuffers, rows: torch.Tensor,
+                     weights: tuple[torch.Tensor, ...]) -> _Walk:
+    """The walk of sibling stages: passed (B, N+1) float 1/0, node i's own test passed (the
+    root's entry is not read). A node wins when it passed and no earlier sibling did (stage s
+    is only reached after stages 0..s-1 rejected); the path ends at the deepest node whose
+    every ancestor won, as `_walk`. A shared tree folds the sibling condition into the walk's
+    matmul (`SharedWalk.first_win`)."""
+    shared = tree.shared_walk()
+    if shared is None:
+        won = passed * (_sibling_sum(passed, tree, weights) == 0)
+        won[:, 0] = 1.0
+        return _walk(won, tree, rows, weights)
+    return _deepest(passed @ shared.first_win.T == shared.depth, tree, rows, weights)
+
+
+def _deepest(full: torch.Tensor, tree: TreeBuffers, rows: torch.Tensor, weights: tuple[torch.Tensor, ...],
+             tie: torch.Tensor | None = None) -> _Walk:
+    """The walk's end among the nodes whose whole path was accepted (full (B, N+1) bool): the
+    deepest, the lowest index among equals (or the highest `tie`)."""
+    anc, _, depth1 = weights
     if tie is None:
         best = (full * depth1).argmax(-1)  # first of the deepest
     else:
         best = (full * (depth1 + tie)).argmax(-1)
-    if not tree.batched:
-        return _Walk(best, depth1[best], tree.path_table[best], anc[best])
-    return _Walk(best, depth1[rows, best], tree.path_table[rows, best], anc[rows, best])
+    shared = tree.shared_walk()
+    if shared is not None:  # one row per image holds the path, the commit row, the count and more
+        row = shared.rows[best]
+        return _Walk(best, shared.count(row), shared.path(row), shared.drafts_on_path[best],
+                     shared.commit(row), shared.stage_position(row))
+    on_path = anc[rows, best]
+    on_path[:, 0] = 0.0
+    return _Walk(best, depth1[rows, best], tree.path_table[rows, best], on_path)
 
 
 def reference_row_order(tree: TreeBuffers, weights: tuple[torch.Tensor, ...]) -> torch.Tensor:
@@ -201,7 +242,8 @@ def reference_row_order(tree: TreeBuffers, weights: tuple[torch.Tensor, ...]) ->
 
 
 def _path_sum(x: torch.Tensor, w: _Walk) -> torch.Tensor:
-    """(B,): x (B, N+1) float summed over the accepted path (best and its ancestors), one bmm."""
+    """(B,): x (B, N+1) float summed over the accepted drafts (best and its ancestors but the
+    root), one bmm."""
     return torch.bmm(x[:, None, :], w.on_path[:, :, None].to(x.dtype)).view(-1)
 
 
@@ -237,9 +279,8 @@ def accept_greedy(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers,
     w = _walk(ok.to(p.dtype), tree, rows, weights, tie)
     bonus = p[rows, w.best].argmax(-1)
     # the root is on every path but is no accepted draft: its entry is not counted
-    relax_mass = (_path_sum(mass_used, w) - mass_used[:, 0] if relax.active
-                  else torch.zeros_like(bonus, dtype=p.dtype))
-    return Accepted(w.path, w.count, bonus, relax_mass)
+    relax_mass = _path_sum(mass_used, w) if relax.active else torch.zeros_like(bonus, dtype=p.dtype)
+    return Accepted(w.path, w.count, bonus, relax_mass, w.commit)
 
 
 # A sampled draft's relaxation is computed for the proposal's top-m tokens only (see below).
@@ -371,10 +412,7 @@ def accept_sampling(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers, rn
         shift = torch.zeros_like(a)
         bonus_rows = None
 
-    acc = (u < a).to(p.dtype)
-    won = acc * (_sibling_sum(acc, tree, weights) == 0)  # accepted, and no earlier sibling was
-    won[:, 0] = 1.0
-    w = _walk(won, tree, rows, weights)
+    w = _first_wins_walk((u < a).to(p.dtype), tree, rows, weights)
     best, count, path = w.best, w.count, w.path
     # bonus: from the residual left after every child of `best` was rejected
     p_best = p[rows, best]
@@ -383,16 +421,15 @@ def accept_sampling(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers, rn
         kids = tokens_pad[rows[:, None], torch.where(kids_best >= 0, kids_best, n1)]
         r = p_best * torch.ones(b, v + 1, dtype=p.dtype, device=p.device).scatter_(1, kids, 0.0)[:, :v]
     else:
-        r = bonus_rows(best, rows)
+        r = bonus_rows(best, rows, w.stage_position)
     r = torch.where(r.sum(-1, keepdim=True) > 0, r, p_best)
     bonus = race(r, bonus_u)
-    # the root is on every path but is no accepted draft: its entry is not counted
-    relax_mass = _path_sum(shift, w) - shift[:, 0] if relax.active else torch.zeros_like(bonus, dtype=p.dtype)
-    return Accepted(path, count, bonus, relax_mass)
+    relax_mass = _path_sum(shift, w) if relax.active else torch.zeros_like(bonus, dtype=p.dtype)
+    return Accepted(path, count, bonus, relax_mass, w.commit)
 
 
 def _deterministic_stages(xs: torch.Tensor, p: torch.Tensor, relax: Relaxation
-                          ) -> tuple[torch.Tensor, torch.Tensor, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
+                          ) -> tuple[torch.Tensor, torch.Tensor, BonusRows]:
     """Relaxed stages of deterministic drafts for every parent and sibling rank at once.
 
     xs: (B, P, K) child tokens per parent in rank order (V = no child: zero mass, a no-op
@@ -440,11 +477,11 @@ def _deterministic_stages(xs: torch.Tensor, p: torch.Tensor, relax: Relaxation
     # after every stage rejected: the drafts and the moved neighbours are gone from p
     gone = torch.cat([xs, torch.where(moved > 0, near, v).flatten(-2)], -1)
     rest = p_pad.scatter(-1, gone, 0.0)
-    return accept, c / z, lambda best, rows: rest[rows, best, :v]
+    return accept, c / z, lambda best, rows, position=None: rest[rows, best, :v]
 
 
 def _sampled_stages(tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor, tree: TreeBuffers,
-                    relax: Relaxation) -> tuple[torch.Tensor, torch.Tensor, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
+                    relax: Relaxation) -> tuple[torch.Tensor, torch.Tensor, BonusRows]:
     """Stages of sampled drafts on a static tree, every parent at once.
 
     Parents are taken in `tree.stages.order` (most children first), so stage s runs on the
@@ -497,7 +534,8 @@ def _sampled_stages(tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor, tree
     node_shift = shift[:, stages.parent_row] if shift is not None else torch.zeros_like(a)
     # bonus rows, stage order: parents with K children come from the last stage, ..., leaves keep p
     bonus_table = torch.cat(last[::-1] + [p_sorted[:, rows0:]], 1)
-    return a, node_shift, lambda best, rows: bonus_table[rows, stages.position[best]]
+    return a, node_shift, lambda best, rows, position=None: bonus_table[
+        rows, stages.position[best] if position is None else position]
 
 
 def _budget(rx: torch.Tensor, z: torch.Tensor, nbm: torch.Tensor, relax: Relaxation
@@ -520,7 +558,7 @@ def _budget(rx: torch.Tensor, z: torch.Tensor, nbm: torch.Tensor, relax: Relaxat
 
 
 def _paper_deterministic_stages(xs: torch.Tensor, p: torch.Tensor, relax: Relaxation
-                                ) -> tuple[torch.Tensor, torch.Tensor, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
+                                ) -> tuple[torch.Tensor, torch.Tensor, BonusRows]:
     """Rule "paper" for deterministic drafts (the reference's dynamic-tree sampler).
 
     xs: (B, P, K) child tokens per parent in rank order (V = no child: mass 0, a no-op
@@ -549,11 +587,11 @@ def _paper_deterministic_stages(xs: torch.Tensor, p: torch.Tensor, relax: Relaxa
         res = res.scatter(-1, torch.where(used[..., None], clear[..., s, :], clear[..., s, :1]), 0.0)
         z = res.sum(-1)
     rx, c, z_all = torch.stack(masses, -1), torch.stack(gains, -1), torch.stack(totals, -1).clamp(min=_EPS)
-    return (rx + c) / z_all, c / z_all, lambda best, rows: res[rows, best, :v]
+    return (rx + c) / z_all, c / z_all, lambda best, rows, position=None: res[rows, best, :v]
 
 
 def _paper_sampled_stages(tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor, tree: TreeBuffers,
-                          relax: Relaxation) -> tuple[torch.Tensor, torch.Tensor, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
+                          relax: Relaxation) -> tuple[torch.Tensor, torch.Tensor, BonusRows]:
     """Rule "paper" for sampled drafts on a static tree (the reference's static-tree sampler).
 
     Parents in `tree.stages` order as in `_sampled_stages`; stage s runs on the first rows[s]
@@ -573,8 +611,8 @@ def _paper_sampled_stages(tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor
     res = F.pad(p_sorted[:, :rows0], (0, 1))  # (B, rows0, V+1); token V: mass 0
     qm = F.pad(q[:, stages.order[:rows0]], (0, 1))
     xs = tokens[:, stages.child[:rows0]]  # (B, rows0, K); a missing child (the root's token) is never read
-    read = torch.cat([xs[..., None], relax.padded[xs]], -1)  # (B, rows0, K, 1 + k)
     clear = relax.clear_padded[xs]  # (B, rows0, K, k + 2): x, then its k+1 nearest codes
+    read = clear[..., : 1 + relax.padded.size(1)]  # x, then its k nearest (a prefix of the k+1)
     q_x = qm.gather(2, xs)
     left = (1.0 - (q_x.cumsum(-1) - q_x)).clamp(min=_EPS)  # W_s: q's mass before stage s
     qs_x = q_x / left  # q_s(x_s)
@@ -595,14 +633,18 @@ def _paper_sampled_stages(tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor
         res = torch.addcmul(res, qm.scatter(2, cleared, 0.0), scale[..., None], value=-1.0).clamp(min=0.0)
         z = res.sum(-1)
         last.append(res[:, stages.rows[s + 1] if s + 1 < len(stages.rows) else 0:, :v])
-    rx, c = torch.cat(masses, 1), torch.cat(gains, 1)
-    z_all = torch.cat(totals, 1).clamp(min=_EPS)
-    q_all = torch.cat([qs_x[:, :n, s] for s, n in enumerate(stages.rows)], 1)
-    # min(1, t/q); a sample outside the proposal's support (q exhausted) is never accepted
-    a = ((rx + c) / z_all).minimum(q_all) / q_all.clamp(min=torch.finfo(q_all.dtype).tiny)
-    node_shift = c / z_all
+    # every stage's R(x_s), c_s, z_s and q_s(x_s) side by side in one tensor (one kernel, not four)
+    m_all = sum(stages.rows)
+    stacked = torch.cat(masses + gains + totals + [qs_x[:, :n, s] for s, n in enumerate(stages.rows)], 1)
+    z_all = stacked[:, 2 * m_all: 3 * m_all].clamp(min=_EPS)
+    q_all = stacked[:, 3 * m_all:]
+    # (B, 2, M): R(x_s) / z_s and the shift c_s / z_s, one division
+    frac = stacked[:, : 2 * m_all].view(-1, 2, m_all) / z_all[:, None]
+    # min(1, t/q) with t = (R(x) + c) / z; a sample outside the proposal's support (q exhausted) is never accepted
+    a = (frac[:, 0] + frac[:, 1]).minimum(q_all) / q_all.clamp(min=torch.finfo(q_all.dtype).tiny)
     bonus_table = torch.cat(last[::-1] + [p_sorted[:, rows0:]], 1)
-    return a[:, stages.node_slot], node_shift[:, stages.node_slot], lambda best, rows: bonus_table[rows, stages.position[best]]
+    return a[:, stages.node_slot], frac[:, 1, stages.node_slot], lambda best, rows, position=None: bonus_table[
+        rows, stages.position[best] if position is None else position]
 
 
 @dataclass(frozen=True)
@@ -710,18 +752,15 @@ def accept_grouped(tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor, tree:
     a_par = torch.where(child >= 0, a_par.view(b, n1), 0.0)
     bound_par = bound_par.view(b, n1) * (child >= 0)
     a = a_par[:, tree.parent]  # node i judged at its parent
-    won = (u < a).to(p.dtype)
-    won[:, 0] = 1.0
     rows = torch.arange(b, device=p.device)
-    w = _walk(won, tree, rows, tree.walk_weights())
+    w = _first_wins_walk((u < a).to(p.dtype), tree, rows, tree.walk_weights())  # a chain: no siblings
     best, count, path = w.best, w.count, w.path
     p_best = p[rows, best]
     res = (p_best - q[rows, best]).clamp(min=0.0) * (child[best] >= 0)[:, None]
     r = torch.where(res.sum(-1, keepdim=True) > 0, res, p_best)
     bonus = race(r, bonus_u)
-    bound_node = bound_par[:, tree.parent] * (tree.depth > 0)[None]
-    mass = _path_sum(bound_node, w) + bound_par[rows, best]
-    return Accepted(path, count, bonus, mass)
+    mass = _path_sum(bound_par[:, tree.parent], w) + bound_par[rows, best]
+    return Accepted(path, count, bonus, mass, w.commit)
 
 
 # -- the rule a decoder applies, chosen once ---------------------------------------------------

@@ -469,11 +469,14 @@ class Decoder:
         if self.node_hits is not None:  # path[:, j] (j >= 1) was accepted when j < n
             self.node_hits.scatter_add_(1, path[:, 1:], (self.block_ids[1:m] < n[:, None]).long())
         # new tokens after the root: accepted drafts, then the bonus at index n-1
-        block = torch.cat([self.tokens.gather(1, path[:, 1:]), bonus[:, None]], 1)
-        block = torch.scatter(block, 1, (acc.count - 1)[:, None], bonus[:, None], out=self.block)
+        self.tokens[:, 0] = bonus  # the next root, and what the commit rows' root entries read
+        if acc.commit is not None and acc.commit.size(1) == m:
+            block = torch.gather(self.tokens, 1, acc.commit, out=self.block)
+        else:
+            block = torch.cat([self.tokens.gather(1, path[:, 1:]), bonus[:, None]], 1)
+            block = torch.scatter(block, 1, (acc.count - 1)[:, None], bonus[:, None], out=self.block)
         self.out.scatter_(1, self.count[:, None] + self.block_ids[:m], block)
         self.count.add_(n)
-        self.tokens[:, 0] = bonus
         self.count_hist.scatter_add_(1, n[:, None], live[:, None])
         if self.relax.active or self.group is not None:
             self.relax_mass.addcmul_(acc.relax_mass, live)

@@ -163,8 +163,10 @@ class TreeBuffers:
         if self.earlier_sibling is None:
             self.earlier_sibling = earlier_siblings(self.parent, self.rank)
         self._walk: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self._fold: SharedWalk | None = None
         if not self.batched:
             self.walk_weights()
+            self.shared_walk()
 
     def walk_weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(ancestor_mask, earlier_sibling) as float32 and depth + 1, for the acceptance walk.
@@ -179,6 +181,14 @@ class TreeBuffers:
         if getattr(self, "_walk", None) is None:
             self._walk = (self.ancestor_mask.float(), self.earlier_sibling.float(), self.depth + 1)
         return self._walk
+
+    def shared_walk(self) -> "SharedWalk | None":
+        """The acceptance walk's tables of a shared tree (`SharedWalk`), None for a batched one."""
+        if self.batched:
+            return None
+        if getattr(self, "_fold", None) is None:
+            self._fold = shared_walk(self)
+        return self._fold
 
     @property
     def size(self) -> int:
@@ -211,6 +221,71 @@ class TreeBuffers:
                            self.path_table.to(device), self.max_depth, self.max_children, self.children_at,
                            self.earlier_sibling.to(device),
                            self.stages.to(device) if self.stages is not None else None)
+
+
+@dataclass(frozen=True)
+class SharedWalk:
+    """Tables that let the acceptance walk of a shared (static) tree read, per image, one row
+    and one matmul (see `runtime.core.acceptance`). D = max depth.
+
+    first_win      (N+1, N+1)      float32  [i, j] = 1 when j (not the root) is i or an
+                                            ancestor of i, -1 when j is an earlier sibling of
+                                            one of those, else 0: for test outcomes acc in
+                                            {0, 1}, (acc @ first_win.T)[i] equals depth[i]
+                                            exactly when every node of i's path passed and
+                                            none of their earlier siblings did (it is at most
+                                            depth[i], and an earlier sibling's pass lowers it)
+    depth          (N+1,)          long     the nodes' depths
+    drafts_on_path (N+1, N+1)      float32  [i, j] = 1 when j is i or an ancestor of i, the
+                                            root excepted: the accepted drafts of a path
+    rows           (N+1, 2D + 4)   long     node i's row: its path_table row (D+1), its commit
+                                            row (D+1: the path's drafts in order, then the root,
+                                            0, repeated; once the root holds the bonus token,
+                                            the tokens at these nodes are the committed block),
+                                            depth + 1 (the accepted count), and its place in the
+                                            stage order (`StageLayout.position`; 0 without stages)
+    """
+
+    first_win: torch.Tensor
+    depth: torch.Tensor
+    drafts_on_path: torch.Tensor
+    rows: torch.Tensor
+
+    def path(self, row: torch.Tensor) -> torch.Tensor:
+        """The path_table part of rows gathered per image, (B, D+1)."""
+        return row[:, : self.width]
+
+    def commit(self, row: torch.Tensor) -> torch.Tensor:
+        return row[:, self.width: 2 * self.width]
+
+    def count(self, row: torch.Tensor) -> torch.Tensor:
+        return row[:, 2 * self.width]
+
+    def stage_position(self, row: torch.Tensor) -> torch.Tensor:
+        return row[:, 2 * self.width + 1]
+
+    @property
+    def width(self) -> int:
+        return (self.rows.size(1) - 2) // 2
+
+
+def shared_walk(tree: TreeBuffers) -> SharedWalk:
+    """The `SharedWalk` of a shared tree, built from its buffers (once, with the tree)."""
+    anc, sib, depth1 = tree.walk_weights()
+    first_win = anc - anc @ sib  # ancestors (and i) +1; their earlier siblings -1 (disjoint sets)
+    first_win[:, 0] = 0.0  # the root's own test is never read
+    drafts = anc.clone()
+    drafts[:, 0] = 0.0
+    depth = depth1 - 1
+    path = tree.path_table
+    width = path.size(1)
+    steps = torch.arange(width, device=path.device)
+    # commit[i, j] = path[i, j + 1] for j < depth(i), else the root
+    nxt = torch.cat([path[:, 1:], torch.zeros_like(path[:, :1])], 1)
+    commit = torch.where(steps[None] < depth[:, None], nxt, 0)
+    position = tree.stages.position if tree.stages is not None else torch.zeros_like(depth)
+    rows = torch.cat([path, commit, depth1[:, None], position[:, None].to(path.device)], 1)
+    return SharedWalk(first_win, depth, drafts, rows)
 
 
 @dataclass
@@ -276,6 +351,7 @@ def static_buffers(tree: StaticTree) -> TreeBuffers:
     buffers.children_at = tuple(
         max((p[-1] + 1 for p in tree.paths if len(p) == d + 1), default=0) for d in range(tree.max_depth))
     buffers.stages = stage_layout(parent.tolist(), rank.tolist(), k)
+    buffers._fold = shared_walk(buffers)  # again: its rows carry the stage positions
     return buffers
 
 
