@@ -616,12 +616,13 @@ def _paper_sampled_stages(tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor
     q_x = qm.gather(2, xs)
     left = (1.0 - (q_x.cumsum(-1) - q_x)).clamp(min=_EPS)  # W_s: q's mass before stage s
     qs_x = q_x / left  # q_s(x_s)
-    # an undrawn stage (q_s(x_s) = 0) changes nothing: its W_s is +inf, so its scale z / W_s is 0
-    left_drawn = torch.where(qs_x > 0, left, relax.inf)
+    # q / W_s for every stage at once (one kernel, not one per stage); an undrawn stage
+    # (q_s(x_s) = 0) changes nothing: its W_s is +inf, so its q / W_s is 0
+    q_stage = qm[:, :, None] / torch.where(qs_x > 0, left, relax.inf)[..., None]  # (B, rows0, K, V+1)
     z = res.sum(-1)
     masses, gains, totals, last = [], [], [], []
     for s, n in enumerate(stages.rows):
-        res, qm, z = res[:, :n], qm[:, :n], z[:, :n]
+        res, z = res[:, :n], z[:, :n]
         m = res.gather(2, read[:, :n, s])
         c, used = _budget(m[..., 0], z, m[..., 1:], relax)
         masses.append(m[..., 0])
@@ -629,8 +630,7 @@ def _paper_sampled_stages(tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor
         totals.append(z)
         # q' = q / W_s without x_s's k+1 nearest codes when relaxed (V, a zero column, if not)
         cleared = torch.where(used[..., None], clear[:, :n, s, 1:], relax.no_code)
-        scale = z / left_drawn[:, :n, s]
-        res = torch.addcmul(res, qm.scatter(2, cleared, 0.0), scale[..., None], value=-1.0).clamp(min=0.0)
+        res = torch.addcmul(res, q_stage[:, :n, s].scatter(2, cleared, 0.0), z[..., None], value=-1.0).clamp(min=0.0)
         z = res.sum(-1)
         last.append(res[:, stages.rows[s + 1] if s + 1 < len(stages.rows) else 0:, :v])
     # every stage's R(x_s), c_s, z_s and q_s(x_s) side by side in one tensor (one kernel, not four)

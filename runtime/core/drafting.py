@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from runtime.core.rng import exponential_from_uniform
+from runtime.core.rng import neg_exponential_from_uniform
 from runtime.core.tree import (StaticTree, TreeBuffers, buffers_from_parents, load_tree, static_buffers,
                                tree_constants)
 
@@ -294,8 +294,9 @@ class StaticTreePolicy(DrafterPolicy):
         return self.state.drafter.block_context(dc.length[:, None] + self.level_offsets, self.tree_mask, dc)
 
     def _noise(self) -> torch.Tensor:
-        """Sampled drafts: the exponential noise of every level in one draw (rows = nodes with
-        children-to-be, i.e. all nodes above the deepest level), one RNG call per step.
+        """Sampled drafts: the exponential noise E of every level in one draw, as -E
+        (`neg_exponential_from_uniform`; rows = nodes with children-to-be, i.e. all nodes
+        above the deepest level), one RNG call per step.
 
         Drafted in one step (no --dynamic-depth), the same draw also takes the acceptance's
         uniforms (`accept_uniforms`): the stream's counter runs on from the drafts' numbers
@@ -303,9 +304,9 @@ class StaticTreePolicy(DrafterPolicy):
         draw alone, in one RNG call per iteration instead of two."""
         state, parents = self.state, self.levels[-1][0]
         if self.draws is None:
-            return state.rng.exponential(state.batch, parents, state.vocab)
+            return neg_exponential_from_uniform(state.rng.uniform(state.batch, parents, state.vocab))
         state.rng.uniform(*self.draws.shape, out=self.draws)
-        return exponential_from_uniform(self.draws[:, : parents * state.vocab].view(state.batch, parents, state.vocab))
+        return neg_exponential_from_uniform(self.draws[:, : parents * state.vocab].view(state.batch, parents, state.vocab))
 
     def accept_uniforms(self) -> torch.Tensor | None:
         return None if self.draws is None else self.draws[:, self.levels[-1][0] * self.state.vocab:]
@@ -319,8 +320,8 @@ class StaticTreePolicy(DrafterPolicy):
         k = self.level_grid[d - 1] or tree.max_children
         if noise is None:
             cand = torch.topk(q, k, dim=-1).indices  # (B, parents, k)
-        else:  # Gumbel-top-k as an exponential race: q / E orders as log q - log E (one op, not two)
-            cand = torch.topk(q / noise[:, parent_start:parent_end], k, dim=-1).indices
+        else:  # Gumbel-top-k as an exponential race: q / E orders as log q - log E; noise is -E, so the smallest
+            cand = torch.topk(q / noise[:, parent_start:parent_end], k, dim=-1, largest=False).indices
         if self.level_grid[d - 1] is not None:
             state.tokens[:, start:end].view(cand.shape).copy_(cand)
         else:

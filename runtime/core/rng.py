@@ -156,13 +156,20 @@ def exponential_from_uniform(u: torch.Tensor) -> torch.Tensor:
     return (-torch.log(u)).clamp(min=_SMALLEST_NORMAL)
 
 
+def neg_exponential_from_uniform(u: torch.Tensor) -> torch.Tensor:
+    """-E for E = `exponential_from_uniform(u)`, bit for bit (IEEE negation is exact), in two
+    kernels instead of three: log(u) capped below 0. A score w / -E is the exact negation of
+    w / E, so the smallest scores of one are the largest of the other."""
+    return torch.log(u).clamp(max=-_SMALLEST_NORMAL)
+
+
 def race(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """The exponential race argmax(w / E), E = exponential_from_uniform(u), over the last dim:
     a sample of index i with probability w_i / sum(w) (w >= 0, not all 0). Computed as
     argmin(w / -E) with -E = log(u) capped below 0: bit for bit the negated scores (IEEE
     negation and division are sign-symmetric), so the same index, in four kernels instead
     of five."""
-    return torch.argmin(weights / torch.log(u).clamp(max=-_SMALLEST_NORMAL), dim=-1)
+    return torch.argmin(weights / neg_exponential_from_uniform(u), dim=-1)
 
 
 def gumbel_from_uniform(u: torch.Tensor) -> torch.Tensor:
