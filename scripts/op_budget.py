@@ -1,5 +1,5 @@
 """Ops per decoding iteration of lantern++ naive_extend_57 on the demo (sampling and greedy), as JSON:
-`python scripts/op_budget.py` (results/op_budget_lanternpp_naive57_cpu.json ran it on two commits)."""
+`python scripts/op_budget.py` (results/op_budget_lanternpp_naive57_cpu.json ran it on the commits it lists)."""
 
 import json
 
