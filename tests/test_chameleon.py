@@ -499,7 +499,7 @@ def test_the_drafter_sees_a_left_padded_prompt_as_it_was_trained(pair, context: 
 
 def test_runtime_serve_answers_chameleon_prompts_as_runtime_run_with_that_prompt_length(run_cli, folder, tmp_path):
     """Chameleon prompts padded to one length (the captured steps' shapes): a request's images are
-    `runtime run --prompt-length L`'s for the same prompt and seed; a longer prompt gets 422, and
+    `runtime run --prompt-length L`'s for the same prompt and seed; a longer prompt gets 400, and
     --prompt-length is refused where it does nothing."""
     pytest.importorskip("fastapi")
     pytest.importorskip("httpx")
@@ -527,7 +527,7 @@ def test_runtime_serve_answers_chameleon_prompts_as_runtime_run_with_that_prompt
         long = client.post("/v1/images/generations", json={"prompt": " ".join(["the blue dog on the grass"] * 2)})
     finally:
         engine.stop(drain=False, timeout=30)
-    assert long.status_code == 422 and "prompt length 12" in long.json()["error"]["message"]
+    assert long.status_code == 400 and "prompt length 12" in long.json()["error"]["message"]
     (tmp_path / "one.txt").write_text("a red cat\n")
     res = run_cli("run", "--model", str(folder / "Anole-tiny"), "--vq-ckpt", str(folder / "vqgan.ckpt"), "--drafter",
                   str(folder / "drafter"), "--prompts", str(tmp_path / "one.txt"), "--num-images", "2", "--seed", "5",

@@ -1,5 +1,5 @@
 """`runtime serve`: continuous batching keeps every image what `runtime run` makes of it, a full
-queue answers 429, bad requests 422, a cancelled request frees its slots, the metrics count,
+queue answers 429, bad requests 400, a cancelled request frees its slots, the metrics count,
 and SIGTERM drains (a real process)."""
 
 from __future__ import annotations
@@ -115,10 +115,10 @@ def test_concurrent_requests_get_the_images_runtime_run_makes(server, demo):
     ({"prompt": "3", "colour": "red"}, "colour: Extra inputs are not permitted"),
     ({"n": 1}, "prompt: Field required"),
 ])
-def test_a_bad_request_gets_422_with_one_line(server, body, message):
+def test_a_bad_request_gets_400_with_one_line(server, body, message):
     client, _, _ = server
     answer = client.post("/v1/images/generations", json=body)
-    assert answer.status_code == 422
+    assert answer.status_code == 400
     assert answer.json()["error"]["message"].startswith(message), answer.json()
 
 
@@ -188,6 +188,25 @@ def test_health_ready_and_metrics(server):
         assert "lantern_steps_recompiled 1.0" in client.get("/metrics").text
     finally:
         engine.capture_count["lantern++.verify"] -= 1
+
+
+def test_an_unexpected_error_is_openais_500_without_a_traceback(server, monkeypatch):
+    """An exception no route handles (here: encoding the images) answers OpenAI's 500 body with the
+    request id; the traceback goes to the log only, and the server goes on."""
+    client, _, served = server
+
+    def broken(*_):
+        raise RuntimeError("the encoder broke")
+
+    monkeypatch.setattr(served, "encode", broken)
+    answer = TestClient(client.app, raise_server_exceptions=False).post("/v1/images/generations",
+                                                                         json={"prompt": "2", "seed": 1})
+    assert answer.status_code == 500
+    error = answer.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["type"] == "server_error"
+    assert answer.headers["x-request-id"] in error["message"] and "Traceback" not in answer.text
+    monkeypatch.undo()
+    assert client.post("/v1/images/generations", json={"prompt": "2", "seed": 1}).status_code == 200
 
 
 def test_the_committed_openapi_schema_is_the_servers(server):
@@ -275,7 +294,7 @@ def test_a_real_server_frees_a_gone_clients_slots_refuses_a_bad_request_alone_an
         proc.send_signal(signal.SIGTERM)
         asker.join(180)
         assert result.get("status") == 200 and len(result["body"]["data"]) == 4  # type: ignore[index]
-        assert bad.get("status") == 422
+        assert bad.get("status") == 400
         assert proc.wait(60) == 0, proc.stderr.read()[-2000:]
     finally:
         if proc.poll() is None:
@@ -443,7 +462,7 @@ def test_a_text_to_image_model_is_served_from_captions(tmp_path):
             expected = generate(loaded.target, None, spec, emb.expand(a["n"], -1, -1), cond_masks=mask.expand(a["n"], -1),
                                 seed=a["seed"]).tokens
             assert [d["tokens"] for d in data] == expected.tolist(), a
-        assert client.post("/v1/images/generations", json={"prompt": "   "}).status_code == 422
+        assert client.post("/v1/images/generations", json={"prompt": "   "}).status_code == 400
     finally:
         engine.stop(drain=False, timeout=30)
 

@@ -1,13 +1,17 @@
 """`runtime serve`: one model and method on one device behind OpenAI's images API (runtime/serve).
 
-SIGTERM stops admitting, lets the requests in flight finish and exits 0. A first Ctrl-C drains
-the same way and exits 130 (interrupted, as every command does); a second exits at once.
+SIGTERM drains (runtime/serve/drain.py): the server keeps listening, /ready answers 503 and new
+requests 503 with Retry-After while the requests in flight finish, within --shutdown-timeout;
+then it exits 0. A first Ctrl-C drains the same way and exits 130 (interrupted, as every command
+does); a second exits at once.
 """
 
 from __future__ import annotations
 
+import re
 import signal
-from typing import Any
+import sys
+from typing import Any, List, Optional
 
 import typer
 
@@ -25,6 +29,25 @@ def serve(
     max_queue: int = typer.Option(64, "--max-queue", help="Images waiting for a slot before requests get 429."),
     timeout: float = typer.Option(600.0, "--timeout", help="Seconds a request may take before it gets 504 (its "
                                   "images are dropped)."),
+    shutdown_timeout: float = typer.Option(
+        25.0, "--shutdown-timeout", help="Seconds from SIGTERM / SIGINT to exit: the requests in flight finish "
+        "meanwhile (still listening: /ready 503, new requests 503); 2 s before the end those left are given up "
+        "(503). Keep it under the pod's terminationGracePeriodSeconds (Kubernetes' default 30)."),
+    max_request_bytes: int = typer.Option(1 << 20, "--max-request-bytes", help="Largest request body; a larger "
+                                          "one gets 413."),
+    served_model_name: Optional[List[str]] = typer.Option(
+        None, "--served-model-name", help="The model's name in the API (GET /v1/models, a request's 'model'); "
+        "repeat it or separate by commas for aliases (default: the model's own name)."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="LANTERN_API_KEY", show_envvar=True,
+                                          help="Require 'Authorization: Bearer KEY' on /v1/* (401 otherwise); "
+                                          "/health, /ready and /metrics stay open. Prefer the environment "
+                                          "variable: a flag shows in the process list."),
+    allowed_origins: Optional[List[str]] = typer.Option(
+        None, "--allowed-origins", help="Browser origins allowed by CORS (https://app.example.com, or *); repeat "
+        "it or separate by commas. Default: none (no CORS headers)."),
+    root_path: str = typer.Option("", "--root-path", help="The path prefix a proxy serves this under (e.g. "
+                                  "/lantern), for the docs' links."),
+    disable_docs: bool = typer.Option(False, "--disable-docs", help="Serve no /docs, /redoc or /openapi.json."),
     source: opt.ModelSource = None,  # every model option (opt.MODEL_OPTIONS)
     t5_path: opt.T5Path = None,
     prompt_length: opt.PromptLength = None,
@@ -50,6 +73,10 @@ def serve(
         raise UserError(f"--max-queue must be >= 1, got {max_queue}")
     if not timeout > 0:
         raise UserError(f"--timeout must be > 0 seconds, got {timeout}")
+    http = _http_options(shutdown_timeout, max_request_bytes, api_key, allowed_origins, root_path, disable_docs)
+    names = _split(served_model_name)
+    if any(not n.strip() or len(n) > 256 for n in names):
+        raise UserError("--served-model-name: each name must be 1 to 256 characters (no empty name between commas)")
     try:
         import uvicorn
     except ImportError:
@@ -69,21 +96,72 @@ def serve(
     else:
         spec = resolve_spec(method, given, prof, loaded.recommended)
     web, engine, served = build_server(loaded, spec, backend, batch_size=batch, max_queue=max_queue,
-                                       timeout_s=timeout, auto=auto,
+                                       timeout_s=timeout, auto=auto, names=names or None, http=http,
                                        conditioner=_conditioner(loaded, backend, t5_path, prompt_length))
 
-    logging.getLogger("runtime").info("serving %s with %s on %s:%d (batch %d)", loaded.name, spec.method, host,
-                                      port, batch)
-    server = uvicorn.Server(uvicorn.Config(web, host=host, port=port, log_level="warning", lifespan="on",
-                                           timeout_graceful_shutdown=max(timeout, 1.0)))
-    # uvicorn handles SIGTERM / SIGINT itself (graceful, then forced on a second Ctrl-C) and
-    # raises them again once done: a drained SIGTERM is a clean exit here
-    previous = signal.signal(signal.SIGTERM, lambda *_: None)
+    from runtime.serve.drain import DrainingServer, server_config
+
+    if logging.getLogger("runtime.serve").isEnabledFor(logging.WARNING):  # said unless -q
+        where = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+        proxied = f" behind a proxy at {root_path}" if root_path else ""
+        print(f"runtime serve: {where}{proxied} (OpenAI images API at /v1), model {', '.join(served.names)}, method "
+              f"{served.method}, device {backend.device}, batch {batch}{', API key required' if http.api_key else ''}; "
+              "/ready answers 200 once the steps are captured", file=sys.stderr, flush=True)
+    server = DrainingServer(server_config(web, host=host, port=port, root_path=root_path), served,
+                            shutdown_timeout)
     try:
         server.run()
     finally:
-        signal.signal(signal.SIGTERM, previous)
-        engine.stop(drain=False, timeout=5)
+        # a warm-up still capturing is not waited for (the engine thread is a daemon)
+        engine.stop(drain=False, timeout=(served.time_left() or 1.0) if engine.ready.is_set() else 0.1)
+    if server.signals:  # drained: 0 after SIGTERM, 130 (interrupted, as every command) after Ctrl-C
+        _exit_now(130 if signal.SIGINT in server.signals else 0)
+
+
+def _exit_now(code: int) -> None:
+    """End the process with `code` once the drain is done, skipping the interpreter's teardown:
+    collecting a captured model's objects takes seconds on a busy CPU, and an engine thread
+    still capturing its steps (a SIGTERM during a --graph warm-up) would hold the exit past
+    --shutdown-timeout. Nothing is left to write: every answer has been sent."""
+    import logging
+    import os
+
+    if code == 130:
+        print("interrupted by SIGINT: drained and stopped", file=sys.stderr)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _split(values: List[str] | None) -> list[str]:
+    """Repeated options, each possibly comma-separated, as one list."""
+    return [part.strip() for value in values or () for part in value.split(",")]
+
+
+ORIGIN = re.compile(r"https?://[^/\s,]+")
+
+
+def _http_options(shutdown_timeout: float, max_request_bytes: int, api_key: str | None,
+                  allowed_origins: List[str] | None, root_path: str, disable_docs: bool) -> Any:
+    """The HTTP flags checked (one line naming the flag and the fix) and gathered."""
+    from runtime.serve.api import HttpOptions
+
+    if not 0 < shutdown_timeout <= 3600:
+        raise UserError(f"--shutdown-timeout must be in (0, 3600] seconds, got {shutdown_timeout:g}")
+    if max_request_bytes < 1024:
+        raise UserError(f"--max-request-bytes must be at least 1024, got {max_request_bytes}")
+    if api_key is not None and (not api_key.strip() or api_key != api_key.strip()):
+        raise UserError("--api-key / LANTERN_API_KEY is empty or has surrounding spaces; give the key itself")
+    origins = _split(allowed_origins)
+    for origin in origins:
+        if origin != "*" and not ORIGIN.fullmatch(origin):
+            raise UserError(f"--allowed-origins: {origin!r} is no origin; give scheme://host[:port] "
+                            "(https://app.example.com, no path) or *")
+    if root_path and (not root_path.startswith("/") or root_path.endswith("/")):
+        raise UserError(f"--root-path {root_path!r}: start it with / and end it without one (e.g. /lantern)")
+    return HttpOptions(api_key=api_key, allowed_origins=tuple(origins), docs=not disable_docs,
+                       max_request_bytes=max_request_bytes)
 
 
 DEFAULT_PROMPT_LENGTH = 64  # Chameleon prompts: tokens every captured step is built for

@@ -7,13 +7,16 @@ from typing import Any
 
 
 def build_server(loaded: Any, spec: Any, backend: Any, *, batch_size: int, max_queue: int, timeout_s: float,
-                 warm_up: bool = True, auto: Any = None, conditioner: Any = None) -> tuple[Any, Any, Any]:
+                 warm_up: bool = True, auto: Any = None, conditioner: Any = None, names: list[str] | None = None,
+                 http: Any = None) -> tuple[Any, Any, Any]:
     """(FastAPI app, engine, served) for a loaded model and a resolved method; the engine thread
     is started, and captures its steps on one thrown-away image first when `warm_up`. `auto`:
     {method: spec} and a profile `[auto]` table (`--method auto`): one decoder per method, the
     engine picks by occupancy. `conditioner`: how a text-conditioned model reads a prompt
     (`runtime.serve.conditions`: T5 captions for LlamaGen t2i, padded token prompts for
-    Chameleon; a Chameleon target must have been set to the conditioner's prompt length)."""
+    Chameleon; a Chameleon target must have been set to the conditioner's prompt length). `names`:
+    the model names the API lists and accepts (--served-model-name; default the model's own);
+    `http`: `runtime.serve.api.HttpOptions` (auth, CORS, docs, the request-size limit)."""
     from runtime import __version__
     from runtime.errors import UserError
     from runtime.pipeline import make_decoder
@@ -32,8 +35,9 @@ def build_server(loaded: Any, spec: Any, backend: Any, *, batch_size: int, max_q
                     backend.device, max_queue=max_queue, choose=None if auto is None else auto[1].method_for,
                     capture_count=backend.capture_count)
     served = Served(loaded, spec, batch_size=batch_size, timeout_s=timeout_s, version=__version__,
-                    method="auto" if auto is not None else spec.method, conditioner=conditioner, max_queue=max_queue)
-    app = create_app(engine, served)
+                    method="auto" if auto is not None else spec.method, conditioner=conditioner, max_queue=max_queue,
+                    names=names)
+    app = create_app(engine, served, http)
     first = None
     if warm_up:
         cond, mask = conditioner("a photo") if conditioner is not None else (None, None)

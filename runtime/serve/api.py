@@ -1,16 +1,19 @@
-"""The HTTP API of `runtime serve`: OpenAI's images API on FastAPI, plus health, readiness and
-Prometheus metrics.
+"""The HTTP API of `runtime serve`: OpenAI's images and models API on FastAPI, plus health,
+readiness, version and Prometheus metrics.
 
     POST /v1/images/generations   {"prompt": "3" | "stripes", "n": 2, "seed": 7, ...}
         -> {"created": ..., "data": [{"b64_json": PNG, "index": 0, "seed": ..., "stats": {...}}]}
-    GET  /health    200 while the process runs
-    GET  /ready     200 once the steps are captured and warm, 503 before and while draining
-    GET  /metrics   Prometheus text: queue depth, busy slots, images, tau, latency and queue time
+    GET  /v1/models    the served model's names (--served-model-name), as OpenAI lists models
+    GET  /health       200 while the process runs (draining included)
+    GET  /ready        200 once the steps are captured and warm, 503 before and while draining
+    GET  /version      the package version, the model and the method
+    GET  /metrics      Prometheus text: queue depth, busy slots, images, tau, latency and queue time
 
 Image i of a request with seed S uses the seed `derive_seed(S, i)`, as image i of `runtime run
 --seed S` does, so the same request gives the same tokens (and, decoded alone, the same image) as
 `runtime run --seed S --classes C --num-images 1`. Sampling settings are those the server's steps
 were captured with; a request may restate them (`cfg`, `temperature`, `top_k`) but not change them.
+Every error is OpenAI's `{"error": {"message", "type", "param", "code"}}` (runtime/serve/edge.py).
 """
 
 from __future__ import annotations
@@ -23,30 +26,62 @@ import json
 import secrets
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from runtime.serve.edge import (DEFAULT_MAX_REQUEST_BYTES, BearerAuth, BodyLimit, RequestContext, cut,
+                                error_body, error_response, route_path)
 from runtime.serve.engine import Engine, Job, QueueFull
 from runtime.serve.metrics import ServeMetrics
 
 MAX_IMAGES_PER_REQUEST = 16
+RETRY_AFTER_S = 5  # what a request refused while warming up or draining is told to wait
+
+
+@dataclass(frozen=True)
+class HttpOptions:
+    """How the API is exposed (`runtime serve`'s HTTP flags). `api_key`: /v1/* needs it as a
+    bearer token (None: open); `allowed_origins`: CORS origins (empty: no CORS headers); `docs`:
+    serve /docs, /redoc and /openapi.json; `max_request_bytes`: larger bodies get 413."""
+
+    api_key: str | None = None
+    allowed_origins: tuple[str, ...] = ()
+    docs: bool = True
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
 
 
 class ImageRequest(BaseModel):
-    """OpenAI's images request, and this server's extensions (`seed`, `return_tokens`, ...)."""
+    """OpenAI's images request, and this server's extensions (`seed`, `return_tokens`, ...).
+    Strict: `"n": "2"` or `"n": true` is refused, as OpenAI refuses it."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     prompt: str = Field(..., min_length=1, description="Class-conditional models: a class id ('3') or class "
                         "name ('stripes'). Text-to-image models: the caption.")
     n: int = Field(1, ge=1, le=MAX_IMAGES_PER_REQUEST, description="Images to generate.")
-    response_format: Literal["b64_json"] = Field("b64_json", description="Only b64_json: PNG bytes, base64.")
-    model: str | None = Field(None, description="Ignored unless given: must name the model being served.")
-    size: str | None = Field(None, description="Ignored unless given: must be the model's size, e.g. '256x256'.")
+    response_format: Literal["b64_json"] = Field("b64_json", description="Only b64_json: the image bytes, "
+                                                 "base64 (this server keeps no files to link to).")
+    model: str | None = Field(None, description="Optional: one of the names GET /v1/models lists (another "
+                              "answers 404 model_not_found).")
+    size: str | None = Field(None, description="Optional: the model's size, e.g. '256x256', or 'auto'.")
+    output_format: Literal["png", "jpeg", "webp"] = Field("png", description="The images' encoding.")
+    output_compression: int | None = Field(None, ge=0, le=100, description="jpeg / webp quality, 0-100 "
+                                           "(default 100); nothing for png, which is lossless.")
+    quality: Literal["auto", "standard", "hd", "low", "medium", "high"] | None = Field(
+        None, description="Accepted and ignored: a model has one quality here (the captured method and "
+        "settings decide it).")
+    style: Literal["vivid", "natural"] | None = Field(None, description="Accepted and ignored (DALL-E 3's).")
+    background: Literal["auto", "opaque", "transparent"] | None = Field(
+        None, description="auto or opaque (what every image is); transparent is refused.")
+    moderation: Literal["auto", "low"] | None = Field(None, description="Accepted and ignored: this server "
+                                                      "does no moderation.")
+    user: str | None = Field(None, description="Accepted and ignored.")
     seed: int | None = Field(None, ge=0, lt=2**63, description="Run seed; image i uses a seed derived from "
                              "(seed, i), as `runtime run --seed`. Default: a random one, returned.")
     cfg: float | None = Field(None, description="Must equal the server's guidance scale if given.")
@@ -56,7 +91,6 @@ class ImageRequest(BaseModel):
     stream: bool = Field(False, description="Server-sent events: `image_generation.progress` (index, "
                          "tokens_done, tokens_total) while an image decodes, `image_generation.completed` (its "
                          "ImageData) as each is done, then `data: [DONE]`.")
-    user: str | None = None
 
 
 class ImageStats(BaseModel):
@@ -82,66 +116,166 @@ class ImageData(BaseModel):
 class ImagesResponse(BaseModel):
     created: int
     data: list[ImageData]
+    output_format: str = Field(description="png, jpeg or webp, as asked.")
+    size: str = Field(description="The images' size, e.g. '256x256'.")
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
 
 
 class ErrorBody(BaseModel):
-    error: dict[str, Any]
+    error: ErrorDetail
 
 
-def create_app(engine: Engine, served: "Served") -> Any:
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "lantern-runtime"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a request cannot be served: its HTTP status, the field at fault and one line."""
+
+    status: int
+    param: str | None
+    message: str
+    code: str | None = None
+
+    def response(self, headers: dict[str, str] | None = None) -> Any:
+        return error_response(self.status, self.message, param=self.param, code=self.code, headers=headers)
+
+
+def _validation_refusal(exc: RequestValidationError) -> Refusal:
+    """The first of pydantic's complaints as one line naming the field (400, as OpenAI answers)."""
+    first = exc.errors()[0]
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    kind = first.get("type", "")
+    if kind == "json_invalid":
+        why = (first.get("ctx") or {}).get("error", "not JSON")
+        return Refusal(400, None, f"the request body is not valid JSON ({why}); send a JSON object of the "
+                       "request's fields with Content-Type: application/json")
+    if not loc or (loc and loc[0].isdigit() and kind != "extra_forbidden"):
+        if kind == "missing":
+            return Refusal(400, None, "the request has no body; send a JSON object of the request's fields "
+                           "(at least \"prompt\") with Content-Type: application/json")
+        return Refusal(400, None, "the request body must be a JSON object of the request's fields (at least "
+                       "\"prompt\") with Content-Type: application/json")
+    where = ".".join(loc)
+    message = f"{where}: {first.get('msg', 'invalid')}"
+    given = first.get("input")
+    if kind not in ("missing", "extra_forbidden") and isinstance(given, (str, int, float, bool)):
+        message += f" (got {cut(json.dumps(given))})"
+    return Refusal(400, loc[0], message)
+
+
+def create_app(engine: Engine, served: "Served", http: HttpOptions | None = None) -> Any:
     """The FastAPI application over a started `engine` and what it serves."""
+    http = http or HttpOptions()
+
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):  # type: ignore[no-untyped-def]
         yield
-        # shutdown: the ASGI server has stopped admitting and finished the requests in flight
+        # shutdown: the drain (runtime/serve/drain.py) has answered the requests in flight
         served.draining = True
-        await asyncio.get_running_loop().run_in_executor(None, engine.stop)
+        # a warm-up (minutes of capture under --graph) is not waited for: the engine thread is a daemon
+        wait = served.time_left() if engine.ready.is_set() else min(served.time_left() or 0.5, 0.5)
+        await asyncio.get_running_loop().run_in_executor(
+            None, lambda: engine.stop(drain=not served.abandoned, timeout=wait))
 
+    docs = {} if http.docs else {"docs_url": None, "redoc_url": None, "openapi_url": None}
     app = FastAPI(title="lantern-runtime", version=served.version, lifespan=lifespan,
-                  description="Speculative visual autoregressive image generation (OpenAI images API).")
+                  description="Speculative visual autoregressive image generation (OpenAI images API).", **docs)
     metrics = ServeMetrics(engine, served.method)
     app.state.metrics = metrics
+    # outermost last: RequestContext, CORS, auth, the body limit
+    app.add_middleware(BodyLimit, limit=http.max_request_bytes)
+    if http.api_key:
+        app.add_middleware(BearerAuth, api_key=http.api_key)
+    if http.allowed_origins:
+        from fastapi.middleware.cors import CORSMiddleware
 
-    def error(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> JSONResponse:
-        return JSONResponse({"error": {"message": message, "type": kind}}, status_code=status, headers=headers)
+        app.add_middleware(CORSMiddleware, allow_origins=list(http.allowed_origins), allow_methods=["*"],
+                           allow_headers=["*"], expose_headers=["X-Request-ID", "Retry-After"])
+    app.add_middleware(RequestContext, served=served, count=metrics.count_request)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-        return error(422, f"{where}: {first.get('msg', 'invalid')}" if where else first.get("msg", "invalid"),
-                     "invalid_request_error")
+    async def _invalid(_: Request, exc: RequestValidationError) -> Any:
+        return _validation_refusal(exc).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> Any:
+        where = f"{request.method} {cut(route_path(request.scope))}"
+        if exc.status_code == 404:
+            message = (f"no route {where}; this server answers POST /v1/images/generations, GET /v1/models, "
+                       "/health, /ready, /version and /metrics")
+        elif exc.status_code == 405:
+            allowed = (exc.headers or {}).get("Allow", "")
+            message = f"{where} is not allowed; use {allowed or 'another method'}"
+        else:
+            message = str(exc.detail)
+        return error_response(exc.status_code, message, headers=exc.headers)
 
     @app.get("/health")
     async def health() -> dict[str, str]:
-        return {"status": "ok"}
+        return {"status": "draining" if served.draining else "ok"}
 
     @app.get("/ready", responses={503: {"model": ErrorBody}})
     async def ready() -> Any:
         if not engine.ready.is_set() or served.draining:
-            return error(503, "warming up" if not engine.ready.is_set() else "draining", "unavailable")
+            state = "draining" if served.draining else "warming_up"
+            return error_response(503, f"not ready: {state.replace('_', ' ')}", code=state,
+                                  headers={"Retry-After": str(RETRY_AFTER_S)})
         return {"status": "ready", "method": served.method, "in_use": engine.current, "model": served.model,
                 "batch_size": served.batch_size, "settings": served.spec.describe(),
                 "compile_keys": {m: d.compile_key for m, d in engine.decoders.items()},
                 "bound_warnings": dict(engine.stats.bound_warnings)}
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        return {"version": served.version, "model": served.model, "method": served.method}
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus() -> PlainTextResponse:
         body, content_type = metrics.render()
         return PlainTextResponse(body, media_type=content_type)
 
+    @app.get("/v1/models", response_model=ModelList)
+    async def models() -> Any:
+        return ModelList(data=[ModelCard(id=name, created=served.created) for name in served.names])
+
+    @app.get("/v1/models/{model:path}", response_model=ModelCard, responses={404: {"model": ErrorBody}})
+    async def model_card(model: str) -> Any:
+        if model not in served.names:
+            return served.unknown_model(model).response()
+        return ModelCard(id=model, created=served.created)
+
     @app.post("/v1/images/generations", response_model=ImagesResponse, response_model_exclude_none=True,
-              responses={422: {"model": ErrorBody}, 429: {"model": ErrorBody}, 503: {"model": ErrorBody},
-                         504: {"model": ErrorBody}})
+              responses={400: {"model": ErrorBody}, 401: {"model": ErrorBody}, 404: {"model": ErrorBody},
+                         413: {"model": ErrorBody}, 429: {"model": ErrorBody}, 500: {"model": ErrorBody},
+                         503: {"model": ErrorBody}, 504: {"model": ErrorBody}})
     async def generate(body: ImageRequest, request: Request) -> Any:
-        problem = served.check(body)
-        if problem is not None:
-            return error(422, problem, "invalid_request_error")
+        refusal = served.check(body)
+        if refusal is not None:
+            return refusal.response()
         if served.draining or not engine.ready.is_set():
-            return error(503, "the server is not ready (warming up or draining)", "unavailable",
-                         {"Retry-After": "5"})
+            state = "draining" if served.draining else "warming_up"
+            return error_response(503, f"the server is {state.replace('_', ' ')}; retry in {RETRY_AFTER_S} s "
+                                  "(another replica may answer sooner)", code=state,
+                                  headers={"Retry-After": str(RETRY_AFTER_S), "Connection": "close"}
+                                  if served.draining else {"Retry-After": str(RETRY_AFTER_S)})
         seed = body.seed if body.seed is not None else secrets.randbelow(2**31)
-        rid = uuid.uuid4().hex
+        rid = request.state.request_id if hasattr(request.state, "request_id") else uuid.uuid4().hex
         if served.text:  # the prompt's condition, shared by the request's images
             cond, mask = await asyncio.get_running_loop().run_in_executor(None, served.conditioner, body.prompt)
             jobs = [Job(rid, i, None, served.image_seed(seed, i), cond=cond, mask=mask) for i in range(body.n)]
@@ -151,41 +285,59 @@ def create_app(engine: Engine, served: "Served") -> Any:
             engine.submit(jobs)
         except QueueFull as full:
             metrics.rejected.inc()
-            return error(429, str(full), "rate_limit_error", {"Retry-After": str(int(full.retry_after + 0.999))})
+            return error_response(429, f"{full}; the queue holds at most {engine.max_queue} images (--max-queue)",
+                                  code="rate_limit_exceeded",
+                                  headers={"Retry-After": str(int(full.retry_after + 0.999))})
         except RuntimeError as stopping:
-            return error(503, str(stopping), "unavailable")
+            return error_response(503, f"{stopping}; retry in {RETRY_AFTER_S} s", code="draining",
+                                  headers={"Retry-After": str(RETRY_AFTER_S)})
         waiting = [asyncio.wrap_future(job.future) for job in jobs]
         if body.stream:
+            request.state.images = body.n
+            request.state.method = served.method
             return StreamingResponse(_events(jobs, waiting, body, served, engine, seed),
                                      media_type="text/event-stream")
         try:
-            done = await _until_done(waiting, request, served.timeout_s)
+            done = await _until_done(waiting, request, served)
         except asyncio.TimeoutError:
             engine.cancel(jobs)
-            return error(504, f"the images were not done within {served.timeout_s:g} s", "timeout")
+            return error_response(504, f"the images were not done within {served.timeout_s:g} s (--timeout); ask "
+                                  "for fewer images or retry when the server is less busy", code="timeout")
+        except _Abandoned:
+            engine.cancel(jobs)
+            return error_response(503, served.abandoned_message(), code="shutdown",
+                                  headers={"Retry-After": str(RETRY_AFTER_S), "Connection": "close"})
         except _Disconnected:
             engine.cancel(jobs)
-            return error(499, "client closed the request", "cancelled")
+            return error_response(499, "client closed the request", code="cancelled")
         except Exception as err:  # an engine error: this request fails, the server goes on
             engine.cancel(jobs)
-            return error(500, f"generation failed: {err}", "server_error")
+            return error_response(500, f"generation failed: {cut(str(err))}", code="generation_failed")
         tokens = [t for t, _ in done]
-        pngs = await asyncio.get_running_loop().run_in_executor(None, served.encode, tokens)
-        data = [_image_data(job, tok, info, png, body, served, seed)
-                for job, (tok, info), png in zip(jobs, done, pngs)]
-        return ImagesResponse(created=int(time.time()), data=data).model_dump(exclude_none=True)
+        encoded = await asyncio.get_running_loop().run_in_executor(
+            None, served.encode, tokens, body.output_format, body.output_compression)
+        data = [_image_data(job, tok, info, b64, body, served, seed)
+                for job, (tok, info), b64 in zip(jobs, done, encoded)]
+        request.state.images = len(data)
+        request.state.method = ",".join(sorted({d.method for d in data}))
+        return ImagesResponse(created=int(time.time()), data=data, output_format=body.output_format,
+                              size=served.size).model_dump(exclude_none=True)
 
     return app
+
+
+class _Abandoned(Exception):
+    """The drain's time ran out before this request's images were done."""
 
 
 class _Disconnected(Exception):
     pass
 
 
-def _image_data(job: Job, tokens: Any, info: dict[str, Any], png: str, body: ImageRequest,
+def _image_data(job: Job, tokens: Any, info: dict[str, Any], b64: str, body: ImageRequest,
                 served: "Served", seed: int) -> ImageData:
     revised = served.class_name(job.label) if job.label is not None else served.conditioner.revised(body.prompt)
-    return ImageData(b64_json=png, index=job.index, seed=seed, image_seed=job.seed, method=info.get("method", "?"),
+    return ImageData(b64_json=b64, index=job.index, seed=seed, image_seed=job.seed, method=info.get("method", "?"),
                      class_id=job.label, revised_prompt=revised,
                      tokens=tokens.tolist() if body.return_tokens else None,
                      stats=ImageStats(tau=info["tau"], latency_s=info["latency_s"], queue_s=info["queue_s"]))
@@ -214,8 +366,11 @@ async def _events(jobs: list[Job], waiting: list[asyncio.Future], body: ImageReq
         while pending:
             left = deadline - time.monotonic()
             if left <= 0:
-                yield _event("error", {"error": {"message": f"the images were not done within {served.timeout_s:g} s",
-                                                 "type": "timeout"}})
+                yield _event("error", error_body(504, f"the images were not done within {served.timeout_s:g} s "
+                                                 "(--timeout)", code="timeout"))
+                return
+            if served.abandoned:
+                yield _event("error", error_body(503, served.abandoned_message(), code="shutdown"))
                 return
             done, _ = await asyncio.wait(set(pending), timeout=min(PROGRESS_EVERY_S, left),
                                          return_when=asyncio.FIRST_COMPLETED)
@@ -224,10 +379,12 @@ async def _events(jobs: list[Job], waiting: list[asyncio.Future], body: ImageReq
                 try:
                     tokens, info = future.result()
                 except Exception as err:  # noqa: BLE001 - an engine error ends this stream only
-                    yield _event("error", {"error": {"message": f"generation failed: {err}", "type": "server_error"}})
+                    yield _event("error", error_body(500, f"generation failed: {cut(str(err))}",
+                                                     code="generation_failed"))
                     return
-                (png,) = await loop.run_in_executor(None, served.encode, [tokens])
-                data = _image_data(job, tokens, info, png, body, served, seed).model_dump(exclude_none=True)
+                (b64,) = await loop.run_in_executor(None, served.encode, [tokens], body.output_format,
+                                                    body.output_compression)
+                data = _image_data(job, tokens, info, b64, body, served, seed).model_dump(exclude_none=True)
                 yield _event("image_generation.completed", data)
             for job in pending.values():
                 if job.tokens_done > told[job.index]:
@@ -240,10 +397,11 @@ async def _events(jobs: list[Job], waiting: list[asyncio.Future], body: ImageReq
             engine.cancel(jobs)
 
 
-async def _until_done(waiting: list[asyncio.Future], request: Any, timeout_s: float) -> list[Any]:
-    """The futures' results, checking every 0.25 s whether the client went away."""
+async def _until_done(waiting: list[asyncio.Future], request: Any, served: "Served") -> list[Any]:
+    """The futures' results, checking every 0.25 s whether the client went away or the drain
+    gave up on the requests in flight (`_Abandoned`)."""
     gathered = asyncio.gather(*waiting)
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + served.timeout_s
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
@@ -252,6 +410,9 @@ async def _until_done(waiting: list[asyncio.Future], request: Any, timeout_s: fl
         try:
             return await asyncio.wait_for(asyncio.shield(gathered), timeout=min(0.25, left))
         except asyncio.TimeoutError:
+            if served.abandoned:
+                gathered.cancel()
+                raise _Abandoned from None
             if await request.is_disconnected():
                 gathered.cancel()
                 raise _Disconnected from None
@@ -261,8 +422,10 @@ class Served:
     """What the server serves, and how a request maps onto it."""
 
     def __init__(self, loaded: Any, spec: Any, *, batch_size: int, timeout_s: float, version: str,
-                 method: str | None = None, conditioner: Any = None, max_queue: int | None = None) -> None:
+                 method: str | None = None, conditioner: Any = None, max_queue: int | None = None,
+                 names: list[str] | None = None) -> None:
         self.loaded, self.spec = loaded, spec
+        self.names = list(names) if names else [loaded.name]  # what a request's `model` may say
         self.max_queue = max_queue  # a request of more images can never be queued whole
         # models conditioned on text: `conditioner` (runtime/serve/conditions.py) reads the prompt
         self.conditioner = conditioner
@@ -271,9 +434,32 @@ class Served:
         self.batch_size = batch_size
         self.timeout_s = timeout_s
         self.version = version
-        self.draining = False
+        self.created = int(time.time())
         size = loaded.image_size
         self.size = f"{size}x{size}"
+        # the drain (runtime/serve/drain.py): API requests in flight (RequestContext counts them),
+        # whether new ones are refused, whether the ones left were given up, and by when the
+        # process must be gone (time.monotonic(); None: no drain started)
+        self.in_flight = 0
+        self.draining = False
+        self.abandoned = False
+        self.exit_by: float | None = None
+        self.shutdown_timeout_s: float | None = None
+
+    def time_left(self) -> float | None:
+        """Seconds until the drain's end (None: no drain under way, no bound)."""
+        return None if self.exit_by is None else max(0.1, self.exit_by - time.monotonic())
+
+    def abandoned_message(self) -> str:
+        bound = f" (--shutdown-timeout {self.shutdown_timeout_s:g} s)" if self.shutdown_timeout_s else ""
+        return (f"the server shut down before these images were done{bound}; retry (another replica may "
+                "answer)")
+
+    def unknown_model(self, model: str) -> Refusal:
+        """OpenAI's 404 for a model this server does not serve."""
+        served = ", ".join(repr(n) for n in self.names)
+        return Refusal(404, "model", f"the model {cut(model)!r} does not exist on this server; it serves {served} "
+                       "(GET /v1/models lists them)", code="model_not_found")
 
     def image_seed(self, seed: int, index: int) -> int:
         from runtime.core.rng import derive_seed
@@ -297,11 +483,19 @@ class Served:
         """Whether prompts are text (a conditioner reads them) rather than class ids or names."""
         return self.conditioner is not None
 
-    def check(self, body: ImageRequest) -> str | None:
-        """One line naming what a valid request cannot have, or None."""
+    def check(self, body: ImageRequest) -> Refusal | None:
+        """Why a request that parsed cannot be served (an unknown model: 404; anything else: 400
+        naming the field), or None."""
+        if body.model is not None and body.model not in self.names:
+            return self.unknown_model(body.model)
         text = body.prompt.strip()
         problem = self.conditioner.check(text) if self.text else self._check_class(text)
-        return problem if problem is not None else self._check_settings(body)
+        if problem is None:
+            problem = self._check_settings(body)
+        if problem is None:
+            return None
+        field = problem.split(":", 1)[0]
+        return Refusal(400, field if field in ImageRequest.model_fields else None, problem)
 
     def _check_class(self, text: str) -> str | None:
         n_classes = self.loaded.num_classes
@@ -313,17 +507,18 @@ class Served:
             names = self.loaded.class_names
             if names is None or text.lower() not in [n.lower() for n in names]:
                 known = f"one of {', '.join(names)}" if names else f"a class id 0..{n_classes - 1}"
-                return f"prompt: {_cut(text)!r} is no class of this model; give {known}"
+                return f"prompt: {cut(text)!r} is no class of this model; give {known}"
         return None
 
     def _check_settings(self, body: ImageRequest) -> str | None:
         if self.max_queue is not None and body.n > self.max_queue:
             return (f"n: {body.n} images can never be queued together on this server (--max-queue "
                     f"{self.max_queue}); ask for at most {self.max_queue} per request")
-        if body.model is not None and body.model != self.model:
-            return f"model: this server serves {self.model!r}, not {body.model!r}"
-        if body.size is not None and body.size != self.size:
-            return f"size: this model makes {self.size} images, not {body.size}"
+        if body.size is not None and body.size not in (self.size, "auto"):
+            return f"size: this model makes {self.size} images, not {cut(body.size)}; give {self.size!r} or 'auto'"
+        if body.background == "transparent":
+            return ("background: this model draws opaque images, it cannot make a transparent background; "
+                    "give 'opaque' or 'auto'")
         s = self.spec.sampling
         for name, given, actual in (("cfg", body.cfg, s.cfg), ("temperature", body.temperature, s.temperature),
                                     ("top_k", body.top_k, s.top_k)):
@@ -332,9 +527,10 @@ class Served:
                         f"the server with --{name.replace('_', '-')} {given:g}")
         return None
 
-    def encode(self, tokens: list[Any]) -> list[str]:
-        """PNG bytes (base64) of each image's tokens, each decoded on its own (as `runtime run`
-        decodes a one-image run)."""
+    def encode(self, tokens: list[Any], output_format: str = "png", compression: int | None = None) -> list[str]:
+        """The image file (base64) of each image's tokens, each decoded on its own (as `runtime
+        run` decodes a one-image run): PNG (lossless, as `runtime run` writes), or JPEG / WebP at
+        quality `compression` (0-100, default 100)."""
         import torch
         from PIL import Image
 
@@ -344,13 +540,16 @@ class Served:
         for t in tokens:
             image = decode_tokens(self.loaded.vq, torch.as_tensor(t)[None])[0]
             buf = io.BytesIO()
-            Image.fromarray(image).save(buf, format="PNG")
+            if output_format == "png":
+                Image.fromarray(image).save(buf, format="PNG")
+            else:
+                quality = 100 if compression is None else compression
+                Image.fromarray(image).save(buf, format="JPEG" if output_format == "jpeg" else "WEBP", quality=quality)
             out.append(base64.b64encode(buf.getvalue()).decode("ascii"))
         return out
 
 
 CLASS_ID_DIGITS = 9  # a class id is ASCII digits, at most this many (ImageNet's ids have 3)
-ECHO_CHARS = 60  # the most of a prompt an error message repeats
 
 
 def _class_id(text: str) -> int | None:
@@ -359,7 +558,3 @@ def _class_id(text: str) -> int | None:
         return int(text)
     return None
 
-
-def _cut(text: str) -> str:
-    """`text` shortened for an error message."""
-    return text if len(text) <= ECHO_CHARS else text[:ECHO_CHARS] + f"... ({len(text)} characters)"

@@ -9,21 +9,40 @@ LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
 TAU_BUCKETS = (1, 1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 8)
 
 
+class _EngineCounters:
+    """Counters the engine thread keeps (it counts without knowing of Prometheus), exposed as
+    counters (`_total`) at scrape time."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily
+
+        yield CounterMetricFamily("lantern_images_failed", "Images an engine error failed (since start).",
+                                  value=self.engine.stats.images_failed)
+        yield CounterMetricFamily("lantern_method_switches", "Times --method auto switched methods.",
+                                  value=self.engine.switches)
+
+
 class ServeMetrics:
-    """Gauges read from the engine at scrape time, and histograms fed as each image is done."""
+    """Gauges read from the engine at scrape time, counters and histograms fed as requests are
+    answered and images done, and the process's own (`process_*`: CPU, memory, open files)."""
 
     def __init__(self, engine: Any, method: str) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, ProcessCollector
 
         self.registry = registry = CollectorRegistry()
         self.engine = engine
+        ProcessCollector(registry=registry)
+        registry.register(_EngineCounters(engine))
+        self.requests = Counter("lantern_requests", "API requests (/v1/...) answered, by HTTP status.", ["code"],
+                                registry=registry)
         Info("lantern_method", "The decoding method the server was started with (auto: chosen by occupancy).",
              registry=registry).info({"method": method})
         in_use = Gauge("lantern_method_in_use", "1 for the method decoding now.", ["method"], registry=registry)
         for name in getattr(engine, "decoders", None) or {}:
             in_use.labels(method=name).set_function(lambda name=name: float(engine.current == name))
-        Gauge("lantern_method_switches", "Times --method auto switched methods.", registry=registry).set_function(
-            lambda: engine.switches)
         Gauge("lantern_steps_recompiled", "Step compilations or captures after warm-up (0 in a steady state; "
               "more means a shape or guard changed and a step was compiled again).", registry=registry).set_function(
             lambda: engine.recompiles)
@@ -44,8 +63,6 @@ class ServeMetrics:
             tvd.labels(method=name).set_function(lambda name=name: engine.stats.step_tvd(name)[0] or 0.0)
             bound.labels(method=name).set_function(lambda name=name: engine.stats.step_tvd(name)[1] or 0.0)
         self.images = Counter("lantern_images", "Images generated.", registry=registry)
-        Gauge("lantern_images_failed", "Images an engine error failed (since start).", registry=registry).set_function(
-            lambda: engine.stats.images_failed)
         self.rejected = Counter("lantern_requests_rejected", "Requests refused with 429 (queue full).",
                                 registry=registry)
         self.latency = Histogram("lantern_image_latency_seconds", "Seconds from queued to done, per image.",
@@ -55,6 +72,10 @@ class ServeMetrics:
         self.tau = Histogram("lantern_image_tau", "Tokens per target forward, per image.", buckets=TAU_BUCKETS,
                              registry=registry)
         engine.on_done = self.observe
+
+    def count_request(self, status: int) -> None:
+        """One API request answered with `status` (0: the client went away before any answer)."""
+        self.requests.labels(code=str(status)).inc()
 
     def observe(self, job: Any, info: dict[str, Any]) -> None:
         self.images.inc()

@@ -17,7 +17,7 @@ def openapi_schema() -> dict[str, Any]:
     from runtime.serve.api import create_app
 
     engine = SimpleNamespace(ready=None, decoder=None, stats=None, queue_depth=0, on_done=None)
-    served = SimpleNamespace(version="VERSION", method="-")
+    served = SimpleNamespace(version="VERSION", method="-", names=["-"], in_flight=0)
     return create_app(engine, served).openapi()  # type: ignore[arg-type]
 
 

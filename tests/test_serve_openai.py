@@ -1,0 +1,256 @@
+"""`runtime serve` as OpenAI's official Python client and plain HTTP clients see it, through one
+real server process (demo model, CPU) started with an API key, two model names, a small request
+limit, a CORS origin, no docs and -v: images in each output format, the model list, OpenAI's
+exceptions for a bad request, an unknown model and a bad key, and OpenAI's error body with a
+request id on every error path, the framework's included."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("fastapi", reason="runtime serve needs the serve extra (in the test extra)")
+openai = pytest.importorskip("openai", reason="the official client is in the test extra")
+
+KEY = "test-key-0123"
+ERROR_FIELDS = {"message", "type", "param", "code"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _http(url: str, *, method: str = "GET", body: bytes | None = None, headers: dict[str, str] | None = None,
+          key: str | None = KEY) -> tuple[int, dict[str, str], bytes]:
+    """(status, headers with lower-case names, body) of one request; `key` as a bearer token."""
+    sent = {"Content-Type": "application/json", **(headers or {})}
+    if key is not None:
+        sent["Authorization"] = f"Bearer {key}"
+    request = urllib.request.Request(url, data=body, method=method, headers=sent)
+    try:
+        with urllib.request.urlopen(request, timeout=60) as r:
+            return r.status, {k.lower(): v for k, v in r.headers.items()}, r.read()
+    except urllib.error.HTTPError as err:
+        return err.code, {k.lower(): v for k, v in err.headers.items()}, err.read()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """(base URL, stderr log file) of a server started with the HTTP options under test."""
+    log = tmp_path_factory.mktemp("serve") / "stderr.txt"
+    port = _free_port()
+    with open(log, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "runtime", "-v", "serve", "--device", "cpu", "--no-graph",
+                                 "--method", "ar", "--batch-size", "2", "--port", str(port),
+                                 "--served-model-name", "demo,lantern-demo", "--max-request-bytes", "4096",
+                                 "--allowed-origins", "https://app.example.com", "--disable-docs"],
+                                env={**os.environ, "PYTHONUNBUFFERED": "1", "LANTERN_API_KEY": KEY},
+                                stdout=subprocess.DEVNULL, stderr=err)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline and proc.poll() is None:
+            try:
+                if _http(base + "/ready", key=None)[0] == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.3)
+        else:
+            pytest.fail("the server did not become ready: " + log.read_text()[-2000:])
+        yield base, log
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    base, _ = server
+    return openai.OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0)
+
+
+def _image(b64: str) -> Any:
+    from PIL import Image
+
+    return Image.open(io.BytesIO(base64.b64decode(b64)))
+
+
+def test_the_openai_client_generates_images_in_each_output_format(client):
+    png = client.images.generate(model="lantern-demo", prompt="3", n=2, size="64x64", response_format="b64_json",
+                                 extra_body={"seed": 7})
+    assert [_image(d.b64_json).format for d in png.data] == ["PNG", "PNG"]
+    assert png.output_format == "png" and png.size == "64x64"
+    assert [d.model_extra["seed"] for d in png.data] == [7, 7]  # this server's fields ride along
+    same = _image(png.data[0].b64_json).convert("RGB")
+    sizes = {}
+    for fmt, compression, pil in (("jpeg", 90, "JPEG"), ("jpeg", 10, "JPEG"), ("webp", 90, "WEBP")):
+        answer = client.images.generate(model="demo", prompt="3", n=1, size="64x64", response_format="b64_json",
+                                        output_format=fmt, output_compression=compression, quality="high",
+                                        style="natural", background="opaque", moderation="low", user="someone",
+                                        extra_body={"seed": 7})
+        image = _image(answer.data[0].b64_json)
+        assert image.format == pil and image.size == same.size and answer.output_format == fmt
+        sizes[fmt, compression] = len(base64.b64decode(answer.data[0].b64_json))
+        # the same seed's image, re-encoded: close to the PNG (lossy, so not equal)
+        diff = sum(abs(a - b) for a, b in zip(image.convert("RGB").tobytes(), same.tobytes())) / len(same.tobytes())
+        assert diff < 40, (fmt, compression, diff)
+    assert sizes["jpeg", 10] < sizes["jpeg", 90]  # output_compression is honoured
+
+
+def test_the_openai_client_lists_the_served_model_names(client):
+    assert [m.id for m in client.models.list()] == ["demo", "lantern-demo"]
+    assert client.models.retrieve("lantern-demo").id == "lantern-demo"
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.models.retrieve("dall-e-3")
+    assert missing.value.code == "model_not_found"
+
+
+@pytest.mark.parametrize("fields, param, says", [
+    ({"n": "2"}, "n", "n: Input should be a valid integer"),       # strict: no string for a number
+    ({"n": True}, "n", "n: Input should be a valid integer"),      # nor a boolean
+    ({"seed": "7"}, "seed", "seed: Input should be a valid integer"),
+    ({"stream": "yes"}, "stream", "stream: Input should be a valid boolean"),
+    ({"output_format": "gif"}, "output_format", "output_format: Input should be 'png', 'jpeg' or 'webp'"),
+    ({"output_compression": 101}, "output_compression", "output_compression: Input should be less than"),
+    ({"background": "transparent"}, "background", "background: this model draws opaque images"),
+    ({"size": "1024x1024"}, "size", "size: this model makes 64x64 images"),
+    ({"response_format": "url"}, "response_format", "response_format: Input should be 'b64_json'"),
+    ({"colour": "red"}, "colour", "colour: Extra inputs are not permitted"),
+])
+def test_a_bad_request_raises_bad_request_error_naming_the_field(client, fields, param, says):
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.images.generate(prompt="3", extra_body=fields)
+    error = refused.value.body
+    assert refused.value.status_code == 400 and set(error) == ERROR_FIELDS
+    assert error["param"] == param and error["message"].startswith(says), error
+
+
+def test_an_unknown_model_is_openais_404_and_a_bad_key_its_401(server, client):
+    base, _ = server
+    with pytest.raises(openai.NotFoundError) as unknown:
+        client.images.generate(model="dall-e-3", prompt="3")
+    assert unknown.value.code == "model_not_found" and "lantern-demo" in unknown.value.message
+    wrong = openai.OpenAI(base_url=base + "/v1", api_key="not-the-key", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as denied:
+        wrong.models.list()
+    assert denied.value.code == "invalid_api_key"
+    with pytest.raises(openai.AuthenticationError):
+        wrong.images.generate(prompt="3")
+
+
+def test_probes_and_metrics_need_no_key_the_api_does(server):
+    base, _ = server
+    for path in ("/health", "/ready", "/metrics", "/version"):
+        assert _http(base + path, key=None)[0] == 200, path
+    status, headers, body = _http(base + "/v1/models", key=None)
+    assert status == 401 and set(json.loads(body)["error"]) == ERROR_FIELDS
+    assert headers["www-authenticate"] == "Bearer"
+
+
+@pytest.mark.parametrize("method, path, body, headers, status", [
+    ("GET", "/v1/nothing", None, {}, 404),
+    ("GET", "/nothing", None, {}, 404),
+    ("GET", "/v1/images/generations", None, {}, 405),
+    ("POST", "/v1/images/generations", b'{"prompt": "3",', {}, 400),          # no JSON
+    ("POST", "/v1/images/generations", b"[1, 2]", {}, 400),                   # JSON, no object
+    ("POST", "/v1/images/generations", b"", {}, 400),                         # no body
+    ("POST", "/v1/images/generations", b"prompt=3", {"Content-Type": "application/x-www-form-urlencoded"}, 400),
+    ("POST", "/v1/images/generations", json.dumps({"prompt": "3" * 5000}).encode(), {}, 413),
+    ("GET", "/docs", None, {}, 404),                                          # --disable-docs
+    ("GET", "/openapi.json", None, {}, 404),
+])
+def test_every_error_path_answers_openais_error_body_with_a_request_id(server, method, path, body, headers, status):
+    base, _ = server
+    got, answer_headers, raw = _http(base + path, method=method, body=body, headers=headers)
+    assert got == status, raw[:300]
+    error = json.loads(raw)["error"]
+    assert set(error) == ERROR_FIELDS and error["message"] and "Traceback" not in error["message"]
+    assert re.fullmatch(r"[0-9a-f]{32}", answer_headers["x-request-id"])
+
+
+def test_a_chunked_body_past_the_limit_gets_413(server):
+    """No Content-Length: the body is counted as it arrives (--max-request-bytes 4096)."""
+    base, _ = server
+    chunks = [json.dumps({"prompt": "3", "user": "u" * 6000}).encode()[k:k + 1000] for k in range(0, 7000, 1000)]
+    status, _, raw = _http(base + "/v1/images/generations", method="POST", body=iter(chunks),  # type: ignore[arg-type]
+                           headers={"Transfer-Encoding": "chunked"})
+    assert status == 413 and json.loads(raw)["error"]["code"] == "request_too_large"
+    small = [json.dumps({"prompt": "3", "seed": 1}).encode()]
+    assert _http(base + "/v1/images/generations", method="POST", body=iter(small),  # type: ignore[arg-type]
+                 headers={"Transfer-Encoding": "chunked"})[0] == 200
+
+
+def test_no_error_repeats_a_huge_input(server):
+    base, _ = server
+    for fields in ({"prompt": "x" * 3500}, {"prompt": "3", "model": "m" * 3500}, {"prompt": "3", "size": "9" * 3500},
+                   {"prompt": "3", "user": 5, "n": "4" * 3500}):
+        status, _, raw = _http(base + "/v1/images/generations", method="POST", body=json.dumps(fields).encode())
+        assert status in (400, 404) and len(json.loads(raw)["error"]["message"]) < 300, raw[:400]
+    status, _, raw = _http(base + "/" + "p" * 3000)
+    assert status == 404 and len(json.loads(raw)["error"]["message"]) < 300
+
+
+def test_a_clients_request_id_is_kept_and_logged_with_the_access_line(server):
+    base, log = server
+    status, headers, _ = _http(base + "/v1/images/generations", method="POST", headers={"X-Request-ID": "trace-42"},
+                               body=json.dumps({"prompt": "1", "n": 2, "seed": 3}).encode())
+    assert status == 200 and headers["x-request-id"] == "trace-42"
+    weird = _http(base + "/health", headers={"X-Request-ID": "bad id\twith spaces"})[1]["x-request-id"]
+    assert re.fullmatch(r"[0-9a-f]{32}", weird)  # an unsafe id is replaced, not echoed into the log
+    deadline = time.time() + 10
+    while "trace-42" not in log.read_text() and time.time() < deadline:
+        time.sleep(0.1)
+    line = " ".join(next(line for line in log.read_text().splitlines() if "trace-42" in line).split())
+    assert re.search(r"trace-42 POST /v1/images/generations 200 images=2 method=ar \d+\.\d+s", line), line
+
+
+def test_cors_answers_the_allowed_origin_only(server):
+    base, _ = server
+    preflight = {"Origin": "https://app.example.com", "Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "authorization,content-type"}
+    status, headers, _ = _http(base + "/v1/images/generations", method="OPTIONS", headers=preflight, key=None)
+    assert status == 200 and headers["access-control-allow-origin"] == "https://app.example.com"
+    other = _http(base + "/v1/models", headers={"Origin": "https://evil.example.com"})[1]
+    assert "access-control-allow-origin" not in other
+    allowed = _http(base + "/v1/models", headers={"Origin": "https://app.example.com"})[1]
+    assert allowed["access-control-allow-origin"] == "https://app.example.com"
+
+
+def test_metrics_count_requests_by_status_and_type_counters_as_counters(server):
+    base, _ = server
+    _http(base + "/v1/models", key="wrong")
+    text = _http(base + "/metrics", key=None)[2].decode()
+    assert re.search(r'^lantern_requests_total\{code="401"\} [1-9]', text, re.M)
+    assert re.search(r"^process_cpu_seconds_total \d", text, re.M)
+    assert re.search(r"^process_resident_memory_bytes \d", text, re.M)
+    for counter in ("lantern_images_failed", "lantern_method_switches", "lantern_images", "lantern_requests"):
+        assert f"# TYPE {counter}_total counter" in text, counter
+    version = json.loads(_http(base + "/version", key=None)[2])
+    assert version["model"] == "demo" and version["method"] == "ar" and version["version"]
+
+
+def test_the_startup_line_says_where_what_and_how(server):
+    base, log = server
+    line = next(line for line in log.read_text().splitlines() if line.startswith("runtime serve: "))
+    assert base in line and "model demo, lantern-demo" in line and "method ar" in line and "device cpu" in line
+    assert "API key required" in line and KEY not in log.read_text()
