@@ -117,6 +117,21 @@ def test_the_openai_client_generates_images_in_each_output_format(client):
     assert sizes["jpeg", 10] < sizes["jpeg", 90]  # output_compression is honoured
 
 
+def test_the_openai_client_reads_a_stream_with_openais_completed_fields(client):
+    """stream=True through the client: every image arrives as an `image_generation.completed`
+    event with OpenAI's fields (created_at, size, output_format, usage) beside this server's."""
+    events = list(client.images.generate(prompt="6", n=2, size="64x64", stream=True, partial_images=0,
+                                         output_format="jpeg", extra_body={"seed": 9}))
+    completed = [e for e in events if e.type == "image_generation.completed"]
+    assert sorted(e.model_extra["index"] for e in completed) == [0, 1]
+    for event in completed:
+        assert _image(event.b64_json).format == "JPEG"
+        assert event.size == "64x64" and event.output_format == "jpeg" and event.created_at > 0
+        assert event.usage.output_tokens == 256 and event.usage.input_tokens == 1  # 64 px: 16 x 16 tokens
+        assert event.usage.total_tokens == 257 and event.model_extra["seed"] == 9
+    assert all(e.type in ("image_generation.completed", "image_generation.progress") for e in events)
+
+
 def test_the_openai_client_lists_the_served_model_names(client):
     assert [m.id for m in client.models.list()] == ["demo", "lantern-demo"]
     assert client.models.retrieve("lantern-demo").id == "lantern-demo"
@@ -136,6 +151,9 @@ def test_the_openai_client_lists_the_served_model_names(client):
     ({"size": "1024x1024"}, "size", "size: this model makes 64x64 images"),
     ({"response_format": "url"}, "response_format", "response_format: Input should be 'b64_json'"),
     ({"colour": "red"}, "colour", "colour: Extra inputs are not permitted"),
+    ({"complexity": "low"}, "complexity", "complexity: an OpenAI parameter this server does not support"),
+    ({"partial_images": 2}, "partial_images", "partial_images: this server does not stream partial images yet"),
+    ({"partial_images": 4}, "partial_images", "partial_images: Input should be less than or equal to 3"),
 ])
 def test_a_bad_request_raises_bad_request_error_naming_the_field(client, fields, param, says):
     with pytest.raises(openai.BadRequestError) as refused:
@@ -188,16 +206,29 @@ def test_every_error_path_answers_openais_error_body_with_a_request_id(server, m
     assert re.fullmatch(r"[0-9a-f]{32}", answer_headers["x-request-id"])
 
 
+def _chunked(base: str, body: bytes) -> tuple[int, dict[str, Any]]:
+    """POST `body` in 1,000-byte chunks, no Content-Length, all sent before the answer is read
+    (the server may answer 413 before it has read everything); (status, JSON answer)."""
+    host, port = base.removeprefix("http://").split(":")
+    chunks = b"".join(b"%x\r\n%s\r\n" % (len(body[k:k + 1000]), body[k:k + 1000]) for k in range(0, len(body), 1000))
+    with socket.create_connection((host, int(port)), timeout=60) as conn:
+        conn.sendall(b"POST /v1/images/generations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     + f"Authorization: Bearer {KEY}\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n".encode()
+                     + chunks + b"0\r\n\r\n")
+        answer = b""
+        while data := conn.recv(65536):
+            answer += data
+    head, _, payload = answer.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(payload)
+
+
 def test_a_chunked_body_past_the_limit_gets_413(server):
     """No Content-Length: the body is counted as it arrives (--max-request-bytes 4096)."""
     base, _ = server
-    chunks = [json.dumps({"prompt": "3", "user": "u" * 6000}).encode()[k:k + 1000] for k in range(0, 7000, 1000)]
-    status, _, raw = _http(base + "/v1/images/generations", method="POST", body=iter(chunks),  # type: ignore[arg-type]
-                           headers={"Transfer-Encoding": "chunked"})
-    assert status == 413 and json.loads(raw)["error"]["code"] == "request_too_large"
-    small = [json.dumps({"prompt": "3", "seed": 1}).encode()]
-    assert _http(base + "/v1/images/generations", method="POST", body=iter(small),  # type: ignore[arg-type]
-                 headers={"Transfer-Encoding": "chunked"})[0] == 200
+    status, answer = _chunked(base, json.dumps({"prompt": "3", "user": "u" * 6000}).encode())
+    assert status == 413 and answer["error"]["code"] == "request_too_large", answer
+    status, answer = _chunked(base, json.dumps({"prompt": "3", "seed": 1, "user": "u" * 2500}).encode())
+    assert status == 200 and len(answer["data"]) == 1, answer
 
 
 def test_no_error_repeats_a_huge_input(server):

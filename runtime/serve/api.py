@@ -73,7 +73,7 @@ class ImageRequest(BaseModel):
     output_format: Literal["png", "jpeg", "webp"] = Field("png", description="The images' encoding.")
     output_compression: int | None = Field(None, ge=0, le=100, description="jpeg / webp quality, 0-100 "
                                            "(default 100); nothing for png, which is lossless.")
-    quality: Literal["auto", "standard", "hd", "low", "medium", "high"] | None = Field(
+    quality: Literal["auto", "standard", "hd", "low", "medium", "high", "xhigh", "max"] | None = Field(
         None, description="Accepted and ignored: a model has one quality here (the captured method and "
         "settings decide it).")
     style: Literal["vivid", "natural"] | None = Field(None, description="Accepted and ignored (DALL-E 3's).")
@@ -82,6 +82,9 @@ class ImageRequest(BaseModel):
     moderation: Literal["auto", "low"] | None = Field(None, description="Accepted and ignored: this server "
                                                       "does no moderation.")
     user: str | None = Field(None, description="Accepted and ignored.")
+    safety_identifier: str | None = Field(None, description="Accepted and ignored.")
+    partial_images: int | None = Field(None, ge=0, le=3, description="Only 0: partial images are not streamed "
+                                       "yet (stream=true reports each image's progress and sends it when done).")
     seed: int | None = Field(None, ge=0, lt=2**63, description="Run seed; image i uses a seed derived from "
                              "(seed, i), as `runtime run --seed`. Default: a random one, returned.")
     cfg: float | None = Field(None, description="Must equal the server's guidance scale if given.")
@@ -90,7 +93,8 @@ class ImageRequest(BaseModel):
     return_tokens: bool = Field(False, description="Also return each image's VQ tokens.")
     stream: bool = Field(False, description="Server-sent events: `image_generation.progress` (index, "
                          "tokens_done, tokens_total) while an image decodes, `image_generation.completed` (its "
-                         "ImageData) as each is done, then `data: [DONE]`.")
+                         "ImageData and OpenAI's created_at, size, output_format, usage) as each is done, then "
+                         "`data: [DONE]`.")
 
 
 class ImageStats(BaseModel):
@@ -156,6 +160,10 @@ class Refusal:
         return error_response(self.status, self.message, param=self.param, code=self.code, headers=headers)
 
 
+# OpenAI's image parameters of other models this server refuses by name (not as unknown fields)
+OPENAI_UNSUPPORTED = {"complexity", "frame_count", "frame_duration_ms", "svg"}
+
+
 def _validation_refusal(exc: RequestValidationError) -> Refusal:
     """The first of pydantic's complaints as one line naming the field (400, as OpenAI answers)."""
     first = exc.errors()[0]
@@ -172,6 +180,9 @@ def _validation_refusal(exc: RequestValidationError) -> Refusal:
         return Refusal(400, None, "the request body must be a JSON object of the request's fields (at least "
                        "\"prompt\") with Content-Type: application/json")
     where = ".".join(loc)
+    if kind == "extra_forbidden" and where in OPENAI_UNSUPPORTED:
+        return Refusal(400, where, f"{where}: an OpenAI parameter this server does not support (it makes one "
+                       "still image from a prompt); drop it")
     message = f"{where}: {first.get('msg', 'invalid')}"
     given = first.get("input")
     if kind not in ("missing", "extra_forbidden") and isinstance(given, (str, int, float, bool)):
@@ -354,8 +365,9 @@ def _event(kind: str, body: dict[str, Any]) -> str:
 async def _events(jobs: list[Job], waiting: list[asyncio.Future], body: ImageRequest, served: "Served",
                   engine: Engine, seed: int):  # type: ignore[no-untyped-def]
     """Server-sent events: `image_generation.progress` (index, tokens_done, tokens_total) while an
-    image decodes, at most every PROGRESS_EVERY_S; `image_generation.completed` (its ImageData)
-    as each is done, in any order (`index` says which); then `data: [DONE]`. An `error` event
+    image decodes, at most every PROGRESS_EVERY_S; `image_generation.completed` (its ImageData and
+    OpenAI's created_at, size, output_format, background, usage) as each is done, in any order
+    (`index` says which); then `data: [DONE]`. An `error` event
     ends the stream early. A client that goes away cancels the request (the generator is closed)."""
     loop = asyncio.get_running_loop()
     total = engine.decoder.num_tokens
@@ -385,7 +397,7 @@ async def _events(jobs: list[Job], waiting: list[asyncio.Future], body: ImageReq
                 (b64,) = await loop.run_in_executor(None, served.encode, [tokens], body.output_format,
                                                     body.output_compression)
                 data = _image_data(job, tokens, info, b64, body, served, seed).model_dump(exclude_none=True)
-                yield _event("image_generation.completed", data)
+                yield _event("image_generation.completed", {**data, **_openai_completed(job, body, served, total)})
             for job in pending.values():
                 if job.tokens_done > told[job.index]:
                     told[job.index] = job.tokens_done
@@ -395,6 +407,18 @@ async def _events(jobs: list[Job], waiting: list[asyncio.Future], body: ImageReq
     finally:
         if not all(f.done() for f in waiting):
             engine.cancel(jobs)
+
+
+def _openai_completed(job: Job, body: ImageRequest, served: "Served", image_tokens: int) -> dict[str, Any]:
+    """OpenAI's fields of an `image_generation.completed` event. `usage` counts model tokens: the
+    input is the prompt as the model reads it (a class-conditional prompt is one class token; a
+    caption or Chameleon prompt its unpadded tokens), the output the image's VQ tokens."""
+    prompt_tokens = 1 if job.mask is None else int(job.mask.sum())
+    return {"created_at": int(time.time()), "size": served.size, "output_format": body.output_format,
+            "background": "opaque",
+            "usage": {"input_tokens": prompt_tokens, "output_tokens": image_tokens,
+                      "total_tokens": prompt_tokens + image_tokens,
+                      "input_tokens_details": {"text_tokens": prompt_tokens if served.text else 0, "image_tokens": 0}}}
 
 
 async def _until_done(waiting: list[asyncio.Future], request: Any, served: "Served") -> list[Any]:
@@ -516,6 +540,9 @@ class Served:
                     f"{self.max_queue}); ask for at most {self.max_queue} per request")
         if body.size is not None and body.size not in (self.size, "auto"):
             return f"size: this model makes {self.size} images, not {cut(body.size)}; give {self.size!r} or 'auto'"
+        if body.partial_images:
+            return ("partial_images: this server does not stream partial images yet; give 0 (stream=true still "
+                    "reports each image's progress and sends each image as it is done)")
         if body.background == "transparent":
             return ("background: this model draws opaque images, it cannot make a transparent background; "
                     "give 'opaque' or 'auto'")
