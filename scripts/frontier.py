@@ -37,12 +37,17 @@ def settings(path: Path = SETTINGS) -> list[dict]:
 def sample(args: argparse.Namespace) -> int:
     root = Path(args.root)
     seed_sets = [int(s) for s in args.seed_sets.split(",")]
-    only = set(args.only.split(",")) if args.only else None
+    table = settings()
+    if args.only:  # in the order given
+        by_name = {s["name"]: s for s in table}
+        unknown = [n for n in args.only.split(",") if n not in by_name]
+        if unknown:
+            print(f"sample: no setting named {', '.join(unknown)} in {SETTINGS.name}", file=sys.stderr)
+            return 2
+        table = [by_name[n] for n in args.only.split(",")]
     failed = 0
     for seed in seed_sets:
-        for s in settings():
-            if only and s["name"] not in only:
-                continue
+        for s in table:
             run_seed = seed + int(s.get("seed_offset", 0))
             out = root / s["name"] / f"s{run_seed}"
             if (out / "samples.npz").exists():
@@ -170,6 +175,9 @@ def score(args: argparse.Namespace) -> int:
         rows.append(row)
         print(f"{s['name']}: {'indistinguishable' if verdict.indistinguishable else 'distinguishable'}; "
               + ", ".join(f"{m} {e.text()}" for m, e in verdict.vs_ar.items()), flush=True)
+    if args.keep:
+        rows = kept_rows(Path(args.keep), rows, seeds, len(ar_labels),
+                         {m: e.to_dict() for m, e in own(ar_scores, args.resamples).items()}, bands)
     fastest = max((r for r in rows if r["indistinguishable"] and r.get("bench")),
                   key=lambda r: r["bench"]["speedup"], default=None)
     out = {"kind": "frontier", "software": software_record(), "model": "demo",
@@ -185,6 +193,36 @@ def score(args: argparse.Namespace) -> int:
     if args.figure:
         figure(out, Path(args.figure))
     return 0
+
+
+def kept_rows(path: Path, rows: list[dict], seeds: list[int], n: int, ar_figures: dict, bands: dict) -> list[dict]:
+    """`rows` plus the rows of an earlier frontier file for the settings not scored now (their
+    sample folders are gone), in the settings file's order. Taken only when that file was
+    scored on the same seed sets and sample size against the same AR images (its AR figures
+    and band equal these, FD to 1e-4, which the deterministic sampler and scorer give for the
+    same seeds):
+    then its paired differences and verdicts hold against the same AR and band."""
+    import json
+
+    old = json.loads(path.read_text())
+    if old["seed_sets"] != seeds or old["per_setting"] != n:
+        raise SystemExit(f"score --keep: {path} holds seed sets {old['seed_sets']} x {old['per_setting']} images, "
+                         f"this run {seeds} x {n}")
+    if not (_close(old["ar"]["figures"], ar_figures) and _close(old["band"], bands)):
+        raise SystemExit(f"score --keep: {path}'s AR figures or band differ from this run's (other AR images): "
+                         "not comparable")
+    have = {r["name"] for r in rows}
+    merged = {r["name"]: r for r in old["settings"] if r["name"] not in have} | {r["name"]: r for r in rows}
+    order = [s["name"] for s in settings()]
+    return sorted(merged.values(), key=lambda r: order.index(r["name"]) if r["name"] in order else len(order))
+
+
+def _close(a, b, rel: float = 1e-4) -> bool:
+    """Equal numbers (nested dicts), up to the last digits FD's matrix square root may move
+    between runs on the same images."""
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_close(a[k], b[k], rel) for k in a)
+    return abs(a - b) <= rel * max(abs(a), abs(b), 1e-12)
 
 
 def figure(frontier: dict, path: Path) -> None:
@@ -270,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
                         "pays at small batches only")
     p.add_argument("--graph", action="store_true", help="capture the steps (compiles once per setting)")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--only", default="", help="comma-separated setting names (default: all)")
+    p.add_argument("--only", default="", help="comma-separated setting names, sampled in that order (default: all, "
+                        "in the file's order)")
     p.set_defaults(run=sample)
     p = sub.add_parser("score", help="quality of every finished setting against AR, beside the bench's speed")
     p.add_argument("--root", required=True)
@@ -278,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--resamples", type=int, default=200)
     p.add_argument("--out", required=True, help="the frontier result file (JSON)")
     p.add_argument("--figure", default="", help="also draw speed against quality to this PNG")
+    p.add_argument("--keep", default="", help="an earlier frontier file whose rows stand for settings not sampled "
+                   "under --root now (same seeds and AR images, checked)")
     p.set_defaults(run=score)
     p = sub.add_parser("table", help="the frontier file as a markdown table")
     p.add_argument("file")
