@@ -471,3 +471,28 @@ def test_serve_refuses_a_caption_encoder_for_a_class_model_with_one_line(run_cli
     res = run_cli("serve", "--device", "cpu", "--no-graph", "--t5-path", str(tmp_path), "--port", "8011")
     assert res.exit_code == 2 and res.stderr.strip().count("\n") == 0
     assert "--t5-path does nothing for a class-conditional model" in res.stderr
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--shutdown-timeout", "0"], "--shutdown-timeout must be in (0, 3600] seconds"),
+    (["--max-request-bytes", "10"], "--max-request-bytes must be at least 1024"),
+    (["--allowed-origins", "app.example.com"], "--allowed-origins: 'app.example.com' is no origin"),
+    (["--allowed-origins", "https://a.example.com/path"], "is no origin; give scheme://host[:port]"),
+    (["--root-path", "lantern/"], "--root-path 'lantern/': start it with / and end it without one"),
+    (["--api-key", " "], "--api-key / LANTERN_API_KEY is empty"),
+    (["--served-model-name", "demo,,x"], "--served-model-name: each name must be 1 to 256 characters"),
+    (["--host", "no.such.host.invalid"], "--host 'no.such.host.invalid'"),
+])
+def test_serve_refuses_a_bad_http_option_with_one_line_before_loading(run_cli, flags, message):
+    res = run_cli("serve", "--device", "cpu", "--no-graph", "--port", str(_free_port()), *flags)
+    assert res.exit_code == 2 and res.stderr.strip().count("\n") == 0, res.stderr
+    assert message in res.stderr
+
+
+def test_serve_refuses_a_port_in_use_with_one_line(run_cli):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        res = run_cli("serve", "--device", "cpu", "--no-graph", "--port", str(taken.getsockname()[1]))
+    assert res.exit_code == 2 and res.stderr.strip().count("\n") == 0, res.stderr
+    assert "Address already in use; choose another --port" in res.stderr

@@ -74,6 +74,7 @@ def serve(
     if not timeout > 0:
         raise UserError(f"--timeout must be > 0 seconds, got {timeout}")
     http = _http_options(shutdown_timeout, max_request_bytes, api_key, allowed_origins, root_path, disable_docs)
+    _check_address(host, port)  # before minutes of loading and capture
     names = _split(served_model_name)
     if any(not n.strip() or len(n) > 256 for n in names):
         raise UserError("--served-model-name: each name must be 1 to 256 characters (no empty name between commas)")
@@ -111,6 +112,9 @@ def serve(
                             shutdown_timeout)
     try:
         server.run()
+    except SystemExit as failed:  # uvicorn could not start (it logged why): no teardown with the engine running
+        engine.stop(drain=False, timeout=0.1)
+        _exit_now(failed.code if isinstance(failed.code, int) else 1)
     finally:
         # a warm-up still capturing is not waited for (the engine thread is a daemon)
         engine.stop(drain=False, timeout=(served.time_left() or 1.0) if engine.ready.is_set() else 0.1)
@@ -132,6 +136,25 @@ def _exit_now(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _check_address(host: str, port: int) -> None:
+    """Refuse, with one line, an address this process cannot listen on (taken, or not this host's)."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as err:
+        raise UserError(f"--host {host!r}: {err.strerror}; give an address of this machine (0.0.0.0: every "
+                        "interface)") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind(address)
+        except OSError as err:
+            raise UserError(f"cannot listen on {host}:{port}: {err.strerror}; choose another --port or stop what "
+                            "listens there") from None
 
 
 def _split(values: List[str] | None) -> list[str]:
