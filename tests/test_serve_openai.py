@@ -18,7 +18,6 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -285,3 +284,31 @@ def test_the_startup_line_says_where_what_and_how(server):
     line = next(line for line in log.read_text().splitlines() if line.startswith("runtime serve: "))
     assert base in line and "model demo, lantern-demo" in line and "method ar" in line and "device cpu" in line
     assert "API key required" in line and KEY not in log.read_text()
+
+
+def test_root_path_points_the_docs_at_the_proxys_prefix():
+    """--root-path /lantern: a proxy strips the prefix, so the routes answer at / and the docs
+    page loads its schema from /lantern/openapi.json; the docs are served (no --disable-docs)."""
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "runtime", "serve", "--device", "cpu", "--no-graph", "--method", "ar",
+                             "--port", str(port), "--root-path", "/lantern"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and proc.poll() is None:
+            try:
+                if _http(base + "/health", key=None)[0] == 200:
+                    break
+            except OSError:
+                time.sleep(0.2)
+        docs = _http(base + "/docs", key=None)
+        models = _http(base + "/v1/models", key=None)
+        schema = _http(base + "/openapi.json", key=None)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    assert docs[0] == 200 and "'/lantern/openapi.json'" in docs[2].decode()
+    assert models[0] == 200 and [m["id"] for m in json.loads(models[2])["data"]] == ["demo"]  # no key needed here
+    assert schema[0] == 200 and "/v1/images/generations" in json.loads(schema[2])["paths"]
+    assert "behind a proxy at /lantern" in proc.stderr.read()

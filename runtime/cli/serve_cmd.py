@@ -79,7 +79,7 @@ def serve(
     if any(not n.strip() or len(n) > 256 for n in names):
         raise UserError("--served-model-name: each name must be 1 to 256 characters (no empty name between commas)")
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401 - is the serve extra installed? (runtime.serve.drain uses it)
     except ImportError:
         raise UserError("runtime serve needs the serve extra: pip install 'lantern-runtime[serve]' "
                         "(FastAPI, uvicorn, prometheus-client)") from None
