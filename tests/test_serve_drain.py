@@ -145,6 +145,28 @@ def test_sigint_drains_the_same_way_and_exits_130():
 
 
 @pytest.mark.slow
+def test_a_second_ctrl_c_gives_up_the_requests_in_flight_at_once():
+    server = Server("--no-graph", "--method", "ar", "--batch-size", "1")
+    try:
+        server.wait_for("/ready")
+        asker, answer = _ask_in_background(server.base, {"prompt": "2", "n": 16})
+        _until_busy(server)
+        server.proc.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+        signalled = time.monotonic()
+        server.proc.send_signal(signal.SIGINT)
+        code = server.proc.wait(60)
+        took = time.monotonic() - signalled
+        asker.join(30)
+    finally:
+        stderr = server.stop_and_read()
+    assert code == 130 and took < 2.0, (code, took, stderr[-2000:])
+    assert answer["status"] == 503 and answer["body"]["error"]["code"] == "shutdown", answer
+    assert "a second Ctrl-C" in answer["body"]["error"]["message"]
+    assert "Traceback" not in stderr and "interrupted by SIGINT: stopped" in stderr, stderr[-2000:]
+
+
+@pytest.mark.slow
 def test_the_shutdown_timeout_bounds_the_drain():
     """A request longer than --shutdown-timeout is given up with a 503 naming the timeout, and the
     process is gone within the timeout of the SIGTERM."""

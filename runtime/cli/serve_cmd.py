@@ -3,7 +3,7 @@
 SIGTERM drains (runtime/serve/drain.py): the server keeps listening, /ready answers 503 and new
 requests 503 with Retry-After while the requests in flight finish, within --shutdown-timeout;
 then it exits 0. A first Ctrl-C drains the same way and exits 130 (interrupted, as every command
-does); a second exits at once.
+does); a second gives up the requests in flight (503) and exits at once.
 """
 
 from __future__ import annotations
@@ -119,6 +119,9 @@ def serve(
         # a warm-up still capturing is not waited for (the engine thread is a daemon)
         engine.stop(drain=False, timeout=(served.time_left() or 1.0) if engine.ready.is_set() else 0.1)
     if server.signals:  # drained: 0 after SIGTERM, 130 (interrupted, as every command) after Ctrl-C
+        if signal.SIGINT in server.signals:
+            print("interrupted by SIGINT: " + ("stopped; the requests in flight were answered 503" if served.abandoned
+                                               else "drained and stopped"), file=sys.stderr)
         _exit_now(130 if signal.SIGINT in server.signals else 0)
 
 
@@ -130,8 +133,6 @@ def _exit_now(code: int) -> None:
     import logging
     import os
 
-    if code == 130:
-        print("interrupted by SIGINT: drained and stopped", file=sys.stderr)
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

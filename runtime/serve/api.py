@@ -425,6 +425,8 @@ async def _until_done(waiting: list[asyncio.Future], request: Any, served: "Serv
     """The futures' results, checking every 0.25 s whether the client went away or the drain
     gave up on the requests in flight (`_Abandoned`)."""
     gathered = asyncio.gather(*waiting)
+    # a gather given up on (cancelled, or its images cancelled) has nobody to read its outcome
+    gathered.add_done_callback(lambda f: f.cancelled() or f.exception())
     deadline = time.monotonic() + served.timeout_s
     while True:
         left = deadline - time.monotonic()
@@ -467,17 +469,16 @@ class Served:
         self.in_flight = 0
         self.draining = False
         self.abandoned = False
+        self.abandoned_why = ""  # why the drain gave up ("--shutdown-timeout 25 s passed", ...)
         self.exit_by: float | None = None
-        self.shutdown_timeout_s: float | None = None
 
     def time_left(self) -> float | None:
         """Seconds until the drain's end (None: no drain under way, no bound)."""
         return None if self.exit_by is None else max(0.1, self.exit_by - time.monotonic())
 
     def abandoned_message(self) -> str:
-        bound = f" (--shutdown-timeout {self.shutdown_timeout_s:g} s)" if self.shutdown_timeout_s else ""
-        return (f"the server shut down before these images were done{bound}; retry (another replica may "
-                "answer)")
+        why = f" ({self.abandoned_why})" if self.abandoned_why else ""
+        return f"the server shut down before these images were done{why}; retry (another replica may answer)"
 
     def unknown_model(self, model: str) -> Refusal:
         """OpenAI's 404 for a model this server does not serve."""

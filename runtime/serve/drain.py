@@ -13,7 +13,8 @@ keeps listening instead. With T = --shutdown-timeout, from the first SIGTERM or 
                    during a --graph warm-up, is not waited for past T, and the command ends the
                    process without the interpreter's slow teardown)
 
-A second Ctrl-C exits at once. The exit status is 0 after SIGTERM and 130 after SIGINT (the
+A second Ctrl-C gives up the requests in flight at once (each answers 503) and exits within a
+second or so. The exit status is 0 after SIGTERM and 130 after SIGINT (the
 command raises SIGINT again once the server is down, as every command reports one).
 """
 
@@ -48,16 +49,16 @@ class DrainingServer(uvicorn.Server):
         self.signals.append(sig)
         if self._drain_since is None:
             self._drain_since = time.monotonic()
-            self.served.shutdown_timeout_s = self.shutdown_timeout_s
             self.served.exit_by = self._drain_since + self.shutdown_timeout_s
             self.served.draining = True
             _log.warning("%s: draining (%d API requests in flight; /ready answers 503; at most %g s)",
                          signal.Signals(sig).name, self.served.in_flight, self.shutdown_timeout_s)
             return
-        if sig == signal.SIGINT:  # a second Ctrl-C: now
+        if sig == signal.SIGINT:  # a second Ctrl-C: now (the requests in flight answer 503 first)
+            self.served.abandoned_why = "a second Ctrl-C"
             self.served.abandoned = True
             self.served.exit_by = time.monotonic()
-            self.should_exit = self.force_exit = True
+            self.should_exit = True
 
     async def on_tick(self, counter: int) -> bool:
         if await super().on_tick(counter):
@@ -71,6 +72,7 @@ class DrainingServer(uvicorn.Server):
         if elapsed >= give_up_at and not self.served.abandoned:
             _log.warning("drain: %d API requests still in flight after %g s; giving them up",
                          self.served.in_flight, elapsed)
+            self.served.abandoned_why = f"--shutdown-timeout {self.shutdown_timeout_s:g} s passed"
             self.served.abandoned = True  # each answers 503 within a quarter second
         return elapsed >= give_up_at + CLOSE_S / 2
 

@@ -249,8 +249,9 @@ class Engine:
                 self.decoder.generate_stream(self._next, self._done, wait=self._wait, cancelled=self._is_cancelled,
                                              on_progress=_progress)
             except Exception as err:  # noqa: BLE001 - fail the images it touched, keep serving
-                _log.error("engine error: %s", err)
                 failed = list(self._running.values())
+                _log.error("engine error: %s (request ids: %s)", err,
+                           ", ".join(sorted({job.request for job in failed})) or "none")
                 self._running.clear()
                 self.stats.busy_slots = 0
                 for job in failed:
