@@ -205,3 +205,31 @@ def test_sigterm_during_a_graph_warm_up_exits_within_the_shutdown_timeout():
     assert warming[0] == 503 and warming[2]["error"]["code"] == "warming_up", warming
     assert code == 0, stderr[-2000:]
     assert took <= bound + 0.5, f"exited {took:.1f} s after SIGTERM, past --shutdown-timeout {bound:g}"
+
+
+@pytest.mark.slow
+def test_a_stream_in_flight_at_sigterm_runs_to_its_end():
+    """A streamed request counts as in flight: the drain waits for its last image and `[DONE]`."""
+    server = Server("--no-graph", "--method", "ar", "--batch-size", "1", "--shutdown-timeout", "120")
+    lines: list[str] = []
+
+    def stream() -> None:
+        body = json.dumps({"prompt": "7", "n": 4, "seed": 1, "stream": True}).encode()
+        request = urllib.request.Request(server.base + "/v1/images/generations", data=body,
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=300) as r:
+            lines.extend(line.decode().strip() for line in r)
+
+    try:
+        server.wait_for("/ready")
+        reader = threading.Thread(target=stream)
+        reader.start()
+        _until_busy(server)
+        server.proc.send_signal(signal.SIGTERM)
+        reader.join(300)
+        code = server.proc.wait(120)
+    finally:
+        stderr = server.stop_and_read()
+    completed = [line for line in lines if line == "event: image_generation.completed"]
+    assert len(completed) == 4 and [line for line in lines if line][-1] == "data: [DONE]", lines[-5:]
+    assert code == 0, stderr[-2000:]
