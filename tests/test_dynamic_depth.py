@@ -96,6 +96,22 @@ def test_ddd_tokens_do_not_depend_on_the_batch():
     assert one.stats["mean_drafted_depth"] == pytest.approx(three.stats["mean_drafted_depth"])
 
 
+@pytest.mark.parametrize("greedy", [False, True], ids=["sampling", "greedy"])
+@pytest.mark.parametrize("kw", [DYN, dict(DYN, lantern_lambda=3.0), SD_DYN], ids=["lantern++", "lantern++ relaxed", "sd"])
+def test_dynamic_depth_tokens_do_not_depend_on_the_batch(kw, greedy):
+    """--dynamic-depth cuts each image at its own first failed check: an image whose batch-mates
+    have the tree verified deeper accepts nothing below its cut, so it makes the tokens it makes
+    alone (at B = 1, 3 and 8), and each image's drafted depth is its own."""
+    target, drafter = tiny_pair(vocab=8, sharpness=1.0)
+    s = spec(SamplingParams(greedy=greedy, cfg=2.0), **kw)
+    conds = [0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 0]
+    runs = {b: generate(target, drafter, s, conds, seed=7, batch_size=b, neighbours=neighbours(8)) for b in (1, 3, 8)}
+    for b in (3, 8):
+        assert torch.equal(runs[1].tokens, runs[b].tokens), b
+        assert runs[1].stats["mean_drafted_depth"] == pytest.approx(runs[b].stats["mean_drafted_depth"]), b
+    assert _depth_varied(runs[1].stats, kw), runs[1].stats["mean_drafted_depth"]
+
+
 def test_dynamic_depth_greedy_is_exact_in_a_batch():
     """A batch verifies the deepest prefix any of its images wants; greedy stays AR's."""
     target, drafter = tiny_pair(vocab=8, sharpness=1.0)

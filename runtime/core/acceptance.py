@@ -248,7 +248,7 @@ def _path_sum(x: torch.Tensor, w: _Walk) -> torch.Tensor:
 
 
 def accept_greedy(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers,
-                  relax: Relaxation = Relaxation()) -> Accepted:
+                  relax: Relaxation = Relaxation(), cap: torch.Tensor | None = None) -> Accepted:
     """Greedy verification.
 
     Exact: a node is accepted if its token is the target argmax after its parent; the
@@ -274,6 +274,8 @@ def accept_greedy(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers,
         mass_used = c.view(b, n1).masked_fill(ok, 0.0)
         ok = ok | relaxed_ok
     ok[:, 0] = True
+    if cap is not None:  # nothing below an image's own cut (its bonus is the argmax there anyway)
+        ok &= tree.depth[None] <= cap[:, None]
     weights = tree.walk_weights()
     tie = reference_row_order(tree, weights) if relax.paper and tree.batched else None
     w = _walk(ok.to(p.dtype), tree, rows, weights, tie)
@@ -318,7 +320,8 @@ def relaxed_mixture(r: torch.Tensor, q: torch.Tensor, relax: Relaxation,
 
 def accept_sampling(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers, rng: CounterRNG,
                     q: torch.Tensor | None = None, relax: Relaxation = Relaxation(),
-                    uniforms: torch.Tensor | None = None, rows: torch.Tensor | None = None) -> Accepted:
+                    uniforms: torch.Tensor | None = None, rows: torch.Tensor | None = None,
+                    cap: torch.Tensor | None = None) -> Accepted:
     """Multi-draft recursive rejection sampling over the tree, every parent at once.
 
     The rule. At a node with target r its children are tried in rank order. Child x, drawn
@@ -364,6 +367,12 @@ def accept_sampling(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers, rn
     A residual of zero mass (reachable only through float rounding) falls back to p after
     the node, so no token of probability zero is ever returned.
 
+    A per-image depth cap (`cap` (B,), --dynamic-depth: the depth image i's own check chose,
+    when its batch-mates had the tree verified deeper): image i accepts no node below cap[i]
+    and a node at cap[i] is its leaf (bonus from p after it), which is what it gets verifying
+    its own prefix alone. Nodes at or above the cap see the same children, the same p and, with
+    `uniforms` drawn for the whole tree (u first, the bonus's V last), the same numbers.
+
     The rules. Everything above is rule "bounded". Rule "paper" (`relax.rule`, the default of
     the methods) does what the reference code (jadohu/LANTERN, `evaluate_posterior` and
     `evaluate_posterior_v1` of ea_model_llamagen.py) does, stage by stage against the current
@@ -386,7 +395,7 @@ def accept_sampling(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers, rn
     # one draw per node (its acceptance test) and one noise row for the bonus; `uniforms`
     # (B, N+1+V): these numbers, drawn already (with the drafts' noise, in the draft step)
     noise = rng.uniform(b, n1 + v) if uniforms is None else uniforms
-    u, bonus_u = noise[:, :n1], noise[:, n1:]
+    u, bonus_u = noise[:, :n1], noise[:, noise.size(1) - v:]
     t = tree.per_image(b)
     rows = torch.arange(b, device=p.device) if rows is None else rows  # the caller's arange(B), if it keeps one
     weights = tree.walk_weights()
@@ -412,7 +421,10 @@ def accept_sampling(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers, rn
         shift = torch.zeros_like(a)
         bonus_rows = None
 
-    w = _first_wins_walk((u < a).to(p.dtype), tree, rows, weights)
+    passed = u < a
+    if cap is not None:
+        passed &= t.depth <= cap[:, None]
+    w = _first_wins_walk(passed.to(p.dtype), tree, rows, weights)
     best, count, path = w.best, w.count, w.path
     # bonus: from the residual left after every child of `best` was rejected
     p_best = p[rows, best]
@@ -422,6 +434,8 @@ def accept_sampling(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers, rn
         r = p_best * torch.ones(b, v + 1, dtype=p.dtype, device=p.device).scatter_(1, kids, 0.0)[:, :v]
     else:
         r = bonus_rows(best, rows, w.stage_position)
+    if cap is not None:  # an image's leaf at its cut: p after it, its children never judged
+        r = torch.where((count - 1 >= cap)[:, None], p_best, r)
     r = torch.where(r.sum(-1, keepdim=True) > 0, r, p_best)
     bonus = race(r, bonus_u)
     relax_mass = _path_sum(shift, w) if relax.active else torch.zeros_like(bonus, dtype=p.dtype)
@@ -768,10 +782,12 @@ class AcceptRule:
     """Acceptance chosen once per decoder (greedy or sampling is the rule's business, as in
     vLLM's rejection sampler): `rule(tokens, p, q, tree, uniforms)` -> `Accepted`, with the
     shapes of the module docstring; q is None for deterministic drafts, uniforms (B, N+1+V) the
-    numbers a policy drew already (None: the rule draws its own)."""
+    numbers a policy drew already (None: the rule draws its own; wider is allowed, the bonus
+    then reads the last V), cap (B,) long or None: image i accepts no node deeper than cap[i],
+    a node at that depth being its leaf (`accept_sampling`)."""
 
     def __call__(self, tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor | None, tree: TreeBuffers,
-                 uniforms: torch.Tensor | None = None) -> Accepted:
+                 uniforms: torch.Tensor | None = None, cap: torch.Tensor | None = None) -> Accepted:
         raise NotImplementedError
 
 
@@ -781,8 +797,8 @@ class GreedyAccept(AcceptRule):
 
     relax: Relaxation
 
-    def __call__(self, tokens, p, q, tree, uniforms=None):  # type: ignore[override]
-        return accept_greedy(tokens, p, tree, self.relax)
+    def __call__(self, tokens, p, q, tree, uniforms=None, cap=None):  # type: ignore[override]
+        return accept_greedy(tokens, p, tree, self.relax, cap)
 
 
 @dataclass(frozen=True)
@@ -793,8 +809,9 @@ class SamplingAccept(AcceptRule):
     relax: Relaxation
     rows: torch.Tensor | None = None
 
-    def __call__(self, tokens, p, q, tree, uniforms=None):  # type: ignore[override]
-        return accept_sampling(tokens, p, tree, self.rng, q=q, relax=self.relax, uniforms=uniforms, rows=self.rows)
+    def __call__(self, tokens, p, q, tree, uniforms=None, cap=None):  # type: ignore[override]
+        return accept_sampling(tokens, p, tree, self.rng, q=q, relax=self.relax, uniforms=uniforms, rows=self.rows,
+                               cap=cap)
 
 
 @dataclass(frozen=True)
@@ -804,7 +821,9 @@ class GroupedAccept(AcceptRule):
     rng: CounterRNG
     group: GroupRule
 
-    def __call__(self, tokens, p, q, tree, uniforms=None):  # type: ignore[override]
+    def __call__(self, tokens, p, q, tree, uniforms=None, cap=None):  # type: ignore[override]
+        if cap is not None:
+            raise ValueError("grouped acceptance takes no per-image depth cap")
         return accept_grouped(tokens, p, q, tree, self.rng, self.group)
 
 

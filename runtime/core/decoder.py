@@ -454,7 +454,7 @@ class Decoder:
         n1 = tree.size
         tokens, p = self.tokens[:, :n1], self.p[:, :n1]
         q = self.q[:, :n1] if self.policy.sampled_q else None
-        acc: Accepted = self.accept_rule(tokens, p, q, tree, self.policy.accept_uniforms())
+        acc: Accepted = self.accept_rule(tokens, p, q, tree, self.policy.accept_uniforms(), self.policy.depth_cap())
         path, bonus = acc.path, acc.bonus  # (B, M), (B,)
         if path.size(1) < self.max_depth + 1:  # a prefix tree: pad as path_table does (repeat the last)
             path = torch.cat([path, path[:, -1:].expand(-1, self.max_depth + 1 - path.size(1))], 1)

@@ -145,6 +145,11 @@ class DraftPolicy:
         (what `accept_sampling` would draw next), or None: acceptance draws its own."""
         return None
 
+    def depth_cap(self) -> torch.Tensor | None:
+        """(B,) long: the deepest level each image verifies when that is its own choice and may
+        be shallower than the prefix its batch verifies (`accept_sampling`'s cap), else None."""
+        return None
+
 
 class DrafterPolicy(DraftPolicy):
     """Shared by the drafter-head policies: the drafter cache and the pending block.
@@ -309,7 +314,20 @@ class StaticTreePolicy(DrafterPolicy):
         return neg_exponential_from_uniform(self.draws[:, : parents * state.vocab].view(state.batch, parents, state.vocab))
 
     def accept_uniforms(self) -> torch.Tensor | None:
-        return None if self.draws is None else self.draws[:, self.levels[-1][0] * self.state.vocab:]
+        state = self.state
+        if self.draws is not None:
+            return self.draws[:, self.levels[-1][0] * state.vocab:]
+        if state.spec.dynamic_depth is not None and not state.params.greedy:
+            # drawn for the whole tree whatever prefix is verified, so an image's numbers do not
+            # depend on how deep its batch-mates had the tree verified
+            return state.rng.uniform(state.batch, self.tree.size + state.vocab)
+        return None
+
+    def depth_cap(self) -> torch.Tensor | None:
+        return self.cut if self.state.spec.dynamic_depth is not None else None
+
+    def drafted_levels(self) -> torch.Tensor | None:
+        return self.cut if self.state.spec.dynamic_depth is not None else None
 
     def _pick(self, d: int, noise: torch.Tensor | None) -> None:
         """Level d's tokens: each parent's top-k (greedy) or k samples without replacement."""
@@ -367,6 +385,9 @@ class StaticTreePolicy(DrafterPolicy):
         # --dynamic-depth state
         self.path_prob = torch.ones(state.batch, self.tree.size, device=state.device)
         self.confident = torch.ones(state.batch, dtype=torch.bool, device=state.device)
+        # each image's own cut: the depth after which its first failed check stopped it (the
+        # whole tree when none failed); its batch-mates may have the tree verified deeper
+        self.cut = torch.full((state.batch,), self.tree.max_depth, dtype=torch.long, device=state.device)
         self.noise = None if state.params.greedy else torch.zeros(
             state.batch, self.levels[-1][0], state.vocab, device=state.device)
 
@@ -412,6 +433,7 @@ class StaticTreePolicy(DrafterPolicy):
     # probability falls below the threshold, as before.
     def _first_level(self) -> None:
         """Segment 0: the root's q, level 1 picked, its q, and whether level 2 is verified."""
+        self.cut.fill_(self.tree.max_depth)
         self.draft_hidden[:, 0] = self._root_level()
         if self.noise is not None:
             self.noise.copy_(self._noise())
@@ -443,6 +465,8 @@ class StaticTreePolicy(DrafterPolicy):
         start, end = self.levels[d - 1]
         reach = self.path_prob[:, start:end] * self.state.q[:, start:end].amax(-1)  # (B, width)
         self.confident.copy_(reach.amax(-1) >= self.state.spec.dynamic_depth)
+        # the first failed check cuts the image at depth d (a later one cannot deepen it)
+        self.cut.copy_(torch.where(self.confident | (self.cut <= d), self.cut, d))
 
 
 class DynamicTreePolicy(DrafterPolicy):
