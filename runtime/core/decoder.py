@@ -51,6 +51,26 @@ MODEL_PARTS = ("target model", "drafter")
 NO_POSITION = 1 << 40
 
 
+@dataclass(frozen=True)
+class SlotRequest:
+    """One image to decode in a slot: key (the caller's name for it, returned with its result),
+    cond (1,) label or (1, cls, caption_dim) / (1, cls) prompt, mask (1, cls) or None, seed (its
+    random stream: its tokens depend on nothing else)."""
+    key: Any
+    cond: torch.Tensor
+    mask: torch.Tensor | None
+    seed: int
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A done image: its slot, its request's key, tokens (block_size,) on the device, statistics."""
+    slot: int
+    key: Any
+    tokens: torch.Tensor
+    stats: "ImageStats"
+
+
 class NonFiniteError(UserError):
     """A model produced NaN or infinite logits while decoding (named part, first token index)."""
 
@@ -269,6 +289,12 @@ class Decoder:
         self.captured = backend is None or not getattr(backend, "graph_mode", False)
         # kernels the graph compiler generated for each captured step (phase -> count)
         self.kernels_per_step: dict[str, int] = {}
+        # the slot API's bookkeeping: the request each slot holds, the same as a device mask
+        # (what `finished` checks), whether the batch was prefilled, the counts last read
+        self.slots: list[SlotRequest | None] = [None] * b
+        self.active = torch.zeros(b, dtype=torch.bool, device=dev)
+        self._running = False
+        self._counts: list[int] | None = None
 
     # ------------------------------------------------------------------------------------
     def capture_steps(self, cond: torch.Tensor, cond_mask: torch.Tensor | None) -> None:
@@ -507,7 +533,112 @@ class Decoder:
         self.tokens[:, :1] = token
         self.count_hist[:, 1].add_(live)
 
-    # -- the loop -------------------------------------------------------------------------------
+    # -- the slot API: admit -> step -> finished -> release ----------------------------------
+    # A caller (generate_many, the server's engine) schedules; the decoder executes and updates.
+    # Which slot holds which request lives here (`slots`), nowhere else.
+    def admit(self, slot: int, request: SlotRequest) -> None:
+        """Start `request` in the free `slot` (0 <= slot < B). Before the first step, requests
+        are held and the first step captures (graph mode) and prefills them together; after
+        it, the slot's image starts at once (`start_image`) while the others keep theirs."""
+        if self.slots[slot] is not None:
+            raise ValueError(f"slot {slot} is busy (holds {self.slots[slot].key!r})")
+        self.slots[slot] = request
+        if self._running:
+            with self._timer().phase("prefill"):
+                self.start_image(slot, request.cond, request.mask, request.seed)
+        self.active[slot] = True
+
+    def release(self, slot: int) -> None:
+        """Free `slot` (its image finished and was collected, or was cancelled): it keeps stepping
+        with every advance multiplied by 0 until a new request is admitted to it."""
+        self.slots[slot] = None
+        self.active[slot] = False
+
+    def busy(self) -> list[int]:
+        """The slots holding a request."""
+        return [i for i, r in enumerate(self.slots) if r is not None]
+
+    def step(self) -> None:
+        """One iteration for every slot: draft, verify, accept (the busy slots' images advance;
+        no host read but the draft's depth checks, when the method has them)."""
+        if not self._running:
+            self._start_batch()
+        timer = self._timer()
+        depth = self.max_depth
+        if self.draft_segments:
+            with timer.phase("draft"):
+                depth = self.run_draft()
+        with timer.phase("verify"):
+            self.verify_at[depth]()
+        if self.measure_law and self.max_depth and self.group is None and not self.params.greedy:
+            if self._iteration % self.law_every == 0:
+                self._measure_law(depth)
+            self._iteration += 1
+        with timer.phase("accept"):
+            self.accept_at[depth]()
+        mark = getattr(self.backend, "mark_step", None)
+        if mark is not None:
+            mark()
+
+    def finished(self, progress: bool = False) -> list[Finished]:
+        """The busy slots whose image is done, with its tokens (block_size,) on the device and
+        statistics; still busy until `release`. The iteration's one host read: whether any is
+        done (then the counts and the NaN flags). progress: read the counts in any case, for
+        `progress()`. Raises NonFiniteError for an image whose logits held NaN or inf."""
+        self._counts = None
+        if not self._running:
+            return []
+        if progress or bool(((self.count >= self.num_tokens) & self.active).any()):
+            self._counts = self.count.tolist()
+        if self._counts is None:
+            return []
+        done, nonfinite = [], None
+        for i, request in enumerate(self.slots):
+            if request is None or self._counts[i] < self.num_tokens:
+                continue
+            if nonfinite is None:
+                nonfinite = self.nonfinite.tolist()
+            for part, at in zip(MODEL_PARTS, nonfinite):
+                if at[i] != NO_POSITION:
+                    raise NonFiniteError(
+                        f"the {part} produced NaN or infinite logits for image {request.key} at image token "
+                        f"{at[i]} ({str(self.dtype).replace('torch.', '')}); decoding stopped. Finite weights "
+                        "overflow in fp16: use --dtype bf16 or fp32")
+            done.append(Finished(i, request.key, self.out[i, : self.num_tokens].clone(), self._image_stats(i)))
+        return done
+
+    def progress(self) -> list[tuple[Any, int]]:
+        """(key, tokens known) of every busy slot, from the counts the last `finished(progress=True)`
+        read (no host read of its own); empty when it read none."""
+        if self._counts is None:
+            return []
+        return [(r.key, min(self._counts[i], self.num_tokens)) for i, r in enumerate(self.slots) if r is not None]
+
+    def _start_batch(self) -> None:
+        """The first step's prefill (and capture, in graph mode) of the admitted requests; a slot
+        with none decodes a copy of the first, unused (its advances are multiplied by 0)."""
+        held = [r for r in self.slots if r is not None]
+        if not held:
+            raise ValueError("step() before any request was admitted")
+        padded = [r if r is not None else held[0] for r in self.slots]
+        cond = torch.cat([r.cond for r in padded])
+        mask = None if padded[0].mask is None else torch.cat([r.mask for r in padded])
+        timer = self._timer()
+        if not self.captured:
+            with timer.phase("capture"):
+                self.capture_steps(cond, mask)
+        with timer.phase("prefill"):
+            self.prefill(cond, mask, [r.seed for r in padded])
+        self._running = True
+
+    def reset_slots(self) -> None:
+        """Forget every slot and the running batch: the next admitted requests are prefilled
+        together by the next step (a new workload; captured steps are kept)."""
+        self.slots = [None] * self.batch
+        self.active.zero_()
+        self._running, self._counts = False, None
+
+    # -- loops over the slot API --------------------------------------------------------------
     @torch.no_grad()
     def generate_many(self, conds: list[tuple[torch.Tensor, torch.Tensor | None, int]],
                       on_image: Callable[[int, torch.Tensor, ImageStats], None] | None = None
@@ -516,123 +647,25 @@ class Decoder:
         mask (1, cls) or None, seed). The first B images fill the slots; each time one is done
         its slot starts the next. Returns each image's tokens (block_size,) on the device and
         statistics, in workload order; `on_image(j, tokens, stats)` is called as each is done.
-        With fewer than B images the spare slots decode a copy of the last one, unused."""
+        With fewer than B images the spare slots decode a copy of the first one, unused."""
         n = len(conds)
         tokens: list[torch.Tensor | None] = [None] * n
         stats: list[ImageStats | None] = [None] * n
-        order = iter(range(n))
-
-        def next_image() -> tuple[int, torch.Tensor, torch.Tensor | None, int] | None:
-            j = next(order, None)
-            return None if j is None else (j, *conds[j])
-
-        def done(j: int, t: torch.Tensor, s: ImageStats) -> None:
-            tokens[j], stats[j] = t, s
-            if on_image is not None:
-                on_image(j, t, s)
-
-        self.generate_stream(next_image, done)
+        waiting = iter(range(n))
+        self.reset_slots()
+        for slot in range(self.batch):
+            if (j := next(waiting, None)) is not None:
+                self.admit(slot, SlotRequest(j, *conds[j]))
+        while self.busy():
+            self.step()
+            for done in self.finished():
+                tokens[done.key], stats[done.key] = done.tokens, done.stats
+                if on_image is not None:
+                    on_image(done.key, done.tokens, done.stats)
+                self.release(done.slot)
+                if (j := next(waiting, None)) is not None:
+                    self.admit(done.slot, SlotRequest(j, *conds[j]))
         return tokens, stats  # type: ignore[return-value]
-
-    def generate_stream(self, next_image: Callable[[], tuple[Any, torch.Tensor, torch.Tensor | None, int] | None],
-                        on_image: Callable[[Any, torch.Tensor, ImageStats], None], *,
-                        wait: Callable[[], tuple[Any, torch.Tensor, torch.Tensor | None, int] | None] | None = None,
-                        cancelled: Callable[[Any], bool] | None = None,
-                        on_progress: Callable[[list[tuple[Any, int]]], None] | None = None,
-                        progress_every: int = 8) -> None:
-        """Continuous batching: images join free slots between steps and leave when done.
-
-        next_image() -> (key, cond, mask, seed) or None (nothing waiting), asked whenever a slot
-        is free: when an image is done, and before each step for slots with no image. on_image(key,
-        tokens (block_size,) on the device, stats) as each image is done. wait() blocks until an
-        image arrives (returns it) or the caller stops (None); without it the loop ends when every
-        slot is free and next_image() has nothing. cancelled(key): the image's slot is freed before
-        the next step (its tokens are dropped). on_progress([(key, tokens known), ...]) for the busy
-        slots every `progress_every` iterations (read with the iteration's one host sync). An image's
-        tokens depend only on its seed, not on when it joined or what decodes beside it."""
-        timer = self._timer()
-        b = self.batch
-        first: list[tuple[Any, torch.Tensor, torch.Tensor | None, int]] = []
-        while len(first) < b and (item := next_image()) is not None:
-            first.append(item)
-        if not first and (wait is None or (item := wait()) is None):
-            return
-        if not first:
-            first.append(item)
-        padded = [first[min(i, len(first) - 1)] for i in range(b)]  # spare slots decode a copy, unused
-        cond = torch.cat([c for _, c, _, _ in padded])
-        mask = None if padded[0][2] is None else torch.cat([m for _, _, m, _ in padded])
-        if not self.captured:
-            with timer.phase("capture"):
-                self.capture_steps(cond, mask)
-        with timer.phase("prefill"):
-            self.prefill(cond, mask, [seed for _, _, _, seed in padded])
-        holder: list[Any] = [first[i][0] if i < len(first) else None for i in range(b)]  # image key per slot
-        busy = [i < len(first) for i in range(b)]
-        mark = getattr(self.backend, "mark_step", None)
-        active = torch.tensor(busy, device=self.device)
-        iteration = 0
-
-        def start(i: int, item: tuple[Any, torch.Tensor, torch.Tensor | None, int]) -> None:
-            key, c, m, seed = item
-            holder[i], busy[i] = key, True
-            active[i] = True
-            with timer.phase("prefill"):
-                self.start_image(i, c, m, seed)
-
-        def free(i: int) -> None:
-            holder[i], busy[i] = None, False
-            active[i] = False
-
-        while True:
-            due = on_progress is not None and iteration > 0 and iteration % progress_every == 0
-            # the one host sync per iteration: the counts, read when an image is done or progress is due
-            if due or bool(((self.count >= self.num_tokens) & active).any()):
-                counts = self.count.tolist()
-            else:
-                counts = None
-            if due:
-                on_progress([(holder[i], min(counts[i], self.num_tokens)) for i in range(b) if busy[i]])
-            nonfinite = None
-            for i in range(b if counts is not None else 0):
-                if not busy[i] or counts[i] < self.num_tokens:
-                    continue
-                if nonfinite is None:
-                    nonfinite = self.nonfinite.tolist()
-                for part, at in zip(MODEL_PARTS, nonfinite):
-                    if at[i] != NO_POSITION:
-                        raise NonFiniteError(
-                            f"the {part} produced NaN or infinite logits for image {holder[i]} at image token "
-                            f"{at[i]} ({str(self.dtype).replace('torch.', '')}); decoding stopped. Finite weights "
-                            "overflow in fp16: use --dtype bf16 or fp32")
-                on_image(holder[i], self.out[i, : self.num_tokens].clone(), self._image_stats(i))
-                free(i)
-                if (item := next_image()) is not None:
-                    start(i, item)
-            for i in range(b):
-                if busy[i] and cancelled is not None and cancelled(holder[i]):
-                    free(i)
-                if not busy[i] and (item := next_image()) is not None:  # a waiting image joins
-                    start(i, item)
-            if not any(busy):
-                if wait is None or (item := wait()) is None:
-                    break
-                start(0, item)
-            depth = self.max_depth
-            if self.draft_segments:
-                with timer.phase("draft"):
-                    depth = self.run_draft()
-            with timer.phase("verify"):
-                self.verify_at[depth]()
-            if self.measure_law and self.max_depth and self.group is None and not self.params.greedy:
-                if self._iteration % self.law_every == 0:
-                    self._measure_law(depth)
-                self._iteration += 1
-            with timer.phase("accept"):
-                self.accept_at[depth]()
-            if mark is not None:
-                mark()
-            iteration += 1
 
     @torch.no_grad()
     def generate_one(self, cond: torch.Tensor, cond_mask: torch.Tensor | None = None,

@@ -1,5 +1,7 @@
-"""The serving engine: one thread drives the captured decoder; requests' images join free slots
-between steps and leave when done (`Decoder.generate_stream`).
+"""The serving engine: one thread drives the captured decoder through its slot API (admit ->
+step -> finished -> release); requests' images join free slots between steps and leave when done.
+The `Scheduler` (queue, cancellations, the method for the current occupancy) decides; the
+decoder executes; the engine's loop is the one place that connects them.
 
 An image is a `Job` (its class, seed and a future for its tokens). `Engine.submit` queues a
 request's jobs or refuses them whole when the queue would exceed `max_queue` (the server answers
@@ -158,12 +160,15 @@ class Engine:
             self._thread.join(timeout)
 
     # -- the engine thread ---------------------------------------------------------------------
-    def _item(self, job: Job) -> tuple[Job, torch.Tensor, torch.Tensor | None, int]:
+    def _request(self, job: Job) -> Any:
+        """The decoder's `SlotRequest` for a job, which starts running now."""
+        from runtime.core.decoder import SlotRequest
+
         job.started_at = time.perf_counter()
         self._running[id(job)] = job
         self.stats.busy_slots = len(self._running)
         cond = job.cond if job.cond is not None else torch.tensor([job.label], device=self.device)
-        return job, cond, job.mask, job.seed
+        return SlotRequest(job, cond, job.mask, job.seed)
 
     def _desired(self) -> str:
         """The method for the images waiting and running now (the one in use without `choose`)."""
@@ -171,31 +176,26 @@ class Engine:
             return self.current
         return self.choose(max(1, min(self.decoder.batch, len(self._running) + len(self._queue))))
 
-    def _next(self) -> tuple[Job, torch.Tensor, torch.Tensor | None, int] | None:
+    def _take(self) -> Job | None:
+        """The next queued job to admit, or None: nothing is queued, or a method switch is due
+        (the running images finish first; each image is made by one method)."""
         with self._cv:
             if self._queue and self._desired() != self.current:
-                return None  # a switch is due: let the running images finish first
+                return None
             while self._queue:
                 job = self._queue.popleft()
                 if not job.future.cancelled():
-                    return self._item(job)
+                    return job
             return None
 
-    def _wait(self) -> tuple[Job, torch.Tensor, torch.Tensor | None, int] | None:
+    def _idle(self) -> str:
+        """Every slot is free: block until there is work; "work", "switch" (to `_desired()`) or "stop"."""
         with self._cv:
             while not self._queue and not self._stopping:
                 self._cv.wait()
             if self._stopping and (not self._drain or not self._queue):
-                return None
-            if self._desired() != self.current:
-                return None  # every slot is free: the engine switches decoders
-        return self._next() or self._wait()
-
-    def _is_cancelled(self, job: Job) -> bool:
-        if job.future.cancelled():
-            self._release(job)
-            return True
-        return False
+                return "stop"
+            return "switch" if self._desired() != self.current else "work"
 
     def _release(self, job: Job) -> None:
         self._running.pop(id(job), None)
@@ -234,20 +234,56 @@ class Engine:
                 self.stats.bound_warnings[self.current] = warning
                 _log.warning(warning)
 
+    def _decode(self, decoder: Any) -> str:
+        """Serve with one decoder until it is idle and the loop must switch or stop: schedule
+        (drop cancelled images, admit queued ones into free slots), execute (one step), update
+        (collect finished images). Returns "switch" or "stop"."""
+        decoder.reset_slots()
+        iteration = 0
+        while True:
+            progress = iteration > 0 and iteration % PROGRESS_EVERY == 0
+            for done in decoder.finished(progress=progress):
+                decoder.release(done.slot)
+                self._done(done.key, done.tokens, done.stats)
+            for job, known in decoder.progress():
+                job.tokens_done = known
+            for slot in decoder.busy():
+                job = decoder.slots[slot].key
+                if job.future.cancelled():  # a client that went away: its slot is free now
+                    decoder.release(slot)
+                    self._release(job)
+            for slot in range(decoder.batch):
+                if decoder.slots[slot] is None and (job := self._take()) is not None:
+                    decoder.admit(slot, self._request(job))
+            if not decoder.busy():
+                what = self._idle()
+                if what != "work":
+                    return what
+                continue
+            decoder.step()
+            iteration += 1
+
+    def _warm_up(self, job: Job) -> None:
+        """Decode `job` once with every decoder (their steps captured before `ready`); its
+        tokens are thrown away."""
+        for decoder in self.decoders.values():
+            decoder.reset_slots()
+            decoder.admit(0, self._request(job))
+            try:
+                while not decoder.finished():
+                    decoder.step()
+            finally:
+                self._release(job)
+
     def _run(self, warm_up: Job | None) -> None:
         torch.set_grad_enabled(False)
         if warm_up is not None:
-            for decoder in self.decoders.values():  # capture every decoder's steps before `ready`
-                try:
-                    decoder.generate_stream(lambda: None, lambda *a: None, wait=_once(self._item(warm_up)))
-                finally:
-                    self._release(warm_up)
+            self._warm_up(warm_up)
         self._captured_at_ready = dict(self.capture_count)
         self.ready.set()
         while True:
             try:
-                self.decoder.generate_stream(self._next, self._done, wait=self._wait, cancelled=self._is_cancelled,
-                                             on_progress=_progress)
+                what = self._decode(self.decoder)
             except Exception as err:  # noqa: BLE001 - fail the images it touched, keep serving
                 failed = list(self._running.values())
                 _log.error("engine error: %s (request ids: %s)", err,
@@ -257,14 +293,18 @@ class Engine:
                 for job in failed:
                     self.stats.images_failed += 1
                     _settle(job.future, error=err)
-            with self._cv:
-                if self._stopping and (not self._drain or not self._queue):
-                    return
+                what = self._idle()
+            if what == "stop":
+                return
+            if what == "switch":  # the method switch: every slot is free
                 wanted = self._desired()
-                if wanted != self.current:
-                    _log.info("occupancy %d: switching from %s to %s", len(self._queue), self.current, wanted)
-                    self.current = wanted
-                    self.switches += 1
+                _log.info("occupancy %d: switching from %s to %s", len(self._queue), self.current, wanted)
+                self.current = wanted
+                self.switches += 1
+
+
+# the busy slots' token counts are read (with the iteration's host read) every this many steps
+PROGRESS_EVERY = 8
 
 
 def _settle(future: Future, result: Any = None, error: BaseException | None = None) -> None:
@@ -277,14 +317,3 @@ def _settle(future: Future, result: Any = None, error: BaseException | None = No
             future.set_result(result)
     except InvalidStateError:
         pass
-
-
-def _progress(known: list[tuple[Job, int]]) -> None:
-    for job, tokens in known:
-        job.tokens_done = tokens
-
-
-def _once(item: Any) -> Callable[[], Any]:
-    """A `wait` that yields `item` once, then None (the loop ends)."""
-    box = [item]
-    return lambda: box.pop() if box else None
