@@ -401,6 +401,59 @@ def test_a_streamed_request_reports_progress_then_each_image_as_it_is_done_then_
         assert all(body["index"] != index for kind, body in parsed[done_at + 1:] if kind.endswith("progress"))
 
 
+def test_a_stream_with_partial_images_previews_each_image_from_its_committed_tokens(server, demo, monkeypatch):
+    """partial_images 2: each image sends up to two `image_generation.partial_image` previews, in
+    order, before it is completed; each is exactly the VQ decode of the image's first tokens_done
+    tokens (those of the finished image) with code 0 after them and those positions painted gray."""
+    from runtime.pipeline import decode_tokens
+    from runtime.serve import api
+
+    monkeypatch.setattr(api, "PROGRESS_EVERY_S", 0.02)
+    client, engine, _ = server
+    _, loaded, _ = demo
+    events = []
+    with client.stream("POST", "/v1/images/generations",
+                       json={"prompt": "4", "n": 2, "seed": 5, "stream": True, "partial_images": 2,
+                             "return_tokens": True}) as answer:
+        assert answer.status_code == 200
+        for line in answer.iter_lines():
+            if line.startswith("data: {"):
+                events.append(json.loads(line[len("data: "):]))
+    total = engine.decoder.num_tokens
+    grid = int(total ** 0.5)
+    finals = {e["index"]: e for e in events if e["type"] == "image_generation.completed"}
+    assert sorted(finals) == [0, 1]
+    shown = 0
+    for index, final in finals.items():
+        previews = [e for e in events if e["type"] == "image_generation.partial_image" and e["index"] == index]
+        assert [e["partial_image_index"] for e in previews] == list(range(len(previews))) and len(previews) <= 2
+        done_at = events.index(final)
+        assert all(events.index(e) < done_at for e in previews)
+        for e in previews:
+            k = e["tokens_done"]
+            assert e["partial_image_index"] < 2 and (e["partial_image_index"] + 1) * total / 3 <= k < total
+            assert e["size"] == final["size"] == "64x64" and e["output_format"] == "png"
+            tokens = torch.tensor(final["tokens"])
+            tokens[k:] = 0
+            expected = decode_tokens(loaded.vq, tokens[None])[0].copy()
+            patch = expected.shape[0] // grid
+            row, col = divmod(k, grid)
+            expected[(row + 1) * patch:] = 128
+            expected[row * patch:(row + 1) * patch, col * patch:] = 128
+            got = _png_array(e["b64_json"])
+            assert np.array_equal(got, expected)
+            assert (got[: row * patch] != 128).any()  # the known rows are drawn
+        shown += len(previews)
+    assert shown >= 1  # progress is read every few steps: an image this long is caught mid-way
+
+
+def test_partial_images_without_a_stream_are_refused(server):
+    client, _, _ = server
+    answer = client.post("/v1/images/generations", json={"prompt": "4", "partial_images": 1})
+    assert answer.status_code == 400
+    assert answer.json()["error"]["message"].startswith("partial_images: previews are sent as events of a stream")
+
+
 def _tiny_t5(folder: Path, d_model: int) -> Path:
     """A random 1-layer T5 encoder (width `d_model`) and a word-level tokenizer, saved like an HF model."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors

@@ -128,7 +128,19 @@ def test_the_openai_client_reads_a_stream_with_openais_completed_fields(client):
         assert event.size == "64x64" and event.output_format == "jpeg" and event.created_at > 0
         assert event.usage.output_tokens == 256 and event.usage.input_tokens == 1  # 64 px: 16 x 16 tokens
         assert event.usage.total_tokens == 257 and event.model_extra["seed"] == 9
-    assert all(e.type in ("image_generation.completed", "image_generation.progress") for e in events)
+    assert all(e.type in ("image_generation.completed", "image_generation.progress") for e in events)  # none asked
+
+
+def test_the_openai_client_reads_partial_image_events(client):
+    """partial_images through the client's stream: the previews parse as its partial-image events
+    (OpenAI's fields), come before their image is completed and are PNGs of the image's size."""
+    events = list(client.images.generate(prompt="2", n=1, size="64x64", stream=True, partial_images=3,
+                                         extra_body={"seed": 4}))
+    partial = [e for e in events if e.type == "image_generation.partial_image"]
+    assert partial and [e.partial_image_index for e in partial] == list(range(len(partial)))
+    assert events.index(partial[-1]) < next(i for i, e in enumerate(events) if e.type == "image_generation.completed")
+    for event in partial:
+        assert _image(event.b64_json).size == (64, 64) and event.size == "64x64" and event.output_format == "png"
 
 
 def test_the_openai_client_lists_the_served_model_names(client):
@@ -151,7 +163,7 @@ def test_the_openai_client_lists_the_served_model_names(client):
     ({"response_format": "url"}, "response_format", "response_format: Input should be 'b64_json'"),
     ({"colour": "red"}, "colour", "colour: Extra inputs are not permitted"),
     ({"complexity": "low"}, "complexity", "complexity: an OpenAI parameter this server does not support"),
-    ({"partial_images": 2}, "partial_images", "partial_images: this server does not stream partial images yet"),
+    ({"partial_images": 2}, "partial_images", "partial_images: previews are sent as events of a stream"),
     ({"partial_images": 4}, "partial_images", "partial_images: Input should be less than or equal to 3"),
 ])
 def test_a_bad_request_raises_bad_request_error_naming_the_field(client, fields, param, says):

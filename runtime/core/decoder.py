@@ -607,12 +607,17 @@ class Decoder:
             done.append(Finished(i, request.key, self.out[i, : self.num_tokens].clone(), self._image_stats(i)))
         return done
 
-    def progress(self) -> list[tuple[Any, int]]:
-        """(key, tokens known) of every busy slot, from the counts the last `finished(progress=True)`
-        read (no host read of its own); empty when it read none."""
+    def progress(self) -> list[tuple[int, Any, int]]:
+        """(slot, key, tokens known) of every busy slot, from the counts the last
+        `finished(progress=True)` read (no host read of its own); empty when it read none."""
         if self._counts is None:
             return []
-        return [(r.key, min(self._counts[i], self.num_tokens)) for i, r in enumerate(self.slots) if r is not None]
+        return [(i, r.key, min(self._counts[i], self.num_tokens)) for i, r in enumerate(self.slots) if r is not None]
+
+    def committed(self, slot: int, known: int) -> torch.Tensor:
+        """The first `known` tokens of the image in `slot` (a `progress` count), on the host: a
+        copy (one device read), for a preview of an image still decoding."""
+        return self.out[slot, :known].cpu()
 
     def _start_batch(self) -> None:
         """The first step's prefill (and capture, in graph mode) of the admitted requests; a slot

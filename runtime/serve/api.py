@@ -83,8 +83,10 @@ class ImageRequest(BaseModel):
                                                       "does no moderation.")
     user: str | None = Field(None, description="Accepted and ignored.")
     safety_identifier: str | None = Field(None, description="Accepted and ignored.")
-    partial_images: int | None = Field(None, ge=0, le=3, description="Only 0: partial images are not streamed "
-                                       "yet (stream=true reports each image's progress and sends it when done).")
+    partial_images: int | None = Field(None, ge=0, le=3, description="With stream=true: previews of each "
+                                       "image while it decodes, as `image_generation.partial_image` events (the "
+                                       "VQ decode of the tokens committed so far, the rest gray), at 1/(P+1), "
+                                       "2/(P+1), ... of its tokens.")
     seed: int | None = Field(None, ge=0, lt=2**63, description="Run seed; image i uses a seed derived from "
                              "(seed, i), as `runtime run --seed`. Default: a random one, returned.")
     cfg: float | None = Field(None, description="Must equal the server's guidance scale if given.")
@@ -92,9 +94,9 @@ class ImageRequest(BaseModel):
     top_k: int | None = Field(None, description="Must equal the server's top-k if given.")
     return_tokens: bool = Field(False, description="Also return each image's VQ tokens.")
     stream: bool = Field(False, description="Server-sent events: `image_generation.progress` (index, "
-                         "tokens_done, tokens_total) while an image decodes, `image_generation.completed` (its "
-                         "ImageData and OpenAI's created_at, size, output_format, usage) as each is done, then "
-                         "`data: [DONE]`.")
+                         "tokens_done, tokens_total) while an image decodes, `image_generation.partial_image` "
+                         "previews when `partial_images` asks, `image_generation.completed` (its ImageData and "
+                         "OpenAI's created_at, size, output_format, usage) as each is done, then `data: [DONE]`.")
 
 
 class ImageStats(BaseModel):
@@ -292,6 +294,8 @@ def create_app(engine: Engine, served: "Served", http: HttpOptions | None = None
             jobs = [Job(rid, i, None, served.image_seed(seed, i), cond=cond, mask=mask) for i in range(body.n)]
         else:
             jobs = [Job(rid, i, served.label(body.prompt), served.image_seed(seed, i)) for i in range(body.n)]
+        for job in jobs:
+            job.partial_images = body.partial_images or 0
         try:
             engine.submit(jobs)
         except QueueFull as full:
@@ -365,7 +369,10 @@ def _event(kind: str, body: dict[str, Any]) -> str:
 async def _events(jobs: list[Job], waiting: list[asyncio.Future], body: ImageRequest, served: "Served",
                   engine: Engine, seed: int):  # type: ignore[no-untyped-def]
     """Server-sent events: `image_generation.progress` (index, tokens_done, tokens_total) while an
-    image decodes, at most every PROGRESS_EVERY_S; `image_generation.completed` (its ImageData and
+    image decodes, at most every PROGRESS_EVERY_S; with `partial_images` P, up to P
+    `image_generation.partial_image` previews per image (OpenAI's fields, `partial_image_index`
+    0..P-1, and `index`), the k-th once (k+1)/(P+1) of its tokens are known (an image that finishes
+    between two progress reads may have fewer); `image_generation.completed` (its ImageData and
     OpenAI's created_at, size, output_format, background, usage) as each is done, in any order
     (`index` says which); then `data: [DONE]`. An `error` event
     ends the stream early. A client that goes away cancels the request (the generator is closed)."""
@@ -373,6 +380,7 @@ async def _events(jobs: list[Job], waiting: list[asyncio.Future], body: ImageReq
     total = engine.decoder.num_tokens
     pending = dict(zip(waiting, jobs))
     told = {job.index: 0 for job in jobs}
+    previews = {job.index: 0 for job in jobs}  # partial images sent per image
     deadline = time.monotonic() + served.timeout_s
     try:
         while pending:
@@ -403,6 +411,18 @@ async def _events(jobs: list[Job], waiting: list[asyncio.Future], body: ImageReq
                     told[job.index] = job.tokens_done
                     yield _event("image_generation.progress",
                                  {"index": job.index, "tokens_done": job.tokens_done, "tokens_total": total})
+                committed = job.committed
+                shown = previews[job.index]
+                if committed is not None and shown < job.partial_images \
+                        and len(committed) >= (shown + 1) * total / (job.partial_images + 1):
+                    previews[job.index] += 1
+                    b64 = await loop.run_in_executor(None, served.preview, committed, total, body.output_format,
+                                                     body.output_compression)
+                    yield _event("image_generation.partial_image",
+                                 {"b64_json": b64, "partial_image_index": shown, "index": job.index,
+                                  "tokens_done": len(committed), "created_at": int(time.time()), "size": served.size,
+                                  "output_format": body.output_format, "background": "opaque",
+                                  "quality": body.quality if body.quality in ("low", "medium", "high") else "auto"})
         yield "data: [DONE]\n\n"
     finally:
         if not all(f.done() for f in waiting):
@@ -541,9 +561,9 @@ class Served:
                     f"{self.max_queue}); ask for at most {self.max_queue} per request")
         if body.size is not None and body.size not in (self.size, "auto"):
             return f"size: this model makes {self.size} images, not {cut(body.size)}; give {self.size!r} or 'auto'"
-        if body.partial_images:
-            return ("partial_images: this server does not stream partial images yet; give 0 (stream=true still "
-                    "reports each image's progress and sends each image as it is done)")
+        if body.partial_images and not body.stream:
+            return ("partial_images: previews are sent as events of a stream; give stream=true, or omit "
+                    "partial_images")
         if body.background == "transparent":
             return ("background: this model draws opaque images, it cannot make a transparent background; "
                     "give 'opaque' or 'auto'")
@@ -555,7 +575,18 @@ class Served:
                         f"the server with --{name.replace('_', '-')} {given:g}")
         return None
 
-    def encode(self, tokens: list[Any], output_format: str = "png", compression: int | None = None) -> list[str]:
+    def preview(self, known: Any, total: int, output_format: str = "png", compression: int | None = None) -> str:
+        """An image still decoding (base64): the VQ decode of its first tokens `known` (k,) with
+        the rest set to code 0, and the pixels of the positions not yet known painted gray. An AR
+        model draws in raster order, so the known part is the top rows (and part of the next)."""
+        import torch
+
+        tokens = torch.zeros(total, dtype=torch.long)
+        tokens[: len(known)] = torch.as_tensor(known)
+        return self.encode([tokens], output_format, compression, unknown_from=len(known))[0]
+
+    def encode(self, tokens: list[Any], output_format: str = "png", compression: int | None = None,
+               unknown_from: int | None = None) -> list[str]:
         """The image file (base64) of each image's tokens, each decoded on its own (as `runtime
         run` decodes a one-image run): PNG (lossless, as `runtime run` writes), or JPEG / WebP at
         quality `compression` (0-100, default 100)."""
@@ -567,6 +598,13 @@ class Served:
         out = []
         for t in tokens:
             image = decode_tokens(self.loaded.vq, torch.as_tensor(t)[None])[0]
+            if unknown_from is not None:  # a preview: gray where the tokens are not known yet
+                image = image.copy()
+                grid = int(round(len(t) ** 0.5))
+                patch = image.shape[0] // grid
+                row, col = divmod(unknown_from, grid)
+                image[(row + 1) * patch:] = 128
+                image[row * patch:(row + 1) * patch, col * patch:] = 128
             buf = io.BytesIO()
             if output_format == "png":
                 Image.fromarray(image).save(buf, format="PNG")

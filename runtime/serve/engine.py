@@ -3,7 +3,8 @@ step -> finished -> release); requests' images join free slots between steps and
 The `Scheduler` (queue, cancellations, the method for the current occupancy) decides; the
 decoder executes; the engine's loop is the one place that connects them.
 
-An image is a `Job` (its class, seed and a future for its tokens). `Engine.submit` queues a
+An image is a `Job` (its class, seed and a future for its tokens; with previews asked, the tokens
+committed so far). `Engine.submit` queues a
 request's jobs or refuses them whole when the queue would exceed `max_queue` (the server answers
 429); `Engine.cancel` frees a request's slots before the next step (a client that went away).
 Each image's tokens depend only on its seed (the core's guarantee), so a request's images equal
@@ -51,6 +52,8 @@ class Job:
     queued_at: float = field(default_factory=time.perf_counter)
     started_at: float | None = None
     tokens_done: int = 0  # tokens known so far, updated by the engine thread every few steps
+    partial_images: int = 0  # previews the client asked for: the engine then keeps `committed` too
+    committed: torch.Tensor | None = None  # (tokens_done,) long CPU: the tokens known, when previews are asked
 
 
 @dataclass
@@ -245,7 +248,9 @@ class Engine:
             for done in decoder.finished(progress=progress):
                 decoder.release(done.slot)
                 self._done(done.key, done.tokens, done.stats)
-            for job, known in decoder.progress():
+            for slot, job, known in decoder.progress():
+                if job.partial_images and known > job.tokens_done:  # a preview's tokens (one device read)
+                    job.committed = decoder.committed(slot, known)
                 job.tokens_done = known
             for slot in decoder.busy():
                 job = decoder.slots[slot].key
