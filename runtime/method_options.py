@@ -24,6 +24,15 @@ from typing import Any
 
 METHOD_ORDER = ("ar", "sd", "eagle2", "ddd", "lantern", "lantern++", "sjd")
 RELAX_RULES: tuple[str, ...] = ("paper", "bounded")
+JACOBI_INITS: tuple[str, ...] = ("uniform", "repeat-h", "repeat-v")
+COUPLINGS: tuple[str, ...] = ("none", "maximal", "gumbel")
+ACCEPT_RULES: tuple[str, ...] = ("exact", "grouped")
+# the largest trees a captured step holds (nodes after the root, levels)
+MAX_TREE_NODES = 1024
+MAX_TREE_DEPTH = 32
+# EAGLE-2 expands top_k children of each of its top_k frontier nodes: top_k^2 candidates a level
+MAX_TOP_K_DRAFT = 64
+MAX_WINDOW = 64
 
 SAMPLING_PANEL = "Method and sampling (every method)"
 DRAFTING_PANEL = "Drafting (read by the methods named)"
@@ -35,18 +44,23 @@ DDD_PANEL = "ddd only"
 @dataclass(frozen=True)
 class MethodOption:
     """One option. `readers`: the methods that read it (None: every method, as the sampling
-    options). `help` may hold `{readers}`. `low` / `high` (`low_open`: low excluded) and
-    `choices` bound the value where a profile may pin it (`profile`)."""
+    options). `help` may hold `{readers}`. `default`: the code default (the `MethodSpec` /
+    `SamplingParams` field's; a profile or the model may set another). `low` / `high`
+    (`low_open` / `high_open`: excluded) and `choices` bound the value, wherever it comes from
+    (`refusal`; `MethodSpec` checks every option with it); `profile`: a profile's [method]
+    table may pin it."""
 
     name: str
     kind: type
     help: str
     panel: str
     readers: frozenset[str] | None = None
+    default: Any = None
     flag: str | None = None  # default: --name-with-dashes
     low: float | None = None
     high: float | None = None
     low_open: bool = False
+    high_open: bool = False
     choices: tuple[str, ...] | None = None
     profile: bool = True  # a profile's [method] table may pin it
     per_entry: bool = True  # a `runtime bench --methods METHOD:KEY=VALUE` key
@@ -57,7 +71,43 @@ class MethodOption:
 
     @property
     def cli_help(self) -> str:
-        return self.help.format(readers=readers(self.name)) if self.readers is not None else self.help
+        text = self.help.format(readers=readers(self.name)) if self.readers is not None else self.help
+        if self.kind is bool:
+            return text
+        shown = "off" if self.default is None else self.default
+        return f"{text} [code default: {shown}]"
+
+    @property
+    def range_text(self) -> str:
+        """The allowed values in words: "in [1, 32]", "> 0", "one of a, b"."""
+        if self.choices is not None:
+            return "one of " + ", ".join(self.choices)
+        low, high = self.low, self.high
+        if low is not None and high is not None and math.isfinite(low):
+            return f"in {'(' if self.low_open else '['}{low:g}, {high:g}{')' if self.high_open else ']'}"
+        if high is not None:
+            return f"{'<' if self.high_open else '<='} {high:g}"
+        if low is not None:
+            return f"{'>' if self.low_open else '>='} {low:g}"
+        return "any value"
+
+    def refusal(self, value: Any) -> str | None:
+        """The one line refusing `value` for this option (None: it is allowed): a number must be
+        finite and within [low, high] (open ends excluded), a choice one of `choices`."""
+        if value is None:
+            return None
+        if self.choices is not None:
+            return None if value in self.choices else f"{self.cli_flag} must be {self.range_text}, got {value!r}"
+        if self.kind in (int, float) and not isinstance(value, bool) and isinstance(value, (int, float)):
+            bad = not math.isfinite(value)
+            if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
+                bad = True
+            if self.high is not None and (value > self.high or (self.high_open and value == self.high)):
+                bad = True
+            if bad:
+                noun = "an integer" if self.kind is int else "a finite number"
+                return f"{self.cli_flag} must be {noun} {self.range_text}, got {value}"
+        return None
 
 
 def _only(*methods: str) -> frozenset[str]:
@@ -66,63 +116,66 @@ def _only(*methods: str) -> frozenset[str]:
 
 METHOD_OPTIONS: tuple[MethodOption, ...] = (
     # -- sampling: every method ----------------------------------------------------------------
-    MethodOption("greedy", bool, "Greedy decoding instead of sampling.", SAMPLING_PANEL, flag="--greedy/--sample",
+    MethodOption("greedy", bool, "Greedy decoding instead of sampling.", SAMPLING_PANEL, default=False,
+                 flag="--greedy/--sample", per_entry=False),
+    MethodOption("temperature", float, "Sampling temperature.", SAMPLING_PANEL, default=1.0, low=0.0, low_open=True,
                  per_entry=False),
-    MethodOption("temperature", float, "Sampling temperature.", SAMPLING_PANEL, low=0.0, low_open=True,
-                 per_entry=False),
-    MethodOption("top_k", int, "Target top-k filter (0 = off).", SAMPLING_PANEL, low=0, per_entry=False),
-    MethodOption("top_p", float, "Target nucleus filter (1 = off).", SAMPLING_PANEL, low=0.0, high=1.0,
+    MethodOption("top_k", int, "Target top-k filter (0 = off).", SAMPLING_PANEL, default=0, low=0, per_entry=False),
+    MethodOption("top_p", float, "Target nucleus filter (1 = off).", SAMPLING_PANEL, default=1.0, low=0.0, high=1.0,
                  low_open=True, per_entry=False),
-    MethodOption("cfg", float, "Classifier-free guidance scale (<= 1 = off).", SAMPLING_PANEL, low=0.0,
+    MethodOption("cfg", float, "Classifier-free guidance scale (<= 1 = off).", SAMPLING_PANEL, default=1.0, low=0.0,
                  per_entry=False),
     MethodOption("cfg_interval", int, "LlamaGen's cfg_interval: -1 = guide every token; N >= 0 = no guidance "
-                 "after decode step N (needs --cfg > 1).", SAMPLING_PANEL, low=-1, per_entry=False),
+                 "after decode step N (needs --cfg > 1).", SAMPLING_PANEL, default=-1, low=-1, per_entry=False),
     # -- drafting and relaxed acceptance -------------------------------------------------------
     MethodOption("tree", str, "Static tree: a preset (naive_extend_57, mc_sim_7b_63, chain, small_12), chainN, or "
-                 "a TOML file. Read by: {readers}.", DRAFTING_PANEL, _only("lantern++"), profile=False),
-    MethodOption("lantern_k", int, "Nearest codebook neighbours considered for the proximity set. Read by: "
-                 "{readers}.", RELAXED_PANEL, _only("lantern", "lantern++", "sjd"), low=1),
-    MethodOption("lantern_delta", float, "LANTERN total-variation budget (0 = exact). Read by: {readers}.",
-                 RELAXED_PANEL, _only("lantern", "sjd"), low=0.0, high=1.0),
-    MethodOption("lantern_lambda", float, "LANTERN++ multiplicative bound (1 = exact). Read by: {readers}.",
-                 RELAXED_PANEL, _only("lantern++", "sjd"), low=1.0),
-    MethodOption("relax_rule", str, "paper (default: the reference LANTERN code's acceptance) or bounded (each "
-                 "step's output within the stated TVD bound). Read by: {readers} (sjd: with a relaxation).",
-                 RELAXED_PANEL, _only("lantern", "lantern++", "sjd"), choices=RELAX_RULES),
-    MethodOption("depth", int, "Chain length (sd) or EAGLE-2 tree depth. Read by: {readers}.", DRAFTING_PANEL,
-                 _only("sd", "eagle2", "lantern"), low=1),
-    MethodOption("top_k_draft", int, "EAGLE-2 children per expanded node. Read by: {readers}.", DRAFTING_PANEL,
-                 _only("eagle2", "ddd", "lantern"), low=1),
-    MethodOption("total_tokens", int, "EAGLE-2 verified tokens per step (root included). Read by: {readers}.",
-                 DRAFTING_PANEL, _only("eagle2", "ddd", "lantern"), low=2),
-    # -- sjd -------------------------------------------------------------------------------------
-    MethodOption("window", int, "sjd: draft window length L (default 16).", SJD_PANEL, _only("sjd"),
+                 "a TOML file. Read by: {readers}.", DRAFTING_PANEL, _only("lantern++"), default="naive_extend_57",
                  profile=False),
+    MethodOption("lantern_k", int, "Nearest codebook neighbours considered for the proximity set. Read by: "
+                 "{readers}.", RELAXED_PANEL, _only("lantern", "lantern++", "sjd"), default=1000, low=1),
+    MethodOption("lantern_delta", float, "LANTERN total-variation budget (0 = exact). Read by: {readers}.",
+                 RELAXED_PANEL, _only("lantern", "sjd"), default=0.1, low=0.0, high=1.0),
+    MethodOption("lantern_lambda", float, "LANTERN++ multiplicative bound (1 = exact). Read by: {readers}.",
+                 RELAXED_PANEL, _only("lantern++", "sjd"), default=2.0, low=1.0),
+    MethodOption("relax_rule", str, "paper (the reference LANTERN code's acceptance) or bounded (each "
+                 "step's output within the stated TVD bound). Read by: {readers} (sjd: with a relaxation).",
+                 RELAXED_PANEL, _only("lantern", "lantern++", "sjd"), default="paper", choices=RELAX_RULES),
+    MethodOption("depth", int, "Chain length (sd) or EAGLE-2 tree depth. Read by: {readers}.", DRAFTING_PANEL,
+                 _only("sd", "eagle2", "lantern"), default=4, low=1, high=MAX_TREE_DEPTH),
+    MethodOption("top_k_draft", int, "EAGLE-2 children per expanded node. Read by: {readers}.", DRAFTING_PANEL,
+                 _only("eagle2", "ddd", "lantern"), default=10, low=1, high=MAX_TOP_K_DRAFT),
+    MethodOption("total_tokens", int, "EAGLE-2 verified tokens per step (root included). Read by: {readers}.",
+                 DRAFTING_PANEL, _only("eagle2", "ddd", "lantern"), default=59, low=2, high=MAX_TREE_NODES + 1),
+    # -- sjd -------------------------------------------------------------------------------------
+    MethodOption("window", int, "sjd: draft window length L.", SJD_PANEL, _only("sjd"), default=16, low=1,
+                 high=MAX_WINDOW, profile=False),
     MethodOption("init", str, "sjd: prior of fresh window positions: uniform, repeat-h (token to the left) or "
-                 "repeat-v (token above; default).", SJD_PANEL, _only("sjd"), profile=False),
-    MethodOption("coupling", str, "sjd: how stale drafts are redrafted: none (default), maximal or gumbel.",
-                 SJD_PANEL, _only("sjd"), profile=False),
+                 "repeat-v (token above).", SJD_PANEL, _only("sjd"), default="repeat-v", choices=JACOBI_INITS,
+                 profile=False),
+    MethodOption("coupling", str, "sjd: how stale drafts are redrafted: none, maximal or gumbel.",
+                 SJD_PANEL, _only("sjd"), default="none", choices=COUPLINGS, profile=False),
     MethodOption("proactive", str, "sjd: K,D = a K-ary tree of depth D drafted at the start of the window "
                  "(SJD-PAC style).", SJD_PANEL, _only("sjd"), profile=False),
-    MethodOption("accept", str, "sjd: exact (default) or grouped (GSD-style, lossy; its TVD bound is reported).",
-                 SJD_PANEL, _only("sjd"), profile=False),
-    MethodOption("group_window", int, "--accept grouped: rank window on each side of the draft (default 7).",
-                 SJD_PANEL, _only("sjd"), profile=False),
-    MethodOption("group_gap", float, "--accept grouped: largest probability gap to the draft (default 0.15).",
-                 SJD_PANEL, _only("sjd"), profile=False),
-    MethodOption("group_dist", float, "--accept grouped: largest squared distance of normalised embedding rows "
-                 "(default 0.5).", SJD_PANEL, _only("sjd"), profile=False),
+    MethodOption("accept", str, "sjd: exact or grouped (GSD-style, lossy; its TVD bound is reported).",
+                 SJD_PANEL, _only("sjd"), default="exact", choices=ACCEPT_RULES, profile=False),
+    MethodOption("group_window", int, "--accept grouped: rank window on each side of the draft.",
+                 SJD_PANEL, _only("sjd"), default=7, low=1, profile=False),
+    MethodOption("group_gap", float, "--accept grouped: largest probability gap to the draft.",
+                 SJD_PANEL, _only("sjd"), default=0.15, low=0.0, low_open=True, profile=False),
+    MethodOption("group_dist", float, "--accept grouped: largest squared distance of normalised embedding rows.",
+                 SJD_PANEL, _only("sjd"), default=0.5, low=0.0, low_open=True, profile=False),
     # -- ddd -------------------------------------------------------------------------------------
     MethodOption("ddd_threshold", float, "ddd: stop drafting when log(sum of the beam's path probabilities) falls "
-                 "below this (default -0.3).", DDD_PANEL, _only("ddd"), low=-math.inf, high=0.0, low_open=True),
-    MethodOption("ddd_check_every", int, "ddd: expansions between two checks of the heuristic (default 2; each "
-                 "check is one host read).", DDD_PANEL, _only("ddd"), low=1),
-    MethodOption("ddd_min_depth", int, "ddd: expansions before the first check (default 4).", DDD_PANEL,
-                 _only("ddd"), low=1),
-    MethodOption("ddd_max_depth", int, "ddd: most expansions (default 10).", DDD_PANEL, _only("ddd"), low=1),
+                 "below this (a log probability).", DDD_PANEL, _only("ddd"), default=-0.3, high=0.0),
+    MethodOption("ddd_check_every", int, "ddd: expansions between two checks of the heuristic (each check is one "
+                 "host read).", DDD_PANEL, _only("ddd"), default=2, low=1),
+    MethodOption("ddd_min_depth", int, "ddd: expansions before the first check.", DDD_PANEL,
+                 _only("ddd"), default=4, low=1, high=MAX_TREE_DEPTH),
+    MethodOption("ddd_max_depth", int, "ddd: most expansions.", DDD_PANEL, _only("ddd"), default=10, low=1,
+                 high=MAX_TREE_DEPTH),
     MethodOption("dynamic_depth", float, "sd/lantern++: cut the static tree at the first depth whose best drafted "
-                 "path probability is below this threshold (e.g. 0.2); off by default. Read by: {readers}.",
-                 DRAFTING_PANEL, _only("sd", "lantern++"), low=0.0, high=1.0),
+                 "path probability is below this threshold (e.g. 0.2). Read by: {readers}.",
+                 DRAFTING_PANEL, _only("sd", "lantern++"), low=0.0, high=1.0, high_open=True),
 )
 
 OPTIONS_BY_NAME: dict[str, MethodOption] = {o.name: o for o in METHOD_OPTIONS}
@@ -131,6 +184,11 @@ FLAG_METHODS: dict[str, frozenset[str]] = {o.name: o.readers for o in METHOD_OPT
 # Types of the options `runtime bench --methods` takes per entry (`sjd:coupling=maximal`).
 OPTION_TYPES: dict[str, type] = {o.name: o.kind for o in METHOD_OPTIONS if o.per_entry}
 SAMPLING_KEYS: tuple[str, ...] = tuple(o.name for o in METHOD_OPTIONS if o.readers is None)
+
+
+def default(name: str) -> Any:
+    """The code default of option `name` (what `MethodSpec` / `SamplingParams` start from)."""
+    return OPTIONS_BY_NAME[name].default
 
 
 def readers(key: str) -> str:

@@ -40,15 +40,22 @@ _NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
 
 
 # A key's type: strict (true is not 1, 1.5 not an integer, inf not a number), with its description.
-def _integer(low: int) -> Any:
-    return Annotated[int, Strict(), Field(ge=low, description=f"an integer >= {low}")]
+def _integer(low: int, high: int | None = None) -> Any:
+    expected = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
+    return Annotated[int, Strict(), Field(ge=low, le=high, description=expected)]
 
 
-def _real(low: float, high: float = math.inf, *, low_open: bool = False) -> Any:
+def _real(low: float, high: float = math.inf, *, low_open: bool = False, high_open: bool = False) -> Any:
     bound = {"gt" if low_open else "ge": low} if math.isfinite(low) else {}
-    expected = (f"a number {'>' if low_open else '>='} {low:g}" if high == math.inf
-                else f"a number in {'(' if low_open else '['}{low:g}, {high:g}]")
-    return Annotated[float, Strict(), Field(**bound, le=None if high == math.inf else high, description=expected)]
+    if math.isfinite(high):
+        bound["lt" if high_open else "le"] = high
+    if not math.isfinite(high):
+        expected = f"a number {'>' if low_open else '>='} {low:g}"
+    elif not math.isfinite(low):
+        expected = f"a number {'<' if high_open else '<='} {high:g}"
+    else:
+        expected = f"a number in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+    return Annotated[float, Strict(), Field(**bound, description=expected)]
 
 
 def _choice(options: tuple[str, ...]) -> Any:
@@ -99,9 +106,11 @@ def _key_type(option: MethodOption) -> Any:
     if option.kind is bool:
         return _BOOLEAN
     if option.kind is int:
-        return _integer(int(option.low if option.low is not None else -(2**63)))
+        return _integer(int(option.low if option.low is not None else -(2**63)),
+                        None if option.high is None else int(option.high))
     return _real(option.low if option.low is not None else -math.inf,
-                 option.high if option.high is not None else math.inf, low_open=option.low_open)
+                 option.high if option.high is not None else math.inf, low_open=option.low_open,
+                 high_open=option.high_open)
 
 
 class _MethodTable(_Section):

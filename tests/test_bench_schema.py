@@ -349,3 +349,26 @@ def test_the_committed_json_schema_is_the_one_the_code_emits() -> None:
     """Regenerate with `python -m runtime.bench --json-schema > docs/result.schema.json`."""
     committed = Path(__file__).resolve().parents[1] / "docs" / "result.schema.json"
     assert json.loads(committed.read_text()) == json_schema()
+
+
+def test_the_recorded_params_are_the_declared_method_options():
+    """A result file's params are the method options as declared (runtime.method_options): a
+    declared option missing from MethodParams would be dropped from every file without a word.
+    ddd's most expansions is recorded as `depth` (EAGLE-2's depth, which it is); `graph` and
+    `batch_size` are the run's, not the method's."""
+    from runtime.bench.schema import MethodParams
+    from runtime.core import MethodSpec, SamplingParams
+    from runtime.method_options import METHOD_OPTIONS, SAMPLING_KEYS
+
+    declared = {o.name for o in METHOD_OPTIONS if o.readers is not None}
+    recorded = set(MethodParams.model_fields)
+    assert declared - recorded == {"ddd_max_depth"}
+    assert recorded - declared == {"graph", "batch_size"}
+    # and what a spec describes is recorded: every key of describe() has a field (or is the
+    # sampling, the method's name or sjd's derived relaxation kind)
+    specs = [MethodSpec(m, SamplingParams()) for m in ("ar", "sd", "eagle2", "ddd", "lantern", "lantern++")]
+    specs += [MethodSpec("sjd", SamplingParams(), accept="grouped"), MethodSpec("sjd", SamplingParams(), lantern_lambda=3.0,
+                                                                           relax="lambda")]
+    for spec in specs:
+        extra = set(spec.describe()) - recorded - set(SAMPLING_KEYS) - {"method", "relax"}
+        assert not extra, (spec.method, extra)

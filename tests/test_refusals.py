@@ -110,12 +110,12 @@ def test_gpt_vocabulary_larger_than_the_codebook_is_refused(ckpts, tmp_path, run
 
 
 @pytest.mark.parametrize("flags, words", [
-    (["--method", "lantern", "--lantern-delta", "2"], "--lantern-delta is a total-variation budget in [0, 1]"),
-    (["--cfg", "inf"], "--cfg must be a finite number, got inf"),
+    (["--method", "lantern", "--lantern-delta", "2"], "--lantern-delta must be a finite number in [0, 1], got 2.0"),
+    (["--cfg", "inf"], "--cfg must be a finite number >= 0, got inf"),
     (["--temperature", "nan"], "--temperature must be a finite number"),
     (["--method", "lantern++", "--lantern-lambda", "inf"], "--lantern-lambda must be a finite number"),
-    (["--method", "eagle2", "--top-k-draft", "1000000000000"], "--top-k-draft must be in [1, 64]"),
-    (["--method", "eagle2", "--total-tokens", "5000"], "--total-tokens must be in [2, 1025]"),
+    (["--method", "eagle2", "--top-k-draft", "1000000000000"], "--top-k-draft must be an integer in [1, 64], got 1000000000000"),
+    (["--method", "eagle2", "--total-tokens", "5000"], "--total-tokens must be an integer in [2, 1025], got 5000"),
     (["--method", "lantern++", "--tree", "chain1000000000000"], "chain depth must be in [1, 32]"),
     (["--method", "lantern++", "--relax-rule", "loose"], "--relax-rule must be one of paper, bounded"),
     (["--method", "eagle2", "--relax-rule", "bounded"], "--relax-rule does nothing for --method eagle2"),

@@ -229,6 +229,9 @@ class MethodParams(_Model):
     dynamic_depth: NonNegative | None = None
     batch_size: PositiveInt = 1
     relax_rule: Literal["paper", "bounded"] | None = None
+    group_window: PositiveInt | None = None
+    group_gap: NonNegative | None = None
+    group_dist: NonNegative | None = None
     _code_defaults: ClassVar[dict[str, Any]] = {
         **dict.fromkeys(("tree", "lantern_k", "lantern_lambda", "lantern_delta", "depth", "top_k_draft",
                          "total_tokens")), "graph": False}
@@ -243,7 +246,8 @@ class MethodParams(_Model):
 _LABELS = {"tree": "tree", "lantern_k": "k", "lantern_lambda": "lambda", "lantern_delta": "delta", "depth": "depth",
            "top_k_draft": "topk", "total_tokens": "total", "window": "window", "init": "init",
            "coupling": "coupling", "proactive": "proactive", "accept": "accept", "ddd_threshold": "ddd",
-           "ddd_check_every": "check", "ddd_min_depth": "min", "dynamic_depth": "dyn", "batch_size": "batch", "relax_rule": "rule"}
+           "ddd_check_every": "check", "ddd_min_depth": "min", "dynamic_depth": "dyn", "batch_size": "batch", "relax_rule": "rule",
+           "group_window": "gwindow", "group_gap": "ggap", "group_dist": "gdist"}
 
 
 class RunStats(_Model):

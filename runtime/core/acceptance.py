@@ -38,11 +38,9 @@ import torch.nn.functional as F
 
 from runtime.core.rng import CounterRNG, race
 from runtime.core.tree import TreeBuffers
+from runtime.method_options import RELAX_RULES
 
 _EPS = 1e-12
-
-
-RELAX_RULES = ("paper", "bounded")
 
 
 # bonus_rows(best (B,), rows (B,), position (B,) or None) -> (B, V): the residual after every

@@ -44,12 +44,11 @@ sampled, so sampling stays exact in law. None = off.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 
 from runtime.core.sampling import SamplingParams
-from runtime.core.tree import MAX_TREE_DEPTH, MAX_TREE_NODES
 from runtime.errors import UserError, did_you_mean
+from runtime.method_options import METHOD_OPTIONS, default
 
 
 
@@ -75,92 +74,56 @@ METHOD_TABLE: dict[str, MethodRow] = {
     "sjd": MethodRow("jacobi", "none", "Jacobi window, no drafter; exact, relaxed (--relax) or grouped"),
 }
 METHODS = tuple(METHOD_TABLE)
-JACOBI_INITS = ("uniform", "repeat-h", "repeat-v")
-COUPLINGS = ("none", "maximal", "gumbel")
-ACCEPT_RULES = ("exact", "grouped")
 RELAXATIONS = ("none", "delta", "lambda")
-RELAX_RULES = ("paper", "bounded")
-# EAGLE-2 expands top_k children of each of its top_k frontier nodes: top_k^2 candidates a level
-MAX_TOP_K_DRAFT = 64
 
 
 @dataclass(frozen=True)
 class MethodSpec:
     method: str = "lantern++"
     sampling: SamplingParams = field(default_factory=SamplingParams)
-    tree: str = "naive_extend_57"
-    depth: int = 4
-    top_k_draft: int = 10
-    total_tokens: int = 59  # LANTERN's LlamaGen default (root included)
-    lantern_k: int = 1000
-    lantern_delta: float = 0.1
-    lantern_lambda: float = 2.0
+    # the code defaults, declared with the options (runtime.method_options)
+    tree: str = default("tree")
+    depth: int = default("depth")
+    top_k_draft: int = default("top_k_draft")
+    total_tokens: int = default("total_tokens")  # LANTERN's LlamaGen default (root included)
+    lantern_k: int = default("lantern_k")
+    lantern_delta: float = default("lantern_delta")
+    lantern_lambda: float = default("lantern_lambda")
     # relaxation of sjd drafts ("none", "delta" or "lambda"); None = the method's own
     # (lantern: delta, lantern++: lambda, the others none)
     relax: str | None = None
-    relax_rule: str = "paper"
-    window: int = 16
-    init: str = "repeat-v"
-    coupling: str = "none"
+    relax_rule: str = default("relax_rule")
+    window: int = default("window")
+    init: str = default("init")
+    coupling: str = default("coupling")
     proactive: tuple[int, int] | None = None
-    accept: str = "exact"
-    group_window: int = 7
-    group_gap: float = 0.15
-    group_dist: float = 0.5
-    ddd_threshold: float = -0.3
-    ddd_check_every: int = 2
-    ddd_min_depth: int = 4
-    ddd_max_depth: int = 10
+    accept: str = default("accept")
+    group_window: int = default("group_window")
+    group_gap: float = default("group_gap")
+    group_dist: float = default("group_dist")
+    ddd_threshold: float = default("ddd_threshold")
+    ddd_check_every: int = default("ddd_check_every")
+    ddd_min_depth: int = default("ddd_min_depth")
+    ddd_max_depth: int = default("ddd_max_depth")
     dynamic_depth: float | None = None
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise UserError(f"unknown method {self.method!r}{did_you_mean(self.method, METHODS)}; choose one of {', '.join(METHODS)}")
-        s = self.sampling
-        for flag, value in (("temperature", s.temperature), ("top-p", s.top_p), ("cfg", s.cfg),
-                            ("lantern-delta", self.lantern_delta), ("lantern-lambda", self.lantern_lambda),
-                            ("group-gap", self.group_gap), ("group-dist", self.group_dist),
-                            ("ddd-threshold", self.ddd_threshold), ("dynamic-depth", self.dynamic_depth)):
-            if value is not None and not math.isfinite(value):
-                raise UserError(f"--{flag} must be a finite number, got {value}")
-        checks = [
-            (s.temperature > 0, f"--temperature must be > 0, got {s.temperature}"),
-            (s.top_k >= 0, f"--top-k must be >= 0, got {s.top_k}"),
-            (0 < s.top_p <= 1, f"--top-p must be in (0, 1], got {s.top_p}"),
-            (s.cfg >= 0, f"--cfg must be >= 0, got {s.cfg}"),
-            (s.cfg_interval >= -1, f"--cfg-interval must be -1 (always) or >= 0, got {s.cfg_interval}"),
-            (1 <= self.depth <= MAX_TREE_DEPTH, f"--depth must be in [1, {MAX_TREE_DEPTH}], got {self.depth}"),
-            (1 <= self.top_k_draft <= MAX_TOP_K_DRAFT,
-             f"--top-k-draft must be in [1, {MAX_TOP_K_DRAFT}], got {self.top_k_draft}"),
-            (2 <= self.total_tokens <= MAX_TREE_NODES + 1,
-             f"--total-tokens must be in [2, {MAX_TREE_NODES + 1}] (root included), got {self.total_tokens}"),
-            (self.lantern_k >= 1, f"--lantern-k must be >= 1, got {self.lantern_k}"),
-            (0 <= self.lantern_delta <= 1,
-             f"--lantern-delta is a total-variation budget in [0, 1], got {self.lantern_delta}"),
-            (self.lantern_lambda >= 1, f"--lantern-lambda must be >= 1, got {self.lantern_lambda}"),
-            (1 <= self.window <= 64, f"--window must be in [1, 64], got {self.window}"),
-            (self.init in JACOBI_INITS, f"--init must be one of {', '.join(JACOBI_INITS)}, got {self.init!r}"),
-            (self.coupling in COUPLINGS, f"--coupling must be one of {', '.join(COUPLINGS)}, got {self.coupling!r}"),
-            (self.accept in ACCEPT_RULES, f"--accept must be one of {', '.join(ACCEPT_RULES)}, got {self.accept!r}"),
-            (self.relax is None or self.relax in RELAXATIONS,
-             f"relax must be one of {', '.join(RELAXATIONS)}, got {self.relax!r}"),
-            (self.relax_rule in RELAX_RULES,
-             f"--relax-rule must be one of {', '.join(RELAX_RULES)}, got {self.relax_rule!r}"),
-            (self.group_window >= 1, f"--group-window must be >= 1, got {self.group_window}"),
-            (self.group_gap > 0, f"--group-gap must be > 0, got {self.group_gap}"),
-            (self.group_dist > 0, f"--group-dist must be > 0, got {self.group_dist}"),
-            (self.ddd_threshold <= 0 and self.ddd_threshold == self.ddd_threshold,
-             f"--ddd-threshold is a log probability, <= 0; got {self.ddd_threshold}"),
-            (self.ddd_check_every >= 1, f"--ddd-check-every must be >= 1, got {self.ddd_check_every}"),
-            (1 <= self.ddd_min_depth <= self.ddd_max_depth <= MAX_TREE_DEPTH,
-             f"--ddd-min-depth and --ddd-max-depth need 1 <= min <= max <= {MAX_TREE_DEPTH}, got {self.ddd_min_depth} "
-             f"and {self.ddd_max_depth}"),
-            (self.dynamic_depth is None or 0 <= self.dynamic_depth < 1,
-             f"--dynamic-depth is a path probability threshold in [0, 1), got {self.dynamic_depth}"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise UserError(message)
+        # every declared option's range and choices (the declarations are the one statement of them)
+        for option in METHOD_OPTIONS:
+            owner = self.sampling if option.readers is None else self
+            value = getattr(owner, option.name, None)
+            if option.name == "proactive":  # a (K, D) pair here: checked with sjd's rules below
+                continue
+            refusal = option.refusal(value)
+            if refusal is not None:
+                raise UserError(refusal)
+        # the rules between fields
+        if self.relax is not None and self.relax not in RELAXATIONS:
+            raise UserError(f"relax must be one of {', '.join(RELAXATIONS)}, got {self.relax!r}")
+        if self.ddd_min_depth > self.ddd_max_depth:
+            raise UserError(f"--ddd-min-depth {self.ddd_min_depth} exceeds --ddd-max-depth {self.ddd_max_depth}")
         self._check_jacobi()
         if self.drafting == "dynamic":
             # ddd: the tree must fill up even when drafting stops at the first check

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from runtime.method_options import default
+
 from runtime.core.rng import CounterRNG
 
 
@@ -23,12 +25,12 @@ class SamplingParams:
     index >= n + 2, i.e. after LlamaGen's decode step n (step 0 makes image token 1).
     """
 
-    greedy: bool = False
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    cfg: float = 1.0
-    cfg_interval: int = -1
+    greedy: bool = default("greedy")
+    temperature: float = default("temperature")
+    top_k: int = default("top_k")
+    top_p: float = default("top_p")
+    cfg: float = default("cfg")
+    cfg_interval: int = default("cfg_interval")
 
     @property
     def uses_cfg(self) -> bool:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from runtime import method_options
 from runtime.errors import UserError
 from runtime.toml_compat import tomllib
 
@@ -58,8 +59,7 @@ def preset_names() -> list[str]:
 
 # A verified tree is one target forward over all its nodes: beyond these sizes a tree costs more
 # than the tokens it can gain, and a mistyped size would only exhaust memory.
-MAX_TREE_NODES = 1024
-MAX_TREE_DEPTH = 32
+MAX_TREE_NODES, MAX_TREE_DEPTH = method_options.MAX_TREE_NODES, method_options.MAX_TREE_DEPTH
 
 
 def chain_tree(depth: int) -> StaticTree:
