@@ -48,6 +48,7 @@ def serve(
     root_path: str = typer.Option("", "--root-path", help="The path prefix a proxy serves this under (e.g. "
                                   "/lantern), for the docs' links."),
     disable_docs: bool = typer.Option(False, "--disable-docs", help="Serve no /docs, /redoc or /openapi.json."),
+    disable_ui: bool = typer.Option(False, "--disable-ui", help="Serve no web page at / (the API only)."),
     source: opt.ModelSource = None,  # every model option (opt.MODEL_OPTIONS)
     t5_path: opt.T5Path = None,
     prompt_length: opt.PromptLength = None,
@@ -73,7 +74,8 @@ def serve(
         raise UserError(f"--max-queue must be >= 1, got {max_queue}")
     if not timeout > 0:
         raise UserError(f"--timeout must be > 0 seconds, got {timeout}")
-    http = _http_options(shutdown_timeout, max_request_bytes, api_key, allowed_origins, root_path, disable_docs)
+    http = _http_options(shutdown_timeout, max_request_bytes, api_key, allowed_origins, root_path, disable_docs,
+                         disable_ui)
     _check_address(host, port)  # before minutes of loading and capture
     names = _split(served_model_name)
     if any(not n.strip() or len(n) > 256 for n in names):
@@ -167,7 +169,8 @@ ORIGIN = re.compile(r"https?://[^/\s,]+")
 
 
 def _http_options(shutdown_timeout: float, max_request_bytes: int, api_key: str | None,
-                  allowed_origins: List[str] | None, root_path: str, disable_docs: bool) -> Any:
+                  allowed_origins: List[str] | None, root_path: str, disable_docs: bool,
+                  disable_ui: bool) -> Any:
     """The HTTP flags checked (one line naming the flag and the fix) and gathered."""
     from runtime.serve.api import HttpOptions
 
@@ -184,7 +187,7 @@ def _http_options(shutdown_timeout: float, max_request_bytes: int, api_key: str 
                             "(https://app.example.com, no path) or *")
     if root_path and (not root_path.startswith("/") or root_path.endswith("/")):
         raise UserError(f"--root-path {root_path!r}: start it with / and end it without one (e.g. /lantern)")
-    return HttpOptions(api_key=api_key, allowed_origins=tuple(origins), docs=not disable_docs,
+    return HttpOptions(api_key=api_key, allowed_origins=tuple(origins), docs=not disable_docs, ui=not disable_ui,
                        max_request_bytes=max_request_bytes)
 
 

@@ -1,5 +1,6 @@
 """`runtime serve`: speculative image generation as an HTTP service (engine.py: continuous
-batching over the captured decoder; api.py: OpenAI's images API, health, readiness, metrics)."""
+batching over the captured decoder; api.py: OpenAI's images API, health, readiness, metrics; page.py:
+the web page at /)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,9 @@ readiness, version and Prometheus metrics.
     GET  /health       200 while the process runs (draining included)
     GET  /ready        200 once the steps are captured and warm, 503 before and while draining
     GET  /version      the package version, the model and the method
+    GET  /info         what a client needs to build a request: class names or text, size, limits
     GET  /metrics      Prometheus text: queue depth, busy slots, images, tau, latency and queue time
+    GET  /             the web page (runtime/serve/static/: a form, the streamed previews; --disable-ui)
 
 Image i of a request with seed S uses the seed `derive_seed(S, i)`, as image i of `runtime run
 --seed S` does, so the same request gives the same tokens (and, decoded alone, the same image) as
@@ -39,8 +41,10 @@ from runtime.serve.edge import (DEFAULT_MAX_REQUEST_BYTES, BearerAuth, BodyLimit
                                 error_body, error_response, route_path)
 from runtime.serve.engine import Engine, Job, QueueFull
 from runtime.serve.metrics import ServeMetrics
+from runtime.serve.page import add_page
 
 MAX_IMAGES_PER_REQUEST = 16
+MAX_PARTIAL_IMAGES = 3  # previews per image a streamed request may ask for (OpenAI's limit)
 RETRY_AFTER_S = 5  # what a request refused while warming up or draining is told to wait
 
 
@@ -48,11 +52,13 @@ RETRY_AFTER_S = 5  # what a request refused while warming up or draining is told
 class HttpOptions:
     """How the API is exposed (`runtime serve`'s HTTP flags). `api_key`: /v1/* needs it as a
     bearer token (None: open); `allowed_origins`: CORS origins (empty: no CORS headers); `docs`:
-    serve /docs, /redoc and /openapi.json; `max_request_bytes`: larger bodies get 413."""
+    serve /docs, /redoc and /openapi.json; `ui`: serve the web page at / (and its files at /ui/);
+    `max_request_bytes`: larger bodies get 413."""
 
     api_key: str | None = None
     allowed_origins: tuple[str, ...] = ()
     docs: bool = True
+    ui: bool = True
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
 
 
@@ -83,10 +89,10 @@ class ImageRequest(BaseModel):
                                                       "does no moderation.")
     user: str | None = Field(None, description="Accepted and ignored.")
     safety_identifier: str | None = Field(None, description="Accepted and ignored.")
-    partial_images: int | None = Field(None, ge=0, le=3, description="With stream=true: previews of each "
-                                       "image while it decodes, as `image_generation.partial_image` events (the "
-                                       "VQ decode of the tokens committed so far, the rest gray), at 1/(P+1), "
-                                       "2/(P+1), ... of its tokens.")
+    partial_images: int | None = Field(None, ge=0, le=MAX_PARTIAL_IMAGES, description="With stream=true: "
+                                       "previews of each image while it decodes, as `image_generation.partial_image` "
+                                       "events (the VQ decode of the tokens committed so far, the rest gray), at "
+                                       "1/(P+1), 2/(P+1), ... of its tokens.")
     seed: int | None = Field(None, ge=0, lt=2**63, description="Run seed; image i uses a seed derived from "
                              "(seed, i), as `runtime run --seed`. Default: a random one, returned.")
     cfg: float | None = Field(None, description="Must equal the server's guidance scale if given.")
@@ -147,6 +153,24 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+class ServerInfo(BaseModel):
+    """What a client (the web page) needs to build a request and show what answers it."""
+
+    model: str = Field(description="The model's own name (`GET /v1/models` lists every name a request may give).")
+    names: list[str] = Field(description="The names a request's `model` may give (--served-model-name).")
+    method: str = Field(description="The decoding method (`auto`: chosen by load; each image names its own).")
+    version: str = Field(description="The package version.")
+    prompt: Literal["class", "text"] = Field(description="`class`: the prompt is a class id or name; `text`: "
+                                             "a caption or prompt.")
+    num_classes: int | None = Field(description="Class ids 0..num_classes-1 (class models; null for text).")
+    class_names: list[str] | None = Field(description="The classes' names, by id (null: the model names none).")
+    size: str = Field(description="The images' size, e.g. '64x64'.")
+    tokens_per_image: int = Field(description="VQ tokens per image (what `tokens_total` counts).")
+    max_images: int = Field(description="The most images (`n`) one request may ask for.")
+    max_partial_images: int = Field(description="The most previews (`partial_images`) per image.")
+    api_key_required: bool = Field(description="Whether /v1/* needs `Authorization: Bearer KEY` (--api-key).")
 
 
 @dataclass(frozen=True)
@@ -231,7 +255,7 @@ def create_app(engine: Engine, served: "Served", http: HttpOptions | None = None
         where = f"{request.method} {cut(route_path(request.scope))}"
         if exc.status_code == 404:
             message = (f"no route {where}; this server answers POST /v1/images/generations, GET /v1/models, "
-                       "/health, /ready, /version and /metrics")
+                       "/health, /ready, /version, /info and /metrics" + (" (and its page at /)" if http.ui else ""))
         elif exc.status_code == 405:
             allowed = (exc.headers or {}).get("Allow", "")
             message = f"{where} is not allowed; use {allowed or 'another method'}"
@@ -257,6 +281,20 @@ def create_app(engine: Engine, served: "Served", http: HttpOptions | None = None
     @app.get("/version")
     async def version() -> dict[str, str]:
         return {"version": served.version, "model": served.model, "method": served.method}
+
+    @app.get("/info", response_model=ServerInfo)
+    async def info() -> Any:
+        classes = not served.text
+        return ServerInfo(model=served.model, names=served.names, method=served.method, version=served.version,
+                          prompt="class" if classes else "text",
+                          num_classes=served.loaded.num_classes if classes else None,
+                          class_names=served.loaded.class_names if classes else None,
+                          size=served.size, tokens_per_image=engine.decoder.num_tokens,
+                          max_images=min(MAX_IMAGES_PER_REQUEST, served.max_queue or MAX_IMAGES_PER_REQUEST),
+                          max_partial_images=MAX_PARTIAL_IMAGES, api_key_required=http.api_key is not None)
+
+    if http.ui:
+        add_page(app)
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus() -> PlainTextResponse:
