@@ -326,9 +326,8 @@ def _generate(page: DevTools, *, key: str, label: int, n: int, seed: str) -> dic
           el.dispatchEvent(new Event("change", {{bubbles: true}}));
         }};
         set("key", {json.dumps(key)}); set("class", "{label}"); set("n", "{n}"); set("seed", {json.dumps(seed)});
-        document.getElementById("go").click();
+        document.getElementById("go").click();  // the submit handler marks the page running at once
     }})()""")
-    page.wait_for("document.body.dataset.state === 'running' || document.body.dataset.state === 'error'", 10)
     page.wait_for("document.body.dataset.state === 'done' || document.body.dataset.state === 'error'", 45)
     return page.evaluate("""(() => ({
         state: document.body.dataset.state, status: document.getElementById("status").textContent,
@@ -349,8 +348,10 @@ def _png(data_url: str) -> tuple[bytes, np.ndarray]:
 
 
 @pytest.mark.slow
-def test_the_page_in_chromium_generates_the_image_runtime_run_makes_with_previews_first(server, chromium, tmp_path):
-    port, log = server
+def test_the_page_in_chromium_generates_the_image_runtime_run_makes_with_previews_first(chromium, server, tmp_path):
+    from runtime.core.rng import derive_seed
+
+    port, _ = server
     proxy = PrefixProxy(port)
     try:
         page = chromium
@@ -371,6 +372,7 @@ def test_the_page_in_chromium_generates_the_image_runtime_run_makes_with_preview
         (card,) = shown["cards"]
         assert card["state"] == "done" and card["partials"] >= 1, card  # a preview was drawn before the image
         assert shown["seed"] == "7" and "--seed 7 --classes 3" in shown["reproduce"]
+        assert f"image seed {derive_seed(7, 0)}" in card["caption"]  # all 64 bits (JSON.parse would round)
         assert re.search(r"tau \d+\.\d\d tokens per step", card["caption"]) and "method lantern++" in card["caption"]
         _, pixels = _png(card["src"])
         assert pixels.shape == (64, 64, 3) and np.array_equal(pixels, _offline_png(tmp_path, 3, 7))

@@ -79,6 +79,13 @@ async function* serverEvents(body) {
   }
 }
 
+// A whole-number field's digits as the server wrote them: seeds run to 2**63 and JSON.parse
+// rounds past 2**53 (an image's seed derived from the run seed usually is that large).
+function digits(data, field) {
+  const found = data.match(new RegExp(`"${field}":\\s*(\\d+)`));
+  return found ? found[1] : "?";
+}
+
 function makeCard(index) {
   const card = document.createElement("figure");
   card.className = "card";
@@ -175,12 +182,13 @@ async function generate(event) {
         card.querySelector(".tau").textContent = `tau ${message.stats.tau.toFixed(2)} tokens per step`;
         card.querySelector(".method").textContent = `method ${message.method}, ` +
           `${message.stats.latency_s.toFixed(1)} s (queued ${message.stats.queue_s.toFixed(1)} s)`;
-        card.querySelector(".image-seed").textContent = `image seed ${message.image_seed}`;
+        card.querySelector(".image-seed").textContent = `image seed ${digits(data, "image_seed")}`;
         card.dataset.state = "done";
         taus.push(message.stats.tau);
         completed += 1;
-        $("request-seed").textContent = String(message.seed);
-        $("reproduce").textContent = reproduceLine(body, message.seed);
+        const seed = digits(data, "seed");
+        $("request-seed").textContent = seed;
+        $("reproduce").textContent = reproduceLine(body, seed);
         const mean = taus.reduce((a, b) => a + b, 0) / taus.length;
         $("summary").textContent = `${completed} of ${body.n} done, mean tau ${mean.toFixed(2)}`;
         $("request").hidden = false;
