@@ -15,6 +15,8 @@ from runtime.core.rng import CounterRNG
 from runtime.core.sampling import sample_without_replacement
 from runtime.core.tree import load_tree, static_buffers, validate_paths
 
+pytestmark = pytest.mark.fast  # the edit-test tier: python -m pytest -m fast
+
 V, B, NOISE = 12, 200_000, 0.012
 NEIGHBOURS = compute_neighbours(torch.randn(V, 2, generator=torch.Generator().manual_seed(0)), 5)
 

@@ -16,6 +16,8 @@ from runtime.core.acceptance import Relaxation, accept_greedy, accept_sampling
 from runtime.core.rng import CounterRNG
 from runtime.core.tree import static_buffers, validate_paths
 
+pytestmark = pytest.mark.fast  # the edit-test tier: python -m pytest -m fast
+
 P0 = (0.5, 0.3, 0.2)
 CHAIN1 = static_buffers(validate_paths("chain1", [(0,)]))
 CHAIN2 = static_buffers(validate_paths("chain2", [(0,), (0, 0)]))

@@ -7,6 +7,8 @@ import pytest
 
 from runtime.atomic import atomic_path, atomic_write_text, umask_mode
 
+pytestmark = pytest.mark.fast  # the edit-test tier: python -m pytest -m fast
+
 
 def test_written_file_gets_umask_mode(tmp_path):
     old = os.umask(0o022)

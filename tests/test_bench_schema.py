@@ -38,6 +38,8 @@ from runtime.bench.schema import (
 )
 from runtime.errors import UserError
 
+pytestmark = pytest.mark.fast  # the edit-test tier: python -m pytest -m fast
+
 NUM_IMAGES = 4
 TOKENS = 16
 

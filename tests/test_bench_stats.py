@@ -8,6 +8,8 @@ import pytest
 
 from runtime.bench.stats import compare, speedup_interval, tau_interval
 
+pytestmark = pytest.mark.fast  # the edit-test tier: python -m pytest -m fast
+
 
 def workload(rng: np.random.Generator, speed: float, repeats: int = 5, images: int = 12, machine: float = 0.08,
              jitter: float = 0.05, spread: float = 0.3) -> tuple[np.ndarray, np.ndarray]:

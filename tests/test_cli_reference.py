@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from runtime.cli.reference import command_reference
+
+pytestmark = pytest.mark.fast  # the edit-test tier: python -m pytest -m fast
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "reference" / "commands.md"
 

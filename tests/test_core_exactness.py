@@ -11,6 +11,8 @@ from runtime.core import MethodSpec, SamplingParams, generate
 from runtime.core.sampling import apply_cfg, probabilities
 from tiny_models import caption, tiny_pair
 
+pytestmark = pytest.mark.fast  # the edit-test tier: python -m pytest -m fast
+
 EXACT = dict(tree="small_12", depth=3, top_k_draft=3, total_tokens=10, lantern_k=4,
              lantern_delta=0.0, lantern_lambda=1.0)
 SPEC_METHODS = ["sd", "eagle2", "lantern", "lantern++"]

@@ -10,6 +10,8 @@ from runtime.core.drafting import _STOPPED, _below_negative, child_scores
 from runtime.errors import UserError
 from tiny_models import tiny_pair
 
+pytestmark = pytest.mark.fast  # the edit-test tier: python -m pytest -m fast
+
 
 def _neighbours(vocab: int) -> torch.Tensor:
     return torch.stack([torch.tensor([j for j in range(vocab) if j != i]) for i in range(vocab)])

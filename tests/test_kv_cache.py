@@ -7,6 +7,8 @@ from runtime.models.configs import DrafterConfig, gpt_config
 from runtime.models.drafter import Drafter
 from runtime.models.gpt import Transformer
 
+pytestmark = pytest.mark.fast  # the edit-test tier: python -m pytest -m fast
+
 
 def tiny_gpt(model_type: str = "c2i", seed: int = 0) -> Transformer:
     torch.manual_seed(seed)

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.fast  # the edit-test tier: python -m pytest -m fast
+
 grimp = pytest.importorskip("grimp", reason="the layer checks need import-linter (the test extra)")
 
 ROOT = Path(__file__).resolve().parents[1]

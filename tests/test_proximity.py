@@ -1,8 +1,11 @@
 """Proximity neighbour tables: correct, cached by codebook hash, rebuilt when it changes."""
 
+import pytest
 import torch
 
 from runtime.core.proximity import compute_neighbours, neighbour_table
+
+pytestmark = pytest.mark.fast  # the edit-test tier: python -m pytest -m fast
 
 
 def test_neighbours_are_nearest_first_and_exclude_self():

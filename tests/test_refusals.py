@@ -18,6 +18,8 @@ from runtime.models.configs import gpt_config
 from runtime.models.gpt import Transformer
 from tiny_models import save_tiny_official
 
+pytestmark = pytest.mark.fast  # the edit-test tier: python -m pytest -m fast
+
 
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory) -> Path:

@@ -16,6 +16,8 @@ from runtime.core.rng import CounterRNG, race
 from runtime.core.sampling import sample_without_replacement
 from runtime.core.tree import buffers_from_parents, static_buffers, validate_paths
 
+pytestmark = pytest.mark.fast  # the edit-test tier: python -m pytest -m fast
+
 V = 12
 TABLE = compute_neighbours(torch.randn(V, 2, generator=torch.Generator().manual_seed(1)), 4)
 K_NEAR = 3  # lantern_k; the paper rule clears k + 1 = 4 codes on a relaxed rejection

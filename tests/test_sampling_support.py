@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from runtime.core.acceptance import accept_sampling
 from runtime.core.rng import CounterRNG, _MASK64, _MUL1, _MUL2, _GOLDEN, _to_uniform, splitmix64
 from runtime.core.sampling import sample, sample_without_replacement
 from runtime.core.tree import load_tree, static_buffers
+
+pytestmark = pytest.mark.fast  # the edit-test tier: python -m pytest -m fast
 
 
 def _unxorshift(y: int, s: int) -> int:

@@ -6,6 +6,8 @@ import torch
 from runtime.core.tree import buffers_from_parents, load_tree, preset_names, static_buffers
 from runtime.errors import UserError
 
+pytestmark = pytest.mark.fast  # the edit-test tier: python -m pytest -m fast
+
 
 def test_presets_have_the_documented_shapes():
     expected = {"naive_extend_57": (57, 5, [5, 13, 16, 14, 9]),
