@@ -30,7 +30,7 @@ returns, a token of target probability 0.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar
+from typing import TYPE_CHECKING, Callable, ClassVar, Protocol, overload
 
 import torch
 
@@ -40,13 +40,19 @@ from runtime.core.rng import CounterRNG, race
 from runtime.core.tree import TreeBuffers
 from runtime.method_options import RELAX_RULES
 
+if TYPE_CHECKING:
+    from runtime.models.target import Target
+
 _EPS = 1e-12
 
 
-# bonus_rows(best (B,), rows (B,), position (B,) or None) -> (B, V): the residual after every
-# child of node `best` was rejected; `position`, when given, is best's place in the stage order
-# (`_Walk.stage_position`), which the stage functions otherwise look up
-BonusRows = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
+class BonusRows(Protocol):
+    """bonus_rows(best (B,), rows (B,), position (B,) or None) -> (B, V): the residual after every
+    child of node `best` was rejected; `position`, when given, is best's place in the stage order
+    (`_Walk.stage_position`), which the stage functions otherwise look up."""
+
+    def __call__(self, best: torch.Tensor, rows: torch.Tensor, position: torch.Tensor | None = None
+                 ) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True)
@@ -126,6 +132,7 @@ def relaxed_target(r: torch.Tensor, x: torch.Tensor, relax: Relaxation) -> tuple
     """
     if not relax.active:
         return r, torch.zeros(r.size(0), device=r.device, dtype=r.dtype)
+    assert relax.neighbours is not None, "an active relaxation has its neighbour table"
     nb = relax.neighbours[x]  # (B, k)
     mass = r.gather(1, nb)  # (B, k)
     cum = mass.cumsum(1)
@@ -300,6 +307,7 @@ def relaxed_mixture(r: torch.Tensor, q: torch.Tensor, relax: Relaxation,
     (LANTERN) or <= (lambda - 1) * E_q[r(x)] (LANTERN++). A deterministic draft (q = one-hot
     x) gives M = r~_x and shift = c_x, i.e. `relaxed_target`.
     """
+    assert relax.neighbours is not None, "a relaxed mixture needs the neighbour table"
     cand = torch.topk(q, min(candidates, q.size(-1)), dim=-1).indices
     nb = relax.neighbours[cand]
     nb_flat = nb.flatten(-2)
@@ -463,6 +471,7 @@ def _deterministic_stages(xs: torch.Tensor, p: torch.Tensor, relax: Relaxation
     from p is at most the sum of c over the siblings: <= delta, or <= (lambda - 1) p(x) per
     sibling.
     """
+    assert relax.padded is not None, "relaxed stages need the neighbour table"
     b, n_par, k = xs.shape
     v = p.size(-1)
     p_pad = F.pad(p, (0, 1))  # token V (no child) has mass 0
@@ -489,7 +498,11 @@ def _deterministic_stages(xs: torch.Tensor, p: torch.Tensor, relax: Relaxation
     # after every stage rejected: the drafts and the moved neighbours are gone from p
     gone = torch.cat([xs, torch.where(moved > 0, near, v).flatten(-2)], -1)
     rest = p_pad.scatter(-1, gone, 0.0)
-    return accept, c / z, lambda best, rows, position=None: rest[rows, best, :v]
+
+    def bonus_rows(best: torch.Tensor, rows: torch.Tensor, position: torch.Tensor | None = None) -> torch.Tensor:
+        return rest[rows, best, :v]
+
+    return accept, c / z, bonus_rows
 
 
 def _sampled_stages(tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor, tree: TreeBuffers,
@@ -515,6 +528,7 @@ def _sampled_stages(tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor, tree
     given parents (B,) after all their children were rejected.
     """
     stages = tree.stages
+    assert stages is not None, "sampled drafts are judged on a static tree (accept_sampling checks)"
     rows0 = stages.rows[0]
     p_sorted = p[:, stages.order]  # (B, P, V) in stage order
     r, qm = p_sorted[:, :rows0], q[:, stages.order[:rows0]]
@@ -525,7 +539,9 @@ def _sampled_stages(tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor, tree
     shift = None
     if relax.active:
         r, shift = relaxed_mixture(r, qm, relax)
-    target_x, z, last = [], [], []  # R_s(x_s), Z_s (s >= 1), the bonus rows
+    target_x: list[torch.Tensor] = []  # R_s(x_s)
+    z: list[torch.Tensor] = []  # Z_s (s >= 1)
+    last: list[torch.Tensor] = []  # the bonus rows
     for s, n in enumerate(stages.rows):
         r, qm, x = r[:, :n], qm[:, :n], xs[:, :n, s, None]
         target_x.append(r.gather(2, x).squeeze(2))
@@ -546,8 +562,17 @@ def _sampled_stages(tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor, tree
     node_shift = shift[:, stages.parent_row] if shift is not None else torch.zeros_like(a)
     # bonus rows, stage order: parents with K children come from the last stage, ..., leaves keep p
     bonus_table = torch.cat(last[::-1] + [p_sorted[:, rows0:]], 1)
-    return a, node_shift, lambda best, rows, position=None: bonus_table[
-        rows, stages.position[best] if position is None else position]
+    return a, node_shift, _stage_bonus_rows(bonus_table, stages.position)
+
+
+def _stage_bonus_rows(bonus_table: torch.Tensor, stage_position: torch.Tensor) -> BonusRows:
+    """The bonus rows of the sampled stages: bonus_table (B, N+1, V) holds them in stage order,
+    `stage_position` (N+1,) is each node's place in it (`StageLayout.position`)."""
+
+    def bonus_rows(best: torch.Tensor, rows: torch.Tensor, position: torch.Tensor | None = None) -> torch.Tensor:
+        return bonus_table[rows, stage_position[best] if position is None else position]
+
+    return bonus_rows
 
 
 def _budget(rx: torch.Tensor, z: torch.Tensor, nbm: torch.Tensor, relax: Relaxation
@@ -562,6 +587,7 @@ def _budget(rx: torch.Tensor, z: torch.Tensor, nbm: torch.Tensor, relax: Relaxat
     """
     cum = nbm.cumsum(-1)
     if relax.kind == "delta":
+        assert relax.zero is not None, "the paper rule's budget needs the neighbour table"
         bound = torch.where(rx > 0, z * relax.delta, relax.zero)
     else:
         bound = rx * (relax.lam - 1.0)
@@ -582,6 +608,7 @@ def _paper_deterministic_stages(xs: torch.Tensor, p: torch.Tensor, relax: Relaxa
     giving the bonus rows (B, V) of the given parents (B,) after all their children were
     rejected (the last residual).
     """
+    assert relax.padded is not None and relax.clear_padded is not None, "relaxed stages need the neighbour table"
     k, v = xs.size(-1), p.size(-1)
     res = F.pad(p, (0, 1))  # token V (no child) has mass 0
     # per stage: x then its nearest codes (read), and x then its k+1 nearest (cleared)
@@ -599,7 +626,11 @@ def _paper_deterministic_stages(xs: torch.Tensor, p: torch.Tensor, relax: Relaxa
         res = res.scatter(-1, torch.where(used[..., None], clear[..., s, :], clear[..., s, :1]), 0.0)
         z = res.sum(-1)
     rx, c, z_all = torch.stack(masses, -1), torch.stack(gains, -1), torch.stack(totals, -1).clamp(min=_EPS)
-    return (rx + c) / z_all, c / z_all, lambda best, rows, position=None: res[rows, best, :v]
+
+    def bonus_rows(best: torch.Tensor, rows: torch.Tensor, position: torch.Tensor | None = None) -> torch.Tensor:
+        return res[rows, best, :v]
+
+    return (rx + c) / z_all, c / z_all, bonus_rows
 
 
 def _paper_sampled_stages(tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor, tree: TreeBuffers,
@@ -617,6 +648,9 @@ def _paper_sampled_stages(tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor
     per-node shifts c_s / z (B, N+1) and the bonus-row function.
     """
     stages = tree.stages
+    assert stages is not None, "sampled drafts are judged on a static tree (accept_sampling checks)"
+    assert (relax.padded is not None and relax.clear_padded is not None and relax.no_code is not None
+            and relax.inf is not None), "the paper rule's stages need the neighbour table"
     v = p.size(-1)
     rows0 = stages.rows[0]
     p_sorted = p[:, stages.order]  # (B, P, V) in stage order
@@ -655,8 +689,7 @@ def _paper_sampled_stages(tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor
     # min(1, t/q) with t = (R(x) + c) / z; a sample outside the proposal's support (q exhausted) is never accepted
     a = (frac[:, 0] + frac[:, 1]).minimum(q_all) / q_all.clamp(min=torch.finfo(q_all.dtype).tiny)
     bonus_table = torch.cat(last[::-1] + [p_sorted[:, rows0:]], 1)
-    return a[:, stages.node_slot], frac[:, 1, stages.node_slot], lambda best, rows, position=None: bonus_table[
-        rows, stages.position[best] if position is None else position]
+    return a[:, stages.node_slot], frac[:, 1, stages.node_slot], _stage_bonus_rows(bonus_table, stages.position)
 
 
 @dataclass(frozen=True)
@@ -683,7 +716,7 @@ class GroupRule:
     TABLE_FLOPS: ClassVar[int] = 1 << 33
 
     @classmethod
-    def for_target(cls, target: torch.nn.Module, window: int, gap: float, dist: float) -> "GroupRule":
+    def for_target(cls, target: Target, window: int, gap: float, dist: float) -> "GroupRule":
         emb = F.normalize(target.tok_embeddings.weight.detach().float(), dim=-1)
         v, dim = emb.shape
         near = None
@@ -727,6 +760,14 @@ class GroupRule:
         `candidates` tokens, plus q's remaining mass counted as fully different.
         """
         return self.judge(r, q, None, candidates)[1]
+
+    @overload
+    def judge(self, r: torch.Tensor, q: torch.Tensor, x: torch.Tensor,
+              candidates: int = MIXTURE_CANDIDATES) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    @overload
+    def judge(self, r: torch.Tensor, q: torch.Tensor, x: None,
+              candidates: int = MIXTURE_CANDIDATES) -> tuple[None, torch.Tensor]: ...
 
     def judge(self, r: torch.Tensor, q: torch.Tensor, x: torch.Tensor | None,
               candidates: int = MIXTURE_CANDIDATES) -> tuple[torch.Tensor | None, torch.Tensor]:

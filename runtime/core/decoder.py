@@ -31,7 +31,7 @@ import contextlib
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -42,8 +42,10 @@ from runtime.core.opcount import kernels_generated
 from runtime.core.rng import CounterRNG
 from runtime.core.state import DecodeState
 from runtime.errors import UserError
-from runtime.models.drafter import Drafter
-from runtime.models.gpt import Transformer
+
+if TYPE_CHECKING:
+    from backends import Backend
+    from runtime.models.target import DrafterModel, Target
 
 
 # the models whose distributions the loop checks for NaN / inf, in `Decoder.nonfinite` order
@@ -181,8 +183,8 @@ class Decoder:
     reaches nothing else private.
     """
 
-    def __init__(self, target: Transformer, drafter: Drafter | None, spec: MethodSpec, *,
-                 neighbours: torch.Tensor | None = None, backend: Any = None, batch_size: int = 1,
+    def __init__(self, target: Target, drafter: DrafterModel | None, spec: MethodSpec, *,
+                 neighbours: torch.Tensor | None = None, backend: Backend | None = None, batch_size: int = 1,
                  track_nodes: bool = False) -> None:
         self.target, self.drafter, self.spec = target, drafter, spec
         self.backend = backend
@@ -286,7 +288,7 @@ class Decoder:
         self.draft_finish: Callable[[], None] | None = self.policy.finish()
         self.verify_at: dict[int, Callable[[], None]] = {d: self._verify_fn(d) for d in self.prefix_trees}
         self.accept_at: dict[int, Callable[[], None]] = {d: self._accept_fn(d) for d in self.prefix_trees}
-        self.captured = backend is None or not getattr(backend, "graph_mode", False)
+        self.captured = backend is None or not backend.graph_mode
         # kernels the graph compiler generated for each captured step (phase -> count)
         self.kernels_per_step: dict[str, int] = {}
         # the slot API's bookkeeping: the request each slot holds, the same as a device mask
@@ -304,8 +306,8 @@ class Decoder:
         caches; the real batch's prefill resets all state afterwards.
         """
         self.prefill(cond, cond_mask, seed=0)
-        scope = getattr(self.backend, "compile_cache", None)
-        with scope(self.compile_key) if scope is not None else contextlib.nullcontext():
+        backend = self.backend
+        with backend.compile_cache(self.compile_key) if backend is not None else contextlib.nullcontext():
             self._capture_each_step()
         self.captured = True
 
@@ -324,11 +326,14 @@ class Decoder:
 
     def _capture_each_step(self) -> None:
         suffix = f".b{self.batch}" if self.batch > 1 else ""
+        backend = self.backend
+        assert backend is not None, "steps are captured only with a backend in graph mode (`captured`)"
 
         def capture(phase: str, step: Callable[[], None], part: str = "") -> Callable[[], None]:
             before = kernels_generated()
-            replay = self.backend.capture(step, name=f"{self.spec.method}.{phase}{part}{suffix}")
-            made = kernels_generated() - before if before is not None else 0
+            replay = backend.capture(step, name=f"{self.spec.method}.{phase}{part}{suffix}")
+            after = kernels_generated()
+            made = after - before if before is not None and after is not None else 0
             if made > 0:  # zero: the backend captured without a compiler (eager, CUDA graph)
                 self.kernels_per_step[phase] = self.kernels_per_step.get(phase, 0) + made
             return replay
@@ -457,7 +462,7 @@ class Decoder:
         logits = self.target.logits(hidden)
         self._note_nonfinite(0, logits, tree.depth)
         if self.policy.sampled_q:  # sampled drafts: q enters acceptance and the residual
-            self._note_nonfinite(1, self.q[:, :n1], tree.depth)
+            self._note_nonfinite(1, self.policy.q[:, :n1], tree.depth)
         self.p[:, :n1].copy_(self.dist(logits, tree.depth))
 
     def _note_nonfinite(self, part: int, values: torch.Tensor, depth: torch.Tensor) -> None:
@@ -479,7 +484,7 @@ class Decoder:
         tree = self.tree if depth is None else self.prefix_trees[depth]
         n1 = tree.size
         tokens, p = self.tokens[:, :n1], self.p[:, :n1]
-        q = self.q[:, :n1] if self.policy.sampled_q else None
+        q = self.policy.q[:, :n1] if self.policy.sampled_q else None
         acc: Accepted = self.accept_rule(tokens, p, q, tree, self.policy.accept_uniforms(), self.policy.depth_cap())
         path, bonus = acc.path, acc.bonus  # (B, M), (B,)
         if path.size(1) < self.max_depth + 1:  # a prefix tree: pad as path_table does (repeat the last)
@@ -518,7 +523,7 @@ class Decoder:
         kids = kids.expand(self.batch, -1) if kids.dim() == 1 else kids
         xs = torch.where(kids >= 0, self.tokens.gather(1, kids.clamp(min=0)), self.vocab)
         p = self.p[:, 0]
-        q = self.q[:, 0] if self.policy.sampled_q else None
+        q = self.policy.q[:, 0] if self.policy.sampled_q else None
         live = self.live().to(p.dtype)
         self.law_sums[0] += step_tvd(p, xs, self.relax, q, seed=self._iteration) * live
         self.law_sums[1] += nominal_bound(p, xs, self.relax, q) * live
@@ -540,8 +545,9 @@ class Decoder:
         """Start `request` in the free `slot` (0 <= slot < B). Before the first step, requests
         are held and the first step captures (graph mode) and prefills them together; after
         it, the slot's image starts at once (`start_image`) while the others keep theirs."""
-        if self.slots[slot] is not None:
-            raise ValueError(f"slot {slot} is busy (holds {self.slots[slot].key!r})")
+        held = self.slots[slot]
+        if held is not None:
+            raise ValueError(f"slot {slot} is busy (holds {held.key!r})")
         self.slots[slot] = request
         if self._running:
             with self._timer().phase("prefill"):
@@ -576,9 +582,8 @@ class Decoder:
             self._iteration += 1
         with timer.phase("accept"):
             self.accept_at[depth]()
-        mark = getattr(self.backend, "mark_step", None)
-        if mark is not None:
-            mark()
+        if self.backend is not None:
+            self.backend.mark_step()
 
     def finished(self, progress: bool = False) -> list[Finished]:
         """The busy slots whose image is done, with its tokens (block_size,) on the device and
@@ -627,7 +632,7 @@ class Decoder:
             raise ValueError("step() before any request was admitted")
         padded = [r if r is not None else held[0] for r in self.slots]
         cond = torch.cat([r.cond for r in padded])
-        mask = None if padded[0].mask is None else torch.cat([r.mask for r in padded])
+        mask = None if padded[0].mask is None else torch.cat([_mask_of(r) for r in padded])
         timer = self._timer()
         if not self.captured:
             with timer.phase("capture"):
@@ -697,3 +702,10 @@ class Decoder:
                           depth_reached=reached, relax_mass=float(self.relax_mass[i]),
                           accepted_drafts=accepted - 1 - iters, drafted_levels=drafted,
                           law_tvd=law_tvd, law_bound=law_bound, law_steps=int(law_steps))
+
+
+def _mask_of(request: SlotRequest) -> torch.Tensor:
+    """The condition mask of a request batched with others that carry one."""
+    if request.mask is None:
+        raise ValueError("the requests of one batch carry a condition mask each, or none does")
+    return request.mask

@@ -41,6 +41,7 @@ from runtime.core.tree import (StaticTree, TreeBuffers, buffers_from_parents, lo
 
 if TYPE_CHECKING:
     from runtime.core.state import DecodeState
+    from runtime.models.target import DrafterModel
 
 _SMALLEST_NORMAL = 1.1754944e-38
 # Floor for log q in EAGLE-2 scores: keeps filtered-out tokens finite and parent > child.
@@ -89,9 +90,19 @@ class DraftPolicy:
 
     def build_tree(self, device: torch.device) -> TreeBuffers:
         z = torch.zeros(1, dtype=torch.long, device=device)
-        return TreeBuffers(z, z.clone(), z.clone(), torch.ones(1, 1, dtype=torch.bool, device=device),
-                           torch.full((1, 1), -1, dtype=torch.long, device=device),
-                           torch.zeros(1, 1, dtype=torch.long, device=device), 0, 1)
+        return TreeBuffers(parent=z, depth=z.clone(), rank=z.clone(),
+                           ancestor_mask=torch.ones(1, 1, dtype=torch.bool, device=device),
+                           children=torch.full((1, 1), -1, dtype=torch.long, device=device),
+                           path_table=torch.zeros(1, 1, dtype=torch.long, device=device),
+                           earlier_sibling=torch.zeros(1, 1, dtype=torch.bool, device=device),
+                           max_depth=0, max_children=1)
+
+    @property
+    def q(self) -> torch.Tensor:
+        """`state.q`, which the loop allocates for a policy that `needs_q` (read by those only)."""
+        q = self.state.q
+        assert q is not None, f"{type(self).__name__} reads q, which the loop allocates only with needs_q"
+        return q
 
     def allocate(self, committed: int) -> None:
         """Policy state, once the loop's shared buffers exist; `committed` = its cache rows."""
@@ -161,6 +172,12 @@ class DrafterPolicy(DraftPolicy):
 
     needs_q = True
 
+    def __init__(self, state: "DecodeState") -> None:
+        if state.drafter is None:
+            raise ValueError(f"{type(self).__name__} drafts with a drafter model; none was given")
+        self.drafter: DrafterModel = state.drafter
+        super().__init__(state)
+
     def draft_slots(self) -> int:
         """Drafter cache slots written per iteration beyond the pending block."""
         return self.tree.size
@@ -168,7 +185,7 @@ class DrafterPolicy(DraftPolicy):
     def allocate(self, committed: int) -> None:
         state = self.state
         dev, rows, m = state.device, state.rows, state.max_depth + 1
-        drafter = state.drafter
+        drafter = self.drafter
         self.dcache = drafter.new_cache(rows, committed + self.draft_slots(), dev)
         # condition positions 0..cls-2 of one image, run before its slot takes them
         self.start_dcache = drafter.new_cache(rows // state.batch, state.cls - 1, dev) if state.cls > 1 else None
@@ -184,7 +201,7 @@ class DrafterPolicy(DraftPolicy):
         state = self.state
         # the condition positions the drafter attends to are the ones it was trained with:
         # padded caption positions too ("all", LANTERN's and `runtime train drafter`'s), or not
-        if getattr(state.drafter.config, "condition_context", "all") == "all":
+        if getattr(self.drafter.config, "condition_context", "all") == "all":
             cond_mask = None
         if self.start_dcache is not None:  # condition positions 0..cls-2 pair token 0 with the target hidden
             c1, tmp = state.cls - 1, self.start_dcache
@@ -192,7 +209,7 @@ class DrafterPolicy(DraftPolicy):
             if cond_mask is not None:
                 tmp.mark_prefix(cond_mask[:, :c1])
             zeros = torch.zeros(rows.numel(), c1, dtype=torch.long, device=state.device)
-            state.drafter.forward_cached(zeros, hidden[:, :c1], torch.arange(c1, device=state.device),
+            self.drafter.forward_cached(zeros, hidden[:, :c1], torch.arange(c1, device=state.device),
                                         torch.ones(c1, c1, dtype=torch.bool, device=state.device).tril(), tmp)
             tmp.advance(c1)
             self.dcache.load_rows(rows, tmp)
@@ -217,7 +234,7 @@ class DrafterPolicy(DraftPolicy):
         """Drafter over the last accepted block; returns the root's drafter output (rows, dim)."""
         state = self.state
         positions = self.dcache.length[:, None] + state.block_ids
-        out = state.drafter.forward_cached(state.expand_rows(self.pend_tokens), self.pend_hidden, positions,
+        out = self.drafter.forward_cached(state.expand_rows(self.pend_tokens), self.pend_hidden, positions,
                                           self.causal_m, self.dcache)
         count = state.expand_rows(self.pend_count)
         last = (count - 1).clamp(min=0)[:, None, None].expand(-1, 1, out.size(-1))
@@ -233,7 +250,7 @@ class DrafterPolicy(DraftPolicy):
         """Level 0: the drafter over the accepted block and the root's q (its children's
         proposal); returns the root's drafter output (rows, dim)."""
         root = self._level0()
-        self.state.q[:, 0] = self._dist(root[:, None], 0)[:, 0]
+        self.q[:, 0] = self._dist(root[:, None], 0)[:, 0]
         return root
 
 
@@ -296,7 +313,7 @@ class StaticTreePolicy(DrafterPolicy):
         context is a slice of these (node i sits at slot length + i - 1, depth d at position
         length - 1 + d)."""
         dc = self.dcache
-        return self.state.drafter.block_context(dc.length[:, None] + self.level_offsets, self.tree_mask, dc)
+        return self.drafter.block_context(dc.length[:, None] + self.level_offsets, self.tree_mask, dc)
 
     def _noise(self) -> torch.Tensor:
         """Sampled drafts: the exponential noise E of every level in one draw, as -E
@@ -334,7 +351,7 @@ class StaticTreePolicy(DrafterPolicy):
         state, tree = self.state, self.tree
         start, end = self.levels[d - 1]
         parent_start, parent_end = (0, 1) if d == 1 else self.levels[d - 2]
-        q = state.q[:, parent_start:parent_end]
+        q = self.q[:, parent_start:parent_end]
         k = self.level_grid[d - 1] or tree.max_children
         if noise is None:
             cand = torch.topk(q, k, dim=-1).indices  # (B, parents, k)
@@ -364,12 +381,12 @@ class StaticTreePolicy(DrafterPolicy):
             hid = (self.draft_hidden if prev is None else prev)[:, a:b, None].expand(
                 -1, -1, (end - start) // (b - a), -1).flatten(1, 2)
         width = end - start
-        out = state.drafter.forward_block(state.expand_rows(state.tokens[:, start:end]), hid,
+        out = self.drafter.forward_block(state.expand_rows(state.tokens[:, start:end]), hid,
                                          rot[:, d - 1:d].expand(-1, width, *rot.shape[2:]),
                                          slots[:, start - 1:end - 1], mask[:, :, start - 1:end - 1], self.dcache)
         if prev is None and d + 1 < tree.max_depth:  # the deepest forwarded level is nobody's parent
             self.draft_hidden[:, start:end] = out
-        state.q[:, start:end] = self._dist(out, d)
+        self.q[:, start:end] = self._dist(out, d)
         return out
 
     def allocate(self, committed: int) -> None:
@@ -456,15 +473,17 @@ class StaticTreePolicy(DrafterPolicy):
         self._pick(d, self.noise)
         start, end = self.levels[d - 1]
         par = tree.parent[start:end]
-        q_tok = state.q[:, par].gather(2, state.tokens[:, start:end, None]).squeeze(2)  # (B, width)
+        q_tok = self.q[:, par].gather(2, state.tokens[:, start:end, None]).squeeze(2)  # (B, width)
         self.path_prob[:, start:end] = self.path_prob[:, par] * q_tok
 
     def _decide(self, d: int) -> None:
         """`confident`: level d+1 is verified, from level d's path probabilities and q alone
         (before level d+1 is sampled)."""
         start, end = self.levels[d - 1]
-        reach = self.path_prob[:, start:end] * self.state.q[:, start:end].amax(-1)  # (B, width)
-        self.confident.copy_(reach.amax(-1) >= self.state.spec.dynamic_depth)
+        threshold = self.state.spec.dynamic_depth
+        assert threshold is not None, "levels are decided only with --dynamic-depth"
+        reach = self.path_prob[:, start:end] * self.q[:, start:end].amax(-1)  # (B, width)
+        self.confident.copy_(reach.amax(-1) >= threshold)
         # the first failed check cuts the image at depth d (a later one cannot deepen it)
         self.cut.copy_(torch.where(self.confident | (self.cut <= d), self.cut, d))
 
@@ -496,11 +515,11 @@ class DynamicTreePolicy(DrafterPolicy):
         zeros = lambda: torch.zeros(b, n1, dtype=torch.long, device=device)  # noqa: E731
         square = lambda: torch.zeros(b, n1, n1, device=device)  # noqa: E731
         walk = (square(), square(), torch.ones(b, n1, dtype=torch.long, device=device))
-        return TreeBuffers(zeros(), zeros(), zeros(),
-                           torch.eye(n1, dtype=torch.bool, device=device).expand(b, n1, n1).clone(),
-                           torch.full((b, n1, k), -1, dtype=torch.long, device=device),
-                           torch.zeros(b, n1, d + 1, dtype=torch.long, device=device), d, k,
-                           earlier_sibling=walk[1], walk=walk)
+        return TreeBuffers(parent=zeros(), depth=zeros(), rank=zeros(),
+                           ancestor_mask=torch.eye(n1, dtype=torch.bool, device=device).expand(b, n1, n1).clone(),
+                           children=torch.full((b, n1, k), -1, dtype=torch.long, device=device),
+                           path_table=torch.zeros(b, n1, d + 1, dtype=torch.long, device=device),
+                           earlier_sibling=walk[1], max_depth=d, max_children=k, walk=walk)
 
     def draft_slots(self) -> int:
         # every level expands all top_k frontier nodes, whatever the tree keeps
@@ -546,7 +565,7 @@ class DynamicTreePolicy(DrafterPolicy):
             not params.greedy and (params.top_k > 0 or params.top_p < 1.0))
         # the frontier between segments (ddd)
         self.frontier = {"tok": torch.zeros(b, k, dtype=torch.long, device=dev), "score": torch.zeros(b, k, device=dev),
-                   "hidden": torch.zeros(state.rows, k, state.drafter.config.hidden_size, device=dev, dtype=state.dtype),
+                   "hidden": torch.zeros(state.rows, k, self.drafter.config.hidden_size, device=dev, dtype=state.dtype),
                    "mask": torch.zeros(state.rows, 1, k, self.dcache.capacity, device=dev,
                                        dtype=self.dcache.k_all.dtype)}
         self.alive = torch.ones(b, dtype=torch.bool, device=dev)  # ddd: still drafting
@@ -599,11 +618,13 @@ class DynamicTreePolicy(DrafterPolicy):
         dc, e = self.dcache, self.state.spec.expansions
         root = self._level0() if start else None  # (rows, dim); advances the drafter cache
         own = dc.additive_mask_from(dc.mask_columns(e * k), e * k, self._c["eye_all"])  # (rows, 1, E*k, cap)
-        ctx = (self.state.drafter.rope_rows(dc.length[:, None] + self.level_offsets), dc.block_slots(e * k), own)
-        frontier = self._root(root, own) if root is not None else dict(self.frontier)
+        ctx = (self.drafter.rope_rows(dc.length[:, None] + self.level_offsets), dc.block_slots(e * k), own)
+        frontier: dict[str, torch.Tensor] | None = self._root(root, own) if root is not None else dict(self.frontier)
         for level in range(first + 1, last + 1):
+            assert frontier is not None, "only the last expansion leaves no frontier"
             frontier = self._expand(level, frontier, ctx)
         if last in checks:  # DDD's heuristic: log of the beam's summed path probability
+            assert frontier is not None, "a check comes before the last expansion"
             self.alive &= torch.logsumexp(frontier["score"], dim=-1) >= self.threshold
         return frontier
 
@@ -621,7 +642,7 @@ class DynamicTreePolicy(DrafterPolicy):
         if level == 0:
             return self.cand_tok[:, :k], self.cand_score[:, :k]
         at = k + (level - 1) * k * k
-        return tuple(buf[:, at: at + k * k].view(-1, k, k) for buf in (self.cand_tok, self.cand_score))
+        return (self.cand_tok[:, at: at + k * k].view(-1, k, k), self.cand_score[:, at: at + k * k].view(-1, k, k))
 
     def _log_q(self, out: torch.Tensor, depth: int) -> torch.Tensor:
         """log q (B, T, V) after drafter outputs out (rows, T, dim): one log_softmax, floored
@@ -655,7 +676,7 @@ class DynamicTreePolicy(DrafterPolicy):
         state, b, checks = self.state, self.state.batch, self.state.spec.ddd_checks
         k = state.spec.top_k_draft
         rot_all, slots_all, own = ctx
-        out = state.drafter.forward_block(state.expand_rows(frontier["tok"]), frontier["hidden"],
+        out = self.drafter.forward_block(state.expand_rows(frontier["tok"]), frontier["hidden"],
                                          rot_all[:, level - 1:level].expand(-1, k, *rot_all.shape[2:]),
                                          slots_all[:, (level - 1) * k: level * k], frontier["mask"], self.dcache)
         tok, score = self._block(level)  # (B, k, k) views

@@ -14,7 +14,7 @@ ranks (`batch_size=B` decodes B images at once; the tokens are the same for ever
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
@@ -22,8 +22,10 @@ from runtime.core.decoder import Decoder, RunStats
 from runtime.core.methods import MethodSpec
 from runtime.core.proximity import neighbour_table
 from runtime.core.rng import derive_seed
-from runtime.models.drafter import Drafter
-from runtime.models.gpt import Transformer
+
+if TYPE_CHECKING:
+    from backends import Backend
+    from runtime.models.target import DrafterModel, Target
 
 
 @dataclass
@@ -56,10 +58,10 @@ def neighbours_for(vq: Any, spec: MethodSpec, vocab_size: int) -> torch.Tensor |
     return table
 
 
-def generate(target: Transformer, drafter: Drafter | None, spec: MethodSpec,
+def generate(target: Target, drafter: DrafterModel | None, spec: MethodSpec,
              conditions: Sequence[int] | torch.Tensor, *, cond_masks: torch.Tensor | None = None,
              seed: int = 0, indices: Sequence[int] | None = None, vq: Any = None,
-             neighbours: torch.Tensor | None = None, backend: Any = None,
+             neighbours: torch.Tensor | None = None, backend: Backend | None = None,
              decoder: Decoder | None = None, batch_size: int = 1,
              on_image: Callable[[int, torch.Tensor], None] | None = None) -> GenerationResult:
     """Generate one image per condition, `batch_size` images per decode.
@@ -81,11 +83,11 @@ def generate(target: Transformer, drafter: Drafter | None, spec: MethodSpec,
     indices = list(range(n)) if indices is None else list(indices)
     seeds = [derive_seed(seed, i) for i in indices]
     # a sequence per image: captions (n, cls, caption_dim) or prompt token ids (n, cls)
-    captions = isinstance(conditions, torch.Tensor) and conditions.dim() >= 2
+    captions = conditions if isinstance(conditions, torch.Tensor) and conditions.dim() >= 2 else None
     work = []
     for j in range(n):
-        if captions:
-            cond = conditions[j:j + 1].to(dev)
+        if captions is not None:
+            cond = captions[j:j + 1].to(dev)
             mask = cond_masks[j:j + 1].to(dev) if cond_masks is not None else None
         else:
             cond, mask = torch.tensor([int(conditions[j])], device=dev), None

@@ -106,7 +106,7 @@ class JacobiPolicy(DraftPolicy):
     def start(self, i: int, rows: torch.Tensor, hidden: torch.Tensor, first: torch.Tensor,
               cond_mask: torch.Tensor | None) -> None:
         self.last_n[i] = self.window + 1
-        self.state.q[i] = 0.0
+        self.q[i] = 0.0
 
     def committed(self, path: torch.Tensor, n: torch.Tensor, block: torch.Tensor) -> None:
         self.last_n.copy_(n)
@@ -127,7 +127,7 @@ class JacobiPolicy(DraftPolicy):
         # columns: keep test (maximal), prior, then Gumbel rows unless the coupling keys its own
         noise = None if greedy else state.rng.uniform(b, w, 2 if coupling == "gumbel" else v + 2)
 
-        if greedy:
+        if noise is None:  # greedy
             redraft = p_src.argmax(-1)
         elif coupling == "gumbel":
             pos = state.count[:, None] - 1 + self.node_ids  # image index of each new position
@@ -136,7 +136,7 @@ class JacobiPolicy(DraftPolicy):
         else:
             g = gumbel_from_uniform(noise[..., 2:])
             if coupling == "maximal":
-                q_old = state.q[img, src]  # the distribution old node j was drawn from
+                q_old = self.q[img, src]  # the distribution old node j was drawn from
                 px = p_src.gather(2, old_tok[..., None]).squeeze(2)
                 qx = q_old.gather(2, old_tok[..., None]).squeeze(2)
                 keep = noise[..., 0] * qx < px  # u < min(1, p/q)
@@ -152,7 +152,7 @@ class JacobiPolicy(DraftPolicy):
         q_new = torch.where(stale[..., None], p_src, one_hot)
         if state.spec.proactive is None:
             state.tokens[:, 1:] = new
-            state.q[:, :w] = q_new
+            self.q[:, :w] = q_new
         else:
             self._write_tree(new, q_new)
 
@@ -182,9 +182,9 @@ class JacobiPolicy(DraftPolicy):
         node's rank-0 child is the window's draft, the others exclude it)."""
         state, k, b = self.state, self.k, self.state.batch
         state.tokens[:, self.spine[1:]] = new
-        state.q[:, self.spine[:-1]] = q_new  # q[parent] = the proposal its children were drawn from
+        self.q[:, self.spine[:-1]] = q_new  # q[parent] = the proposal its children were drawn from
         q_par = q_new[:, self.tree_parent_depth]  # (B, M, V) proposal of each parent's children
-        state.q[:, self.tree_parents] = q_par
+        self.q[:, self.tree_parents] = q_par
         first = new[:, self.tree_parent_depth]  # the spine child's token, for spine parents
         score = torch.log(q_par) + state.rng.gumbel(*q_par.shape)
         on_spine = self.tree_parent_on_spine[None, :, None]

@@ -25,7 +25,7 @@ longest accepted block, S = num_tokens the image tokens.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -33,12 +33,15 @@ from runtime.core.methods import MethodSpec
 from runtime.core.rng import CounterRNG
 from runtime.core.sampling import SamplingParams, apply_cfg, cfg_off_mask, probabilities
 
+if TYPE_CHECKING:
+    from runtime.models.target import DrafterModel, Target
+
 
 @dataclass(eq=False)
 class DecodeState:
     spec: MethodSpec
-    target: Any  # runtime.models.target.Target
-    drafter: Any  # the drafter model, or None
+    target: Target
+    drafter: DrafterModel | None  # None for the policies that draft without one (AR, jacobi)
     device: torch.device
     dtype: torch.dtype
     batch: int

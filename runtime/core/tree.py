@@ -140,14 +140,14 @@ class TreeBuffers:
     ancestor_mask: torch.Tensor
     children: torch.Tensor
     path_table: torch.Tensor
+    # earlier_sibling (N+1, N+1) bool: [i, j] = j shares i's parent and has a lower rank (the
+    # root has no siblings); `earlier_siblings(parent, rank)`
+    earlier_sibling: torch.Tensor
     max_depth: int
     max_children: int
     # children_at[d]: most children any node at depth d has (bounds the sibling loop); dynamic
     # trees, whose shape is only known on the device, use max_children everywhere.
     children_at: tuple[int, ...] = ()
-    # earlier_sibling (N+1, N+1) bool: [i, j] = j shares i's parent and has a lower rank (the
-    # root has no siblings). Built from the other buffers when not given.
-    earlier_sibling: torch.Tensor | None = None
     # Static trees only (None for dynamic ones): the layout of sibling stages over parents
     # sorted by child count, see `StageLayout`.
     stages: "StageLayout | None" = None
@@ -160,8 +160,6 @@ class TreeBuffers:
     def __post_init__(self) -> None:
         if not self.children_at:
             self.children_at = (self.max_children,) * self.max_depth
-        if self.earlier_sibling is None:
-            self.earlier_sibling = earlier_siblings(self.parent, self.rank)
         self._walk: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self._fold: SharedWalk | None = None
         if not self.batched:
@@ -178,9 +176,10 @@ class TreeBuffers:
             return self.walk
         if self.batched:
             return self.ancestor_mask.float(), self.earlier_sibling.float(), self.depth + 1
-        if getattr(self, "_walk", None) is None:
-            self._walk = (self.ancestor_mask.float(), self.earlier_sibling.float(), self.depth + 1)
-        return self._walk
+        walk = getattr(self, "_walk", None)
+        if walk is None:
+            walk = self._walk = (self.ancestor_mask.float(), self.earlier_sibling.float(), self.depth + 1)
+        return walk
 
     def shared_walk(self) -> "SharedWalk | None":
         """The acceptance walk's tables of a shared tree (`SharedWalk`), None for a batched one."""
@@ -204,10 +203,14 @@ class TreeBuffers:
         """Views with a leading batch dim b (a batched tree as it is; a shared one expanded)."""
         if self.batched:
             return self
-        ex = lambda t: t[None].expand(b, *t.shape)  # noqa: E731
-        return TreeBuffers(ex(self.parent), ex(self.depth), ex(self.rank), ex(self.ancestor_mask),
-                           ex(self.children), ex(self.path_table), self.max_depth, self.max_children,
-                           self.children_at, ex(self.earlier_sibling), self.stages)
+        def ex(t: torch.Tensor) -> torch.Tensor:
+            return t[None].expand(b, *t.shape)
+
+        return TreeBuffers(parent=ex(self.parent), depth=ex(self.depth), rank=ex(self.rank),
+                           ancestor_mask=ex(self.ancestor_mask), children=ex(self.children),
+                           path_table=ex(self.path_table), earlier_sibling=ex(self.earlier_sibling),
+                           max_depth=self.max_depth, max_children=self.max_children,
+                           children_at=self.children_at, stages=self.stages)
 
     def level(self, d: int) -> tuple[int, int]:
         """[start, end) node range of depth d (static trees only: depths are contiguous)."""
@@ -216,11 +219,12 @@ class TreeBuffers:
         return idx[0], idx[-1] + 1
 
     def to(self, device: torch.device | str) -> "TreeBuffers":
-        return TreeBuffers(self.parent.to(device), self.depth.to(device), self.rank.to(device),
-                           self.ancestor_mask.to(device), self.children.to(device),
-                           self.path_table.to(device), self.max_depth, self.max_children, self.children_at,
-                           self.earlier_sibling.to(device),
-                           self.stages.to(device) if self.stages is not None else None)
+        return TreeBuffers(parent=self.parent.to(device), depth=self.depth.to(device), rank=self.rank.to(device),
+                           ancestor_mask=self.ancestor_mask.to(device), children=self.children.to(device),
+                           path_table=self.path_table.to(device), earlier_sibling=self.earlier_sibling.to(device),
+                           max_depth=self.max_depth, max_children=self.max_children,
+                           children_at=self.children_at,
+                           stages=self.stages.to(device) if self.stages is not None else None)
 
 
 @dataclass(frozen=True)
@@ -341,7 +345,7 @@ def stage_layout(parent: list[int], rank: list[int], k: int) -> StageLayout:
 
 def static_buffers(tree: StaticTree) -> TreeBuffers:
     """Tree buffers of a static tree (CPU; move them with `.to(device)` once)."""
-    index = {(): 0}
+    index: dict[tuple[int, ...], int] = {(): 0}
     for i, p in enumerate(tree.paths, start=1):
         index[p] = i
     parent = torch.tensor([0] + [index[p[:-1]] for p in tree.paths])
@@ -415,25 +419,23 @@ def buffers_from_parents(parent: torch.Tensor, rank: torch.Tensor, max_depth: in
     # reach[i, j] = 1 if j is i or i's parent; squared until it spans max_depth steps
     reach = c.eye.expand(b, n, n).scatter(-1, parent[..., None], 1.0)
     walk = out.walk if out is not None else None
-
-    def into(buffer: torch.Tensor | None) -> dict[str, torch.Tensor]:
-        """`out=` for an op whose result goes to `buffer` (none without `out`)."""
-        return {} if buffer is None else {"out": buffer}
+    # where each op writes its result (`out=`): out's buffers, or a new tensor (None)
+    anc_out, depth_out, path_out = (out.ancestor_mask, out.depth, out.path_table) if out is not None else (None,) * 3
 
     span = 1
     while span < max_depth:
         span *= 2
         last = walk is not None and span >= max_depth  # the float ancestor mask the walk reads
-        reach = torch.clamp(torch.bmm(reach, reach), max=1.0, **into(walk[0] if last else None))
+        reach = torch.clamp(torch.bmm(reach, reach), max=1.0, out=walk[0] if walk is not None and last else None)
     if walk is not None and max_depth <= 1:
         walk[0].copy_(reach)
-    anc = torch.gt(reach, 0, **into(out and out.ancestor_mask))
-    depth1 = torch.sum(anc, -1, **into(walk and walk[2]))
-    depth = torch.sub(depth1, 1, **into(out and out.depth))
+    anc = torch.gt(reach, 0, out=anc_out)
+    depth1 = torch.sum(anc, -1, out=walk[2] if walk is not None else None)
+    depth = torch.sub(depth1, 1, out=depth_out)
     # path_table[i, d] = the ancestor of i at depth d (each depth has one), i itself past depth(i)
     at_depth = (depth[..., None] == levels) * c.ar_float[:, None]  # (B, N+1, D+1): j at column depth(j)
     found = torch.bmm(reach, at_depth).long()  # reach is 0/1, as anc
-    path_table = torch.where(levels > depth[..., None], ar[:, None], found, **into(out and out.path_table))
+    path_table = torch.where(levels > depth[..., None], ar[:, None], found, out=path_out)
     # children[parent, rank] = node, for every node but the root
     if out is None:
         flat = torch.full((b, n * max_children), -1, dtype=torch.long, device=parent.device)
@@ -443,8 +445,11 @@ def buffers_from_parents(parent: torch.Tensor, rank: torch.Tensor, max_depth: in
     children = flat.view(b, n, max_children)
     if out is not None:
         return out
-    bufs = [parent, depth, rank, anc, children, path_table]
     if single:
-        bufs = [t[0] for t in bufs]
+        parent, depth, rank, anc, children, path_table = (t[0] for t in (parent, depth, rank, anc, children, path_table))
         earlier_sibling = earlier_sibling[0] if earlier_sibling is not None else None
-    return TreeBuffers(*bufs, max_depth, max_children, earlier_sibling=earlier_sibling)
+    if earlier_sibling is None:
+        earlier_sibling = earlier_siblings(parent, rank)
+    return TreeBuffers(parent=parent, depth=depth, rank=rank, ancestor_mask=anc, children=children,
+                       path_table=path_table, earlier_sibling=earlier_sibling, max_depth=max_depth,
+                       max_children=max_children)

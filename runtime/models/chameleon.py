@@ -152,6 +152,8 @@ class RowTable(nn.Module):
     """Rows `ids` of a (V, D) table, kept as a non-persistent buffer `weight` (n, D): the image
     tokens' embedding (`forward` embeds) or head (`project` gives logits)."""
 
+    weight: torch.Tensor  # the buffer (n, D)
+
     def __init__(self, rows: int, dim: int) -> None:
         super().__init__()
         self.register_buffer("weight", torch.zeros(rows, dim), persistent=False)

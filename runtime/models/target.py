@@ -1,7 +1,9 @@
-"""The target interface the decoding core uses, declared (`Target`), and the cached-decoding half
-both model families share (`CachedDecoding`): a LlamaGen GPT (`gpt.Transformer`) and a
-Chameleon-family decoder (`chameleon.ChameleonTarget`) differ only in how they embed a condition
-and which rotary table they use.
+"""The model interfaces the decoding core uses, declared: the target's (`Target`) and the
+drafter's (`DrafterModel`); and the cached-decoding half both target families share
+(`CachedDecoding`): a LlamaGen GPT (`gpt.Transformer`) and a Chameleon-family decoder
+(`chameleon.ChameleonTarget`) differ only in how they embed a condition and which rotary table
+they use. The drafters (`drafter.Drafter`, `chameleon_drafter.ChameleonDrafter`) likewise differ
+only in their embedding and rotary layout.
 
 Shapes: B model rows, T new positions, D the width, V the image-token vocabulary.
 """
@@ -11,17 +13,30 @@ from __future__ import annotations
 from typing import Any, Callable, Protocol
 
 import torch
-from torch import nn
 
 from runtime.models.kv_cache import StaticKVCache
 from runtime.models.layers import PrefixRule, run_prefix
+
+
+class TokenTable(Protocol):
+    """An image-token embedding: ids (...) -> (..., D) rows of `weight` (V, D), whose device and
+    dtype are the model's."""
+
+    weight: torch.Tensor
+
+    def __call__(self, tokens: torch.Tensor) -> torch.Tensor: ...
 
 
 class Target(Protocol):
     """What `runtime.core` calls on a target model."""
 
     config: Any  # block_size (image tokens), cls_token_num (condition positions), vocab_size V, dim D, ...
-    tok_embeddings: nn.Module  # image token ids (...) -> (..., D)
+
+    @property
+    def tok_embeddings(self) -> TokenTable:
+        """Image token ids (...) -> (..., D)."""
+        ...
+
     # a layout's fixed tokens: constrain(logits (B, T, V), image index (B, T)) -> logits, or None
     constrain: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None
 
@@ -50,6 +65,41 @@ class Target(Protocol):
     def null_condition(self, cond: torch.Tensor) -> torch.Tensor: ...
 
     def null_condition_mask(self, cond_mask: torch.Tensor) -> torch.Tensor: ...
+
+
+class DrafterModel(Protocol):
+    """What `runtime.core` calls on a drafter model: a head that pairs each token with the hidden
+    state that predicted it, over its own KV cache.
+
+    Shapes: B model rows, T new positions, D the drafter's width (`config.hidden_size`, the
+    target's D).
+    """
+
+    config: Any  # hidden_size D, condition_context ("all" / "valid": which condition positions it sees), ...
+
+    def new_cache(self, batch: int, capacity: int, device: torch.device | str,
+                  dtype: torch.dtype | None = None) -> StaticKVCache: ...
+
+    def rope_rows(self, positions: torch.Tensor) -> torch.Tensor:
+        """Rotary rows for positions (T,) or (B, T)."""
+        ...
+
+    def block_context(self, positions: torch.Tensor, block_mask: torch.Tensor, cache: StaticKVCache,
+                      offset: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(rotary rows, cache slots (B, T), additive mask (B, 1, T, capacity)) of a block of
+        T = block_mask.size(-2) tokens: what `forward_block` takes."""
+        ...
+
+    def forward_block(self, tokens: torch.Tensor, hidden: torch.Tensor, rot: torch.Tensor,
+                      slots: torch.Tensor, mask: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
+        """(B, T) tokens and (B, T, D) hidden states with their context -> (B, T, D); keys and
+        values written at `slots`, uncommitted."""
+        ...
+
+    def forward_cached(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+                       block_mask: torch.Tensor, cache: StaticKVCache, offset: int = 0) -> torch.Tensor:
+        """`forward_block` with its context built here (`block_context`)."""
+        ...
 
 
 class CachedDecoding:
