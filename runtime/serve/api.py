@@ -230,7 +230,7 @@ def create_app(engine: Engine, served: "Served", http: HttpOptions | None = None
         await asyncio.get_running_loop().run_in_executor(
             None, lambda: engine.stop(drain=not served.abandoned, timeout=wait))
 
-    docs = {} if http.docs else {"docs_url": None, "redoc_url": None, "openapi_url": None}
+    docs: dict[str, Any] = {} if http.docs else {"docs_url": None, "redoc_url": None, "openapi_url": None}
     app = FastAPI(title="lantern-runtime", version=served.version, lifespan=lifespan,
                   description="Speculative visual autoregressive image generation (OpenAI images API).", **docs)
     metrics = ServeMetrics(engine, served.method)

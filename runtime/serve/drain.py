@@ -81,5 +81,6 @@ def server_config(app: Any, *, host: str, port: int, root_path: str = "") -> uvi
     """uvicorn's settings for `runtime serve`: its own access log off (RequestContext logs each
     request with its id), lifespan on, and a short graceful shutdown (the drain has already
     waited for the requests in flight)."""
+    # timeout_graceful_shutdown: uvicorn annotates it int but awaits it as a timeout, seconds as a float
     return uvicorn.Config(app, host=host, port=port, root_path=root_path, log_level="warning", access_log=False,
-                          lifespan="on", timeout_graceful_shutdown=CLOSE_S / 2)
+                          lifespan="on", timeout_graceful_shutdown=CLOSE_S / 2)  # type: ignore[arg-type]

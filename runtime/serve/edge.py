@@ -24,7 +24,7 @@ import re
 import secrets
 import time
 import uuid
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Mapping
 
 ASGIApp = Callable[[dict[str, Any], Callable[[], Awaitable[dict[str, Any]]],
                     Callable[[dict[str, Any]], Awaitable[None]]], Awaitable[None]]
@@ -55,7 +55,7 @@ def error_body(status: int, message: str, *, param: str | None = None, code: str
 
 
 def error_response(status: int, message: str, *, param: str | None = None, code: str | None = None,
-                   headers: dict[str, str] | None = None) -> Any:
+                   headers: Mapping[str, str] | None = None) -> Any:
     """A JSONResponse carrying `error_body`."""
     from fastapi.responses import JSONResponse
 
@@ -72,7 +72,7 @@ async def _send_error(send: Callable[[dict[str, Any]], Awaitable[None]], status:
     await send({"type": "http.response.body", "body": body})
 
 
-def route_path(scope: dict[str, Any]) -> str:
+def route_path(scope: Mapping[str, Any]) -> str:
     """The path the routes see: without --root-path where the server put it in front."""
     path, root = scope.get("path", ""), scope.get("root_path", "")
     return path[len(root):] if root and path.startswith(root) else path

@@ -252,8 +252,9 @@ def _offline(records: list[dict[str, Any]], serve_args: list[str], ready: dict[s
         expected = generate(loaded.target, loaded.drafter, spec, [int(req["prompt"])] * req["n"], seed=req["seed"],
                             vq=loaded.vq).tokens
         mismatches += sum(d["tokens"] != expected[i].tolist() for i, d in enumerate(r["data"]))
-    work = [(torch.tensor([int(r["request"]["prompt"])], device=backend.device), None, derive_seed(r["request"]["seed"], i))
-            for r in served for i in range(r["request"]["n"])]
+    work: list[tuple[torch.Tensor, torch.Tensor | None, int]] = [
+        (torch.tensor([int(r["request"]["prompt"])], device=backend.device), None, derive_seed(r["request"]["seed"], i))
+        for r in served for i in range(r["request"]["n"])]
     decoder = make_decoder(loaded, spec, backend, batch_size=int(ready.get("batch_size", 1)))
     _, seconds = timed_many(decoder, work, backend)
     return mismatches, {"images": len(work), "seconds": seconds, "images_per_s": len(work) / seconds,

@@ -3,7 +3,7 @@ as in the tests, do not collide)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
 TAU_BUCKETS = (1, 1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 8)
@@ -41,8 +41,15 @@ class ServeMetrics:
         Info("lantern_method", "The decoding method the server was started with (auto: chosen by occupancy).",
              registry=registry).info({"method": method})
         in_use = Gauge("lantern_method_in_use", "1 for the method decoding now.", ["method"], registry=registry)
+
+        def in_use_of(name: str) -> Callable[[], float]:
+            return lambda: float(engine.current == name)
+
+        def step_tvd_of(name: str, part: int) -> Callable[[], float]:
+            return lambda: engine.stats.step_tvd(name)[part] or 0.0
+
         for name in getattr(engine, "decoders", None) or {}:
-            in_use.labels(method=name).set_function(lambda name=name: float(engine.current == name))
+            in_use.labels(method=name).set_function(in_use_of(name))
         Gauge("lantern_steps_recompiled", "Step compilations or captures after warm-up (0 in a steady state; "
               "more means a shape or guard changed and a step was compiled again).", registry=registry).set_function(
             lambda: engine.recompiles)
@@ -60,8 +67,8 @@ class ServeMetrics:
         bound = Gauge("lantern_step_tvd_bound", "The relaxation's stated bound at the same steps.", ["method"],
                       registry=registry)
         for name in getattr(engine, "decoders", None) or {}:
-            tvd.labels(method=name).set_function(lambda name=name: engine.stats.step_tvd(name)[0] or 0.0)
-            bound.labels(method=name).set_function(lambda name=name: engine.stats.step_tvd(name)[1] or 0.0)
+            tvd.labels(method=name).set_function(step_tvd_of(name, 0))
+            bound.labels(method=name).set_function(step_tvd_of(name, 1))
         self.images = Counter("lantern_images", "Images generated.", registry=registry)
         self.rejected = Counter("lantern_requests_rejected", "Requests refused with 429 (queue full).",
                                 registry=registry)
