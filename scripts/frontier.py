@@ -111,7 +111,7 @@ def score(args: argparse.Namespace) -> int:
 
     from runtime.bench.report.numbers import speedup_ci, tau_ci
     from runtime.bench.schema import ar_baseline, load_bench
-    from runtime.cli.run_cmd import merge_law, software_record
+    from runtime.cli.workload import merge_law, software_record
     from runtime.demo.bundle import load_demo_bundle
     from runtime.demo.quality import demo_scores
     from runtime.quality_budget import RESAMPLES, band, judge, own, paired

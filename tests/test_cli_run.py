@@ -67,7 +67,7 @@ def test_run_writes_images_tokens_and_result(official_ckpts, tmp_path, run_cli):
     (["--method", "medusa"], "unknown method 'medusa'"),
     (["--method", "lantern++", "--tree", "nope"], "unknown tree 'nope'"),
     (["--method", "sd"], "needs a drafter"),
-    (["--temperature", "0"], "--temperature must be > 0"),
+    (["--temperature", "0"], "--temperature must be a finite number > 0, got 0.0"),
     (["--cfg", "1", "--cfg-interval", "3"], "--cfg-interval 3 does nothing without classifier-free guidance"),
     (["--cfg-interval", "-2"], "--cfg-interval must be -1 (always) or >= 0, got -2"),
     (["--attention", "flash"], "--attention 'flash' is not a kernel setting; choose auto or math"),

@@ -37,3 +37,25 @@ def test_method_names_are_declared_once():
 
     assert tuple(METHOD_TABLE) == METHOD_ORDER == METHOD_NAMES
     assert "sjd" in METHOD_NAMES and set(AUTO_METHODS) == set(METHOD_NAMES) - {"lantern"}
+
+
+# imports of another module's underscored names still allowed, each with its reason (the
+# reference generator registers the commands as the app does)
+PRIVATE_IMPORTS_ALLOWED = {("runtime/cli/reference.py", "_register")}
+
+
+def test_no_module_imports_another_modules_private_names():
+    """`from runtime.x import _name` outside runtime.x is a private helper used as an API: move
+    it where both can use it under a public name (runtime/cli/workload.py holds what run and
+    sample share)."""
+    found = []
+    for path in [*(ROOT / "runtime").rglob("*.py"), *(ROOT / "scripts").rglob("*.py")]:
+        text = path.read_text()
+        for match in re.finditer(r"^\s*from (runtime[\w.]*|backends[\w.]*) import (\([^)]*\)|[^\n]*)", text, re.M):
+            entries = match.group(2).strip("()").replace("\n", " ").split(",")
+            imported = [e.split("#")[0].split(" as ")[0].strip() for e in entries]  # `name as alias`: the name
+            for name in (n for n in imported if n.startswith("_") and not n.startswith("__")):
+                key = (str(path.relative_to(ROOT)), name)
+                if key not in PRIVATE_IMPORTS_ALLOWED:
+                    found.append(f"{key[0]}: {name} from {match.group(1)}")
+    assert not found, "\n".join(found)

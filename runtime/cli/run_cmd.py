@@ -8,7 +8,6 @@ half-written. Under `torchrun` images are sharded across ranks and rank 0 writes
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ from runtime.cli import options as opt
 from runtime.cli.app import app
 from runtime.atomic import check_run_folder, publish_folder, staging_folder, writing
 from runtime.errors import UserError
+from runtime.cli.workload import merge_stats, process_group_backend, select, software_record, workload_conditions
 
 RESULT_SCHEMA_VERSION = 1
 
@@ -60,13 +60,13 @@ def run(
     check_run_folder(out_dir, force, marker="result.json")
 
     previous_kernel = set_attention_kernel(attention)  # refuses an unknown kernel before any work
-    ctx = init_distributed(_backend_name(device))
+    ctx = init_distributed(process_group_backend(device))
     try:
         backend, prof = opt.open_backend(device, profile_name, graph, dtype, index=ctx.device_index)
         loaded = source.load(backend)
         auto = method == AUTO  # the profile's fastest lossless method at this run's batch occupancy
         spec = None if auto else resolve_spec(method, flags.as_dict(), prof, loaded.recommended)
-        conditions, cond_masks, labels = _conditions(loaded, classes, prompts, t5_path, num_images, backend,
+        conditions, cond_masks, labels = workload_conditions(loaded, classes, prompts, t5_path, num_images, backend,
                                                      prompt_length)
         n = len(labels)
         mine = shard(list(range(n)), ctx)
@@ -80,7 +80,7 @@ def run(
             sources["method"] = f"--method auto: profile {prof.name} [auto] at occupancy {batch}"
         decoder = make_decoder(loaded, spec, backend, batch_size=batch)
 
-        my_conditions = _select(conditions, mine)
+        my_conditions = select(conditions, mine)
         my_masks = cond_masks[mine] if cond_masks is not None else None
         backend.reset_peak_memory()
         staging = None
@@ -121,73 +121,6 @@ def _idle_part(rank: int, backend: Any) -> dict[str, Any]:
              "mean_relaxation_mass": 0.0, "mean_drafted_depth": 0.0}
     return {"rank": rank, "indices": [], "tokens": [], "images": [], "seeds": [], "stats": stats, "total_s": 0.0,
             "phases": {}, "memory": backend.memory_stats(), "device": backend.info()}
-
-
-def _backend_name(device: str) -> str:
-    from backends import resolve_backend_name
-
-    if os.environ.get("WORLD_SIZE", "1") == "1":
-        return "cpu"  # single process: no process group; the name is unused
-    return resolve_backend_name(device)
-
-
-def _select(conditions: Any, idx: list[int]) -> Any:
-    import torch
-
-    if isinstance(conditions, torch.Tensor):
-        return conditions[idx]
-    return [conditions[i] for i in idx]
-
-
-def _conditions(loaded, classes, prompts, t5_path, num_images, backend, prompt_length=None):
-    """(conditions, cond_masks, labels): class ids, caption features for t2i prompts, or prompt
-    token ids (padded to `prompt_length` where given) for Chameleon."""
-    from runtime.loading import parse_classes
-
-    prompt_length = opt.prompt_length(prompt_length, loaded.config.model_type)
-    if loaded.config.model_type == "c2i":
-        if prompts is not None:
-            raise UserError("--prompts is for text-to-image models; this model is class-conditional (use --classes)")
-        labels = parse_classes(classes, num_images, loaded)
-        return labels, None, labels
-    if loaded.config.model_type == "chameleon":
-        for flag, value in (("--classes", classes), ("--t5-path", t5_path)):
-            if value is not None:
-                raise UserError(f"{flag} does nothing for a Chameleon model (it reads --prompts with its own "
-                                f"tokenizer); drop {flag}")
-        if prompts is None:
-            raise UserError("this is a Chameleon model: give --prompts FILE (one prompt per line)")
-        texts = _read_prompts(prompts, num_images)
-        ids, mask = loaded.prompt_encoder(texts, prompt_length)
-        loaded.target.for_prompts(ids.size(1))
-        return ids.to(backend.device), mask.to(backend.device), texts
-    if prompts is None:
-        raise UserError("this is a text-to-image model: give --prompts FILE (one prompt per line) and --t5-path DIR")
-    if t5_path is None:
-        raise UserError("--prompts needs --t5-path DIR, a local T5 encoder (flan-t5-xl for LlamaGen)")
-    texts = _read_prompts(prompts, num_images)
-    from runtime.models.t5 import T5Encoder
-
-    encoder = T5Encoder(t5_path, device=backend.device, dtype=backend.dtype,
-                        max_length=loaded.config.cls_token_num)
-    emb, mask = encoder.encode(texts)
-    return emb.to(backend.dtype), mask, texts
-
-
-def _read_prompts(prompts: str, num_images: int | None) -> list[str]:
-    """The --prompts file's non-empty lines, cycled to --num-images (default: each once)."""
-    path = Path(prompts)
-    if not path.is_file():
-        raise UserError(f"--prompts {prompts}: file not found")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise UserError(f"--prompts {prompts}: not UTF-8 text; give a text file with one prompt per line") from None
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if not lines:
-        raise UserError(f"--prompts {prompts}: no prompts in the file")
-    n = num_images or len(lines)
-    return [lines[i % len(lines)] for i in range(n)]
 
 
 class _progress:
@@ -247,7 +180,7 @@ def _write_outputs(staging: Path, parts: list[dict], n: int, labels: list, loade
     Image.fromarray(image_grid(images)).save(staging / "grid.png")
     np.save(staging / "tokens.npy", tokens.astype(np.int64))
 
-    stats = _merge_stats([p["stats"] for p in parts])
+    stats = merge_stats([p["stats"] for p in parts])
     total_s = max(p["total_s"] for p in parts)  # ranks run concurrently: wall time is the slowest
     phases = _merge_phases([p["phases"] for p in parts])
     device = dict(parts[0]["device"])
@@ -282,44 +215,6 @@ def _write_outputs(staging: Path, parts: list[dict], n: int, labels: list, loade
                            for p in parts]
     (staging / "result.json").write_text(json.dumps(result, indent=2))
     return result
-
-
-def software_record() -> dict[str, Any]:
-    """What reproducing a result needs: package version, git commit (None where unknown) and the
-    command line of this invocation."""
-    from runtime import __version__
-    from runtime.bench.environment import git_commit
-    from runtime.cli.app import INVOCATION
-
-    return {"version": __version__, "git_commit": git_commit(), "command_line": list(INVOCATION)}
-
-
-def _merge_stats(all_stats: list[dict]) -> dict:
-    fw = sum(s["target_forwards"] for s in all_stats)
-    tokens = sum(s["tokens"] for s in all_stats)
-    accepted = sum(s["mean_accepted_length"] * s["target_forwards"] for s in all_stats)
-    depth = max((len(s["per_depth_acceptance"]) for s in all_stats), default=0)
-    weights = [s["target_forwards"] for s in all_stats]
-    per_depth = [sum(w * (s["per_depth_acceptance"][d] if d < len(s["per_depth_acceptance"]) else 0)
-                     for w, s in zip(weights, all_stats)) / max(fw, 1) for d in range(depth)]
-    return {"mean_accepted_length": accepted / max(fw, 1), "target_forwards": fw, "tokens": tokens,
-            "step_compression": tokens / max(fw, 1), "per_depth_acceptance": per_depth,
-            "mean_relaxation_mass": (sum(s["mean_relaxation_mass"] * w for s, w in zip(all_stats, weights))
-                                     / max(fw, 1)),
-            "mean_drafted_depth": (sum(s.get("mean_drafted_depth", 0.0) * w for s, w in zip(all_stats, weights))
-                                   / max(fw, 1)),
-            **merge_law(all_stats)}
-
-
-def merge_law(all_stats: list[dict]) -> dict:
-    """step_tvd / step_tvd_bound / law_steps of several parts' stats: step-weighted means (None
-    where no part measured the law)."""
-    steps = sum(int(s.get("law_steps") or 0) for s in all_stats)
-    if not steps:
-        return {"step_tvd": None, "step_tvd_bound": None, "law_steps": 0}
-    mean = {key: sum((s.get(key) or 0.0) * int(s.get("law_steps") or 0) for s in all_stats) / steps
-            for key in ("step_tvd", "step_tvd_bound")}
-    return {**mean, "law_steps": steps}
 
 
 def _merge_phases(all_phases: list[dict]) -> dict:

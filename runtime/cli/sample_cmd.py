@@ -21,7 +21,8 @@ import typer
 
 from runtime.cli import options as opt
 from runtime.cli.app import app
-from runtime.cli.run_cmd import _backend_name, _conditions, _merge_stats, _select, run, software_record
+from runtime.cli.run_cmd import run
+from runtime.cli.workload import merge_stats, process_group_backend, select, software_record, workload_conditions
 from runtime.errors import UserError
 
 NOT_FROM_RUN = ("out", "force", "profile")  # run's own output options; sample has its own
@@ -58,7 +59,7 @@ def sample(**params: Any) -> None:
     shard = _parse_shard(params["shard"])
     out = params["out"]
     _probe_out(out)
-    ctx = init_distributed(_backend_name(params["device"]))
+    ctx = init_distributed(process_group_backend(params["device"]))
     try:
         if ctx.is_distributed and shard != (0, 1):
             raise UserError("--shard splits work between independent jobs; under torchrun the ranks already "
@@ -76,7 +77,7 @@ def sample(**params: Any) -> None:
             opt.check_num_images(num_images, opt.SAMPLE_IMAGES)
             if classes is None:  # every class, not the demo subset `run` picks by default
                 classes = ",".join(str(c) for c in range(loaded.num_classes))
-        conditions, cond_masks, labels = _conditions(loaded, classes, params["prompts"], params["t5_path"],
+        conditions, cond_masks, labels = workload_conditions(loaded, classes, params["prompts"], params["t5_path"],
                                                      num_images, backend)
         chunks = plan(len(labels), chunk_size)
         store = SampleStore(Path(out))
@@ -99,7 +100,7 @@ def sample(**params: Any) -> None:
             for c in todo:
                 idx = list(range(c.start, c.stop))
                 masks = cond_masks[idx] if cond_masks is not None else None
-                result = run_generation(loaded, spec, _select(conditions, idx), seed=params["seed"], backend=backend,
+                result = run_generation(loaded, spec, select(conditions, idx), seed=params["seed"], backend=backend,
                                         indices=idx, cond_masks=masks, decoder=decoder,
                                         on_image=lambda j, t: bar.advance(task))
                 with writing(f"--out {out}", then=RESUME):
@@ -167,7 +168,7 @@ def _write_result(root: Path, summary: dict[str, Any], workload: dict[str, Any],
         "schema_version": 1, "kind": "sample", "software": software_record(), "workload": workload,
         "method": spec.method,
         "device": backend.info(), "world_size": world,
-        "stats": _merge_stats([c["stats"] for c in chunks]),
+        "stats": merge_stats([c["stats"] for c in chunks]),
         # generation time summed over chunks (ranks overlap in wall time; per device it is this)
         "timing": {"chunk_seconds": chunk_seconds,
                    "images_per_s_per_device": workload["num_images"] / chunk_seconds if chunk_seconds else None,

@@ -134,10 +134,10 @@ def train_drafter_for_checkpoint(args: dict[str, Any]) -> dict[str, Any]:
             classes = [i % target.config.num_classes for i in range(values["num_images"])]
         else:
             classes = parse_classes(args["classes"], values["num_images"], _ClassRange(target.config.num_classes))
-    from runtime.cli.run_cmd import _backend_name
+    from runtime.cli.workload import process_group_backend
     from runtime.distributed import barrier, destroy, init_distributed
 
-    ctx = init_distributed(_backend_name(values["device"]))  # torchrun: data-parallel, else one process
+    ctx = init_distributed(process_group_backend(values["device"]))  # torchrun: data-parallel, else one process
     backend = get_backend(values["device"], dtype="fp32", graph_mode=False, index=ctx.device_index)
     target = target.to(backend.device, torch.float32).eval()
     data_dir = Path(args["data"]) if args["data"] is not None else out / "data"
@@ -216,7 +216,7 @@ class _ClassRange:
 
 def _chameleon_target(args: dict[str, Any], values: dict[str, Any]):
     """(target, prompt ids (n, L), masks (n, L)) of a Chameleon folder and the --prompts file."""
-    from runtime.cli.run_cmd import _read_prompts
+    from runtime.cli.workload import read_prompts
     from runtime.models.chameleon_folder import load_chameleon_folder
 
     for flag, key in (("--tokens", "tokens_file"), ("--labels", "labels_file"), ("--classes", "classes"),
@@ -227,7 +227,7 @@ def _chameleon_target(args: dict[str, Any], values: dict[str, Any]):
     if args["prompts"] is None and not (Path(args["data"] or "") / "index.json").is_file():
         raise UserError("a Chameleon folder needs --prompts FILE (one prompt per line) for its data")
     target, _, encoder, _ = load_chameleon_folder(args["model"], None, trust=args["trust_checkpoint"], with_vq=False)
-    texts = _read_prompts(args["prompts"], values["num_images"]) if args["prompts"] else [""]  # data reused
+    texts = read_prompts(args["prompts"], values["num_images"]) if args["prompts"] else [""]  # data reused
     ids, masks = encoder(texts)
     target.for_prompts(ids.size(1))
     return target, ids, masks

@@ -411,13 +411,13 @@ def accept_sampling(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers, rn
     if q is not None:
         if tree.stages is None or tree.batched:
             raise ValueError("sampled drafts need a static tree (TreeBuffers.stages)")
-        stages = _paper_sampled_stages if relax.paper else _sampled_stages
+        stages = sampled_stages(relax)
         a, shift, bonus_rows = stages(tokens, p, q, tree, relax)
     elif relax.active:
         k = tree.max_children
         child = torch.remainder(t.children, n1 + 1)  # (B, N+1, K): a missing child (-1) -> n1
         xs = tokens_pad.gather(1, child.reshape(b, -1)).view(b, n1, k)
-        stages = _paper_deterministic_stages if relax.paper else _deterministic_stages
+        stages = deterministic_stages(relax)
         a_pk, shift_pk, bonus_rows = stages(xs, p, relax)
         slot = torch.add(t.rank, t.parent, alpha=k)  # parent * k + rank
         a, shift = a_pk.reshape(b, -1).gather(1, slot), shift_pk.reshape(b, -1).gather(1, slot)
@@ -690,6 +690,18 @@ def _paper_sampled_stages(tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor
     a = (frac[:, 0] + frac[:, 1]).minimum(q_all) / q_all.clamp(min=torch.finfo(q_all.dtype).tiny)
     bonus_table = torch.cat(last[::-1] + [p_sorted[:, rows0:]], 1)
     return a[:, stages.node_slot], frac[:, 1, stages.node_slot], _stage_bonus_rows(bonus_table, stages.position)
+
+
+def deterministic_stages(relax: Relaxation) -> Callable[..., tuple[torch.Tensor, torch.Tensor, BonusRows]]:
+    """The relaxed stage rule of deterministic drafts (top-k / EAGLE-2) under `relax`'s rule:
+    `_paper_deterministic_stages` or `_deterministic_stages` (xs, p, relax) -> (a, shift, bonus rows)."""
+    return _paper_deterministic_stages if relax.paper else _deterministic_stages
+
+
+def sampled_stages(relax: Relaxation) -> Callable[..., tuple[torch.Tensor, torch.Tensor, BonusRows]]:
+    """The stage rule of sampled drafts on a static tree under `relax`'s rule:
+    `_paper_sampled_stages` or `_sampled_stages` (tokens, p, q, tree, relax) -> (a, shift, bonus rows)."""
+    return _paper_sampled_stages if relax.paper else _sampled_stages
 
 
 @dataclass(frozen=True)

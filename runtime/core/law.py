@@ -26,8 +26,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from runtime.core.acceptance import (Relaxation, _deterministic_stages, _paper_deterministic_stages,
-                                     _paper_sampled_stages, _sampled_stages, relaxed_mixture)
+from runtime.core.acceptance import Relaxation, deterministic_stages, relaxed_mixture, sampled_stages
 from runtime.core.rng import CounterRNG
 from runtime.core.sampling import sample_without_replacement
 from runtime.core.tree import static_buffers, validate_paths
@@ -84,7 +83,7 @@ def node_law(p: torch.Tensor, xs: torch.Tensor, relax: Relaxation, q: torch.Tens
     b, v = p.shape
     if q is None:
         if relax.active:
-            stages = _paper_deterministic_stages if relax.paper else _deterministic_stages
+            stages = deterministic_stages(relax)
             a, _, rows = stages(xs[:, None], p[:, None], relax)
             residual = rows(torch.zeros(b, dtype=torch.long, device=p.device), torch.arange(b, device=p.device))
             return _mix(a[:, 0], xs, residual, p)
@@ -94,7 +93,7 @@ def node_law(p: torch.Tensor, xs: torch.Tensor, relax: Relaxation, q: torch.Tens
         return relaxed_mixture(p, q, relax)[0] if relax.active else p.clone()
     siblings = int((xs < v).sum(-1).max())  # a static tree gives every image the same number
     tree = static_buffers(validate_paths("node", [(i,) for i in range(siblings)])).to(p.device)
-    stages = _paper_sampled_stages if relax.paper else _sampled_stages
+    stages = sampled_stages(relax)
     rng = CounterRNG(p.device, seed)
     out = []
     for i in range(b):  # each image its own allocation of draws
