@@ -69,7 +69,7 @@ def test_run_writes_images_tokens_and_result(official_ckpts, tmp_path, run_cli):
     (["--method", "sd"], "needs a drafter"),
     (["--temperature", "0"], "--temperature must be a finite number > 0, got 0.0"),
     (["--cfg", "1", "--cfg-interval", "3"], "--cfg-interval 3 does nothing without classifier-free guidance"),
-    (["--cfg-interval", "-2"], "--cfg-interval must be -1 (always) or >= 0, got -2"),
+    (["--cfg-interval", "-2"], "--cfg-interval must be an integer >= -1, got -2"),
     (["--attention", "flash"], "--attention 'flash' is not a kernel setting; choose auto or math"),
     (["--image-size", "100"], "--image-size 100 is not a positive multiple of 16"),
     (["--batch-size", "0"], "--batch-size must be >= 1, got 0"),
