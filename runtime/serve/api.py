@@ -448,7 +448,8 @@ async def _events(jobs: list[Job], waiting: list[asyncio.Future], body: ImageReq
                 if job.tokens_done > told[job.index]:
                     told[job.index] = job.tokens_done
                     yield _event("image_generation.progress",
-                                 {"index": job.index, "tokens_done": job.tokens_done, "tokens_total": total})
+                                 {"index": job.index, "tokens_done": job.tokens_done, "tokens_total": total,
+                                  "steps": job.steps_done})
                 committed = job.committed
                 shown = previews[job.index]
                 if committed is not None and shown < job.partial_images \

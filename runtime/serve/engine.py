@@ -52,6 +52,8 @@ class Job:
     queued_at: float = field(default_factory=time.perf_counter)
     started_at: float | None = None
     tokens_done: int = 0  # tokens known so far, updated by the engine thread every few steps
+    steps_done: int = 0  # decoding steps it has been through, with tokens_done (tokens_done / steps: live tau)
+    admitted_step: int = 0  # the engine's step count when it took a slot
     partial_images: int = 0  # previews the client asked for: the engine then keeps `committed` too
     committed: torch.Tensor | None = None  # (tokens_done,) long CPU: the tokens known, when previews are asked
 
@@ -251,7 +253,7 @@ class Engine:
             for slot, job, known in decoder.progress():
                 if job.partial_images and known > job.tokens_done:  # a preview's tokens (one device read)
                     job.committed = decoder.committed(slot, known)
-                job.tokens_done = known
+                job.tokens_done, job.steps_done = known, iteration - job.admitted_step
             for slot in decoder.busy():
                 job = decoder.slots[slot].key
                 if job.future.cancelled():  # a client that went away: its slot is free now
@@ -259,6 +261,7 @@ class Engine:
                     self._release(job)
             for slot in range(decoder.batch):
                 if decoder.slots[slot] is None and (job := self._take()) is not None:
+                    job.admitted_step = iteration
                     decoder.admit(slot, self._request(job))
             if not decoder.busy():
                 what = self._idle()

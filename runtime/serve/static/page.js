@@ -172,6 +172,10 @@ async function generate(event) {
         card.querySelector("progress").value = message.tokens_done;
         tokens.textContent = `image ${message.index}: ${message.tokens_done} / ${info.tokens_per_image} tokens`;
       }
+      if (kind === "image_generation.progress" && message.steps > 0) {  // live: tokens after the first per step
+        card.querySelector(".tau").textContent = `tau ${((message.tokens_done - 1) / message.steps).toFixed(2)} ` +
+          `so far, ${info.method}`;
+      }
       if (kind === "image_generation.partial_image") {
         card.querySelector("img").src = `data:image/png;base64,${message.b64_json}`;
         card.dataset.partials = String(Number(card.dataset.partials) + 1);
