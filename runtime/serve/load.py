@@ -15,6 +15,9 @@ stopped. The result file holds both, the latency percentiles and every request's
 `--sigterm-after K` is the drain under load: the SIGTERM comes once K requests are answered,
 while others are in flight. Every request sent before it must get all its images (nothing
 admitted is lost); requests sent in its last second may be refused instead, none half-served.
+While the server drains, a prober asks `/health`, `/ready` and for a new image every 0.2 s until
+it exits: the listener must stay open (`/health` 200, `/ready` 503, a new request 503 with
+Retry-After), at least one round answered.
 """
 
 from __future__ import annotations
@@ -150,9 +153,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"the server did not become ready; see {log}", file=sys.stderr)
             return 1
         classes = 12  # the demo's; a c2i model has at least as many
+        probes: list[dict[str, Any]] = []
+
+        def stop() -> None:
+            proc.send_signal(signal.SIGTERM)
+            threading.Thread(target=_probe_drain, args=(base, proc, probes), daemon=True).start()
+
         records, wall, stopped_s = run_load(
             base, requests=args.requests, concurrency=args.concurrency, max_n=args.max_n, classes=classes,
-            timeout=args.timeout, stop_after=args.sigterm_after, stop=lambda: proc.send_signal(signal.SIGTERM))
+            timeout=args.timeout, stop_after=args.sigterm_after, stop=stop)
         metrics = ""
         if stopped_s is None:
             with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
@@ -164,6 +173,12 @@ def main(argv: list[str] | None = None) -> int:
             proc.kill()
 
     failed, outcome = _judge(records, stopped_s)
+    drain_ok = None
+    if stopped_s is not None:
+        answered = [p for p in probes if p["health"] and p["ready"] and p["generate"]]  # a whole round
+        drain_ok = bool(answered) and all(p["health"] == 200 and p["ready"] == 503 and p["generate"] == 503
+                                          and p["retry_after"] for p in answered)
+        outcome["drain_probes_answered"] = len(answered)
     images = sum(len(r["data"]) for r in records if r.get("status") == 200)
     latencies = [r["seconds"] for r in records if r.get("status") == 200]
     mismatches, offline = _offline(records, serve_args, ready, args.verify)
@@ -172,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         "server": ready, "requests": args.requests, "concurrency": args.concurrency, "images": images,
         "failed_requests": len(failed), "server_exit_code": exit_code, "token_mismatches": mismatches,
         "sigterm_after": args.sigterm_after, "sigterm_at_s": stopped_s, "outcome": outcome,
+        "drain_probes": probes, "drain_visible": drain_ok,
         "wall_s": wall, "images_per_s": images / wall if wall else 0.0,
         "latency_s": {"p50": percentile(latencies, 0.5), "p90": percentile(latencies, 0.9),
                       "p99": percentile(latencies, 0.99), "mean": statistics.fmean(latencies)} if latencies else {},
@@ -186,8 +202,34 @@ def main(argv: list[str] | None = None) -> int:
           f"{result['images_per_s']:.3f} images/s served, {offline.get('images_per_s', 0):.3f} offline "
           f"(batch {ready.get('batch_size')}); latency p50 {result['latency_s'].get('p50', 0):.2f} s, "
           f"p99 {result['latency_s'].get('p99', 0):.2f} s; {len(failed)} failed, {mismatches} token mismatches, "
-          f"server exit {exit_code}" + (f"; SIGTERM at {stopped_s:.1f} s: {outcome}" if stopped_s is not None else ""))
-    return 0 if not failed and not mismatches and exit_code == 0 else 1
+          f"server exit {exit_code}" + (f"; SIGTERM at {stopped_s:.1f} s: {outcome}, drain visible: {drain_ok}"
+                                        if stopped_s is not None else ""))
+    return 0 if not failed and not mismatches and exit_code == 0 and drain_ok is not False else 1
+
+
+def _probe_drain(base: str, proc: subprocess.Popen, probes: list[dict[str, Any]]) -> None:
+    """While the server drains (until it exits): `/health`, `/ready` and a new generation every
+    0.2 s, their statuses (0: no answer) and whether the 503 named a Retry-After."""
+    def status(path: str, body: dict[str, Any] | None = None) -> tuple[int, str | None]:
+        request = urllib.request.Request(base + path, data=None if body is None else json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=5) as r:
+                return r.status, r.headers.get("Retry-After")
+        except urllib.error.HTTPError as err:
+            return err.code, err.headers.get("Retry-After")
+        except (OSError, http.client.HTTPException):
+            return 0, None
+
+    t0 = time.perf_counter()
+    while proc.poll() is None:
+        health, _ = status("/health")
+        ready, _ = status("/ready")
+        generate, retry = status("/v1/images/generations", {"prompt": "1", "n": 1, "seed": 0})
+        if proc.poll() is None or health:
+            probes.append({"at_s": time.perf_counter() - t0, "health": health, "ready": ready,
+                           "generate": generate, "retry_after": retry})
+        time.sleep(0.2)
 
 
 ADMITTED_BEFORE_S = 1.0  # a request sent this long before the SIGTERM has surely been admitted
