@@ -56,7 +56,7 @@ def server(tmp_path_factory):
     port = _free_port()
     with open(log, "w") as err:
         proc = subprocess.Popen([sys.executable, "-m", "runtime", "-v", "serve", "--device", "cpu", "--no-graph",
-                                 "--method", "ar", "--batch-size", "2", "--port", str(port),
+                                 "--method", "ar", "--batch-size", "2", "--max-queue", "8", "--port", str(port),
                                  "--served-model-name", "demo,lantern-demo", "--max-request-bytes", "4096",
                                  "--allowed-origins", "https://app.example.com", "--disable-docs"],
                                 env={**os.environ, "PYTHONUNBUFFERED": "1", "LANTERN_API_KEY": KEY},
@@ -141,6 +141,30 @@ def test_the_openai_client_reads_partial_image_events(client):
     assert events.index(partial[-1]) < next(i for i, e in enumerate(events) if e.type == "image_generation.completed")
     for event in partial:
         assert _image(event.b64_json).size == (64, 64) and event.size == "64x64" and event.output_format == "png"
+
+
+def test_the_openai_client_meets_the_fixed_bugs(client):
+    """Issue 47's bugs through the official client: a prompt that is no class id ("²", a
+    4,000-digit string: more than a class id's 9 digits; the 4,300-digit int() limit is tested over raw
+    HTTP in test_serve.py, past this server's request limit here, "٣") gets BadRequestError and the same client's next request is served
+    (no 500, no reset connection); more images than the queue can ever hold is BadRequestError
+    naming --max-queue, not a 429 forever; an unseeded request returns its seed, and sending it
+    back makes the same images; each image names the method that made it, one per request."""
+    for prompt in ("\u00b2", "7" * 4000, "\u0663"):
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.images.generate(prompt=prompt, n=1)
+        assert refused.value.status_code == 400 and len(refused.value.body["message"]) < 400
+        assert client.images.generate(prompt="1", n=1, extra_body={"seed": 3}).data  # the next one is served
+    with pytest.raises(openai.BadRequestError) as too_many:
+        client.images.generate(prompt="1", n=9)
+    assert "--max-queue 8" in too_many.value.body["message"]
+    first = client.images.generate(prompt="5", n=2)
+    seed = first.data[0].model_extra["seed"]
+    assert all(d.model_extra["seed"] == seed for d in first.data)
+    assert [d.model_extra["index"] for d in first.data] == [0, 1]
+    again = client.images.generate(prompt="5", n=2, extra_body={"seed": seed})
+    assert [d.b64_json for d in again.data] == [d.b64_json for d in first.data]
+    assert {d.model_extra["method"] for d in first.data + again.data} == {"ar"}
 
 
 def test_the_openai_client_lists_the_served_model_names(client):
