@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass, field, fields, make_dataclass
 from typing import Any
 
-METHOD_ORDER = ("ar", "sd", "eagle2", "ddd", "lantern", "lantern++", "sjd")
+METHOD_ORDER = ("ar", "sd", "eagle2", "ddd", "lantern", "lantern++", "sjd", "pjd")
 RELAX_RULES: tuple[str, ...] = ("paper", "bounded")
 JACOBI_INITS: tuple[str, ...] = ("uniform", "repeat-h", "repeat-v")
 COUPLINGS: tuple[str, ...] = ("none", "maximal", "gumbel")
@@ -38,6 +38,9 @@ SAMPLING_PANEL = "Method and sampling (every method)"
 DRAFTING_PANEL = "Drafting (read by the methods named)"
 RELAXED_PANEL = "Relaxed acceptance (read by the methods named)"
 SJD_PANEL = "sjd only"
+PJD_PANEL = "pjd only"
+# the released PJD code's window_size: tokens verified per row, its leading token included
+MAX_PJD_ROWS = 16
 DDD_PANEL = "ddd only"
 
 
@@ -149,21 +152,29 @@ METHOD_OPTIONS: tuple[MethodOption, ...] = (
     # -- sjd -------------------------------------------------------------------------------------
     MethodOption("window", int, "sjd: draft window length L.", SJD_PANEL, _only("sjd"), default=16, low=1,
                  high=MAX_WINDOW, profile=False),
-    MethodOption("init", str, "sjd: prior of fresh window positions: uniform, repeat-h (token to the left) or "
-                 "repeat-v (token above).", SJD_PANEL, _only("sjd"), default="repeat-v", choices=JACOBI_INITS,
+    MethodOption("init", str, "sjd, pjd: prior of fresh window positions: uniform, repeat-h (token to the left) "
+                 "or repeat-v (token above).", SJD_PANEL, _only("sjd", "pjd"), default="repeat-v", choices=JACOBI_INITS,
                  profile=False),
     MethodOption("coupling", str, "sjd: how stale drafts are redrafted: none, maximal or gumbel.",
                  SJD_PANEL, _only("sjd"), default="none", choices=COUPLINGS, profile=False),
     MethodOption("proactive", str, "sjd: K,D = a K-ary tree of depth D drafted at the start of the window "
                  "(SJD-PAC style).", SJD_PANEL, _only("sjd"), profile=False),
-    MethodOption("accept", str, "sjd: exact or grouped (GSD-style, lossy; its TVD bound is reported).",
-                 SJD_PANEL, _only("sjd"), default="exact", choices=ACCEPT_RULES, profile=False),
+    MethodOption("accept", str, "sjd: exact or grouped (GSD-style, lossy; its TVD bound is reported); pjd: "
+                 "exact (the released code's rule is not built, see docs/methods.md).",
+                 SJD_PANEL, _only("sjd", "pjd"), default="exact", choices=ACCEPT_RULES, profile=False),
     MethodOption("group_window", int, "--accept grouped: rank window on each side of the draft.",
                  SJD_PANEL, _only("sjd"), default=7, low=1, profile=False),
     MethodOption("group_gap", float, "--accept grouped: largest probability gap to the draft.",
                  SJD_PANEL, _only("sjd"), default=0.15, low=0.0, low_open=True, profile=False),
     MethodOption("group_dist", float, "--accept grouped: largest squared distance of normalised embedding rows.",
                  SJD_PANEL, _only("sjd"), default=0.5, low=0.0, low_open=True, profile=False),
+    # -- pjd (names after the released code: window_size, its rows) ----------------------------
+    MethodOption("pjd_window", int, "pjd: tokens verified per row (the released code's window_size), the row's "
+                 "leading token included: the frontier row drafts W - 1.", PJD_PANEL, _only("pjd"), default=8,
+                 low=2, high=MAX_WINDOW, profile=False),
+    MethodOption("pjd_rows", int, "pjd: rows verified per forward: the frontier and R - 1 lookahead rows below it "
+                 "(the released code runs every started row; a captured step needs a fixed number).", PJD_PANEL,
+                 _only("pjd"), default=4, low=1, high=MAX_PJD_ROWS, profile=False),
     # -- ddd -------------------------------------------------------------------------------------
     MethodOption("ddd_threshold", float, "ddd: stop drafting when log(sum of the beam's path probabilities) falls "
                  "below this (a log probability).", DDD_PANEL, _only("ddd"), default=-0.3, high=0.0),

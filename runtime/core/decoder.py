@@ -241,7 +241,7 @@ class Decoder:
         # Target: committed tokens + one verified tree.
         committed = self.cls + self.num_tokens + m
         b = batch_size
-        self.cache = target.new_cache(self.rows, committed + self.n1, dev)
+        self.cache = target.new_cache(self.rows, committed + self.n1 + self.policy.extra, dev)
         state = self.state
         state.max_depth, state.group = self.max_depth, self.group
         state.allocate(self.n1, cfg.dim, self.policy.needs_q)
@@ -453,11 +453,20 @@ class Decoder:
         """Target forward over the tree (or its prefix down to `depth`): fills p and hidden."""
         tree = self.tree if depth is None else self.prefix_trees[depth]
         n1 = tree.size
-        x = self.target.tok_embeddings(self.expand_rows(self.tokens[:, :n1]))
+        tokens = self.tokens[:, :n1]
         depths = self.expand_rows(tree.depth) if tree.batched else tree.depth[None]
         mask = self.expand_rows(tree.ancestor_mask) if tree.batched else tree.ancestor_mask
+        policy = self.policy
+        if policy.extra:  # nodes after the tree that nobody judges (pjd's lookahead rows)
+            tokens = torch.cat([tokens, policy.extra_tokens], 1)
+            depths = torch.cat([depths.expand(self.rows, -1), self.expand_rows(policy.extra_offset)], 1)
+            mask = policy.verify_mask
         positions = self.cache.length[:, None] + depths
+        x = self.target.tok_embeddings(self.expand_rows(tokens))
         hidden = self.target.forward_cached(x, positions, mask, self.cache)
+        if policy.extra:
+            policy.extra_p.copy_(self.dist(self.target.logits(hidden[:, n1:]), policy.extra_offset))
+            hidden = hidden[:, :n1]
         self.hidden[:, :n1].copy_(hidden)
         logits = self.target.logits(hidden)
         self._note_nonfinite(0, logits, tree.depth)

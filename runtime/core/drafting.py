@@ -83,6 +83,15 @@ class DraftPolicy:
     kind = "none"
     sampled_q = False  # acceptance sees `state.q` (drafts were sampled from it)
     needs_q = False  # the loop allocates `q` (N+1, V)
+    # Nodes verified after the tree in the same forward that acceptance never judges (pjd's
+    # lookahead rows). A policy with extra > 0 fills, in `draft`, `extra_tokens` (B, E) and
+    # `extra_offset` (B, E) (position - the root's), and holds `verify_mask` (N+1+E, N+1+E);
+    # verify writes the target's distributions there into `extra_p` (B, E, V).
+    extra = 0
+    extra_tokens: torch.Tensor
+    extra_offset: torch.Tensor
+    extra_p: torch.Tensor
+    verify_mask: torch.Tensor
 
     def __init__(self, state: "DecodeState") -> None:
         self.state = state

@@ -9,6 +9,8 @@
     lantern++  static tree (`tree`)              relaxed, multiplicative bound lambda
     sjd        Jacobi window of `window` future  exact (default), relaxed (`relax` delta or
                positions, no drafter (jacobi.py) lambda), or grouped (`accept`, GSD-style)
+    pjd        sjd's window plus `pjd_rows` - 1  exact (the released code's rule needs a
+               lookahead rows (pjd.py)           cache out of raster order; not built)
 
 With lantern_delta = 0 / lantern_lambda = 1 the relaxed methods are exact.
 
@@ -72,6 +74,7 @@ METHOD_TABLE: dict[str, MethodRow] = {
     "lantern": MethodRow("dynamic", "delta", "EAGLE-2 dynamic tree, relaxed by an additive bound delta"),
     "lantern++": MethodRow("static", "lambda", "static tree, relaxed by a multiplicative bound lambda"),
     "sjd": MethodRow("jacobi", "none", "Jacobi window, no drafter; exact, relaxed (--relax) or grouped"),
+    "pjd": MethodRow("pjd", "none", "Jacobi windows over several image rows in one forward, no drafter; exact"),
 }
 METHODS = tuple(METHOD_TABLE)
 RELAXATIONS = ("none", "delta", "lambda")
@@ -98,6 +101,8 @@ class MethodSpec:
     coupling: str = default("coupling")
     proactive: tuple[int, int] | None = None
     accept: str = default("accept")
+    pjd_window: int = default("pjd_window")
+    pjd_rows: int = default("pjd_rows")
     group_window: int = default("group_window")
     group_gap: float = default("group_gap")
     group_dist: float = default("group_dist")
@@ -138,6 +143,16 @@ class MethodSpec:
     def _check_jacobi(self) -> None:
         """Options that only mean something for sjd (or only in some combinations) are refused."""
         s = self.sampling
+        if self.method == "pjd":
+            if self.accept != "exact":
+                raise UserError(f"--method pjd takes --accept exact only (got {self.accept!r}); the released code's "
+                                "rule commits later rows ahead of the raster frontier, which this core does not build")
+            for name, value, default in (("--coupling", self.coupling, "none"), ("--proactive", self.proactive, None)):
+                if value != default:
+                    raise UserError(f"{name} applies to --method sjd only (got --method pjd)")
+            if self.relax not in (None, "none"):
+                raise UserError("method pjd is exact; a chosen relaxation is for sjd")
+            return
         if self.method != "sjd":
             if self.relax not in (None, self.own_relaxation):
                 raise UserError(f"method {self.method} has its own relaxation; a chosen relaxation is for sjd")
@@ -169,7 +184,7 @@ class MethodSpec:
 
     @property
     def drafting(self) -> str:
-        """"none", "static", "dynamic" or "jacobi"."""
+        """"none", "static", "dynamic", "jacobi" or "pjd"."""
         return METHOD_TABLE[self.method].drafting
 
     @property
@@ -236,4 +251,6 @@ class MethodSpec:
                 out.update(lantern_k=self.lantern_k, lantern_lambda=self.lantern_lambda, relax_rule=self.relax_rule)
             if self.accept == "grouped":
                 out.update(group_window=self.group_window, group_gap=self.group_gap, group_dist=self.group_dist)
+        if self.method == "pjd":
+            out.update(pjd_window=self.pjd_window, pjd_rows=self.pjd_rows, init=self.init, accept=self.accept)
         return out

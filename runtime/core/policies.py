@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from runtime.core.drafting import DraftPolicy, DynamicTreePolicy, StaticTreePolicy
 from runtime.core.jacobi import JacobiPolicy
+from runtime.core.pjd import PJDPolicy
 
 if TYPE_CHECKING:
     from runtime.core.state import DecodeState
@@ -16,6 +17,7 @@ POLICIES: dict[str, type[DraftPolicy]] = {
     "static": StaticTreePolicy,  # a drafter head over a static tree (sd chains, LANTERN++ trees)
     "dynamic": DynamicTreePolicy,  # a drafter head over an EAGLE-2 dynamic tree (eagle2, ddd, lantern)
     "jacobi": JacobiPolicy,  # no drafter: the target's own predictions over a window (sjd)
+    "pjd": PJDPolicy,  # sjd's window plus lookahead rows below it in the same forward (pjd)
 }
 
 
