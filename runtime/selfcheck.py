@@ -28,8 +28,10 @@ import torch
 from runtime.core import Decoder, MethodSpec, SamplingParams, neighbours_for
 from runtime.core.opcount import phase_ops
 from runtime.core.sampling import sample
+from runtime.method_options import METHOD_ORDER
 
-METHODS = ("sd", "eagle2", "ddd", "lantern", "lantern++", "sjd")
+# every method but AR, each checked against AR greedy (relaxation off)
+METHODS = tuple(m for m in METHOD_ORDER if m != "ar")
 
 
 @dataclass

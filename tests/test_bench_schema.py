@@ -368,7 +368,7 @@ def test_the_recorded_params_are_the_declared_method_options():
     assert recorded - declared == {"graph", "batch_size"}
     # and what a spec describes is recorded: every key of describe() has a field (or is the
     # sampling, the method's name or sjd's derived relaxation kind)
-    specs = [MethodSpec(m, SamplingParams()) for m in ("ar", "sd", "eagle2", "ddd", "lantern", "lantern++")]
+    specs = [MethodSpec(m, SamplingParams()) for m in ("ar", "sd", "eagle2", "ddd", "lantern", "lantern++", "pjd")]
     specs += [MethodSpec("sjd", SamplingParams(), accept="grouped"), MethodSpec("sjd", SamplingParams(), lantern_lambda=3.0,
                                                                            relax="lambda")]
     for spec in specs:

@@ -232,6 +232,8 @@ class MethodParams(_Model):
     group_window: PositiveInt | None = None
     group_gap: NonNegative | None = None
     group_dist: NonNegative | None = None
+    pjd_window: PositiveInt | None = None
+    pjd_rows: PositiveInt | None = None
     _code_defaults: ClassVar[dict[str, Any]] = {
         **dict.fromkeys(("tree", "lantern_k", "lantern_lambda", "lantern_delta", "depth", "top_k_draft",
                          "total_tokens")), "graph": False}
@@ -247,7 +249,8 @@ _LABELS = {"tree": "tree", "lantern_k": "k", "lantern_lambda": "lambda", "lanter
            "top_k_draft": "topk", "total_tokens": "total", "window": "window", "init": "init",
            "coupling": "coupling", "proactive": "proactive", "accept": "accept", "ddd_threshold": "ddd",
            "ddd_check_every": "check", "ddd_min_depth": "min", "dynamic_depth": "dyn", "batch_size": "batch", "relax_rule": "rule",
-           "group_window": "gwindow", "group_gap": "ggap", "group_dist": "gdist"}
+           "group_window": "gwindow", "group_gap": "ggap", "group_dist": "gdist", "pjd_window": "pwindow",
+           "pjd_rows": "prows"}
 
 
 class RunStats(_Model):
