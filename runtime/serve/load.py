@@ -7,8 +7,8 @@ checked, throughput and latency percentiles against offline batches on the same 
 starts `runtime serve` with the arguments after `--` on a free port, waits for `/ready`, sends
 the requests (request k: n = 1 + k % `--max-n`, seed k, class k % classes, with its tokens), then
 SIGTERMs the server and checks that it exits 0. Every image must come back with the tokens the
-same seed gives offline (`runtime.core.generate` on the same model and method, checked for
-`--verify` requests spread over the run). Offline throughput: the same images through
+same seed gives offline (`runtime run`'s decoder: same model, method, batch size and graph
+mode, checked for `--verify` requests spread over the run). Offline throughput: the same images through
 `Decoder.generate_many` at the server's batch size, timed in this process after the server has
 stopped. The result file holds both, the latency percentiles and every request's timings.
 
@@ -262,7 +262,6 @@ def _offline(records: list[dict[str, Any]], serve_args: list[str], ready: dict[s
     """(token mismatches among `verify` requests, offline throughput of every image served)."""
     import torch
 
-    from runtime.core import generate
     from runtime.core.rng import derive_seed
     from runtime.method_options import OPTION_TYPES, SAMPLING_KEYS
     from runtime.device_setup import open_backend
@@ -287,17 +286,19 @@ def _offline(records: list[dict[str, Any]], serve_args: list[str], ready: dict[s
     flags = {k: v for k, v in settings.items() if k in OPTION_TYPES or k in SAMPLING_KEYS}
     spec = resolve_spec(ready.get("method"), flags, prof, loaded.recommended)
     served = [r for r in records if r.get("status") == 200]
-    mismatches = 0
+    # the server's decoder as `runtime run` builds it (same batch, same graph mode: compiled steps
+    # may round differently from eager ones, see docs/methods.md), for the check and the timing
+    decoder = make_decoder(loaded, spec, backend, batch_size=int(ready.get("batch_size", 1)))
     step = max(1, len(served) // max(verify, 1))
-    for r in served[::step][:verify]:
-        req = r["request"]
-        expected = generate(loaded.target, loaded.drafter, spec, [int(req["prompt"])] * req["n"], seed=req["seed"],
-                            vq=loaded.vq).tokens
-        mismatches += sum(d["tokens"] != expected[i].tolist() for i, d in enumerate(r["data"]))
+    checked = served[::step][:verify]
+    tokens, _ = decoder.generate_many([
+        (torch.tensor([int(r["request"]["prompt"])], device=backend.device), None, derive_seed(r["request"]["seed"], i))
+        for r in checked for i in range(r["request"]["n"])])
+    expected = iter(tokens)
+    mismatches = sum(d["tokens"] != next(expected).tolist() for r in checked for d in r["data"])
     work: list[tuple[torch.Tensor, torch.Tensor | None, int]] = [
         (torch.tensor([int(r["request"]["prompt"])], device=backend.device), None, derive_seed(r["request"]["seed"], i))
         for r in served for i in range(r["request"]["n"])]
-    decoder = make_decoder(loaded, spec, backend, batch_size=int(ready.get("batch_size", 1)))
     _, seconds = timed_many(decoder, work, backend)
     return mismatches, {"images": len(work), "seconds": seconds, "images_per_s": len(work) / seconds,
                         "batch_size": decoder.batch, "method": spec.method}
