@@ -22,7 +22,6 @@ import math
 from dataclasses import dataclass, field, fields, make_dataclass
 from typing import Any
 
-METHOD_ORDER = ("ar", "sd", "eagle2", "ddd", "lantern", "lantern++", "sjd", "pjd")
 RELAX_RULES: tuple[str, ...] = ("paper", "bounded")
 JACOBI_INITS: tuple[str, ...] = ("uniform", "repeat-h", "repeat-v")
 COUPLINGS: tuple[str, ...] = ("none", "maximal", "gumbel")
@@ -33,6 +32,61 @@ MAX_TREE_DEPTH = 32
 # EAGLE-2 expands top_k children of each of its top_k frontier nodes: top_k^2 candidates a level
 MAX_TOP_K_DRAFT = 64
 MAX_WINDOW = 64
+
+@dataclass(frozen=True)
+class MethodDecl:
+    """A method as data: the facts the core, the CLI, profiles, selfcheck and result files read.
+
+    drafting    the policy it builds (`runtime.core.policies.POLICIES`): none, static (a drafter
+                tree), dynamic (EAGLE-2's), jacobi (sjd's window), pjd (the window plus rows)
+    relaxation  the relaxation its own flags turn on: none, delta (additive), lambda
+    auto        `--method auto` may pick it: it runs lossless (at lambda 1 where it relaxes)
+    tree        a static tree's source: "chain" (a chain of --depth) or "option" (--tree)
+    expansions  a dynamic tree's count of expansions: the option holding it
+    checks      its draft depth is decided by a heuristic read between expansions (ddd)
+    accepts     the --accept rules it takes (`accept_note`: why others are missing)
+    chooses_relaxation  a relaxation may be chosen for it (--lantern-delta / --lantern-lambda
+                on a method whose own relaxation is none: sjd)
+    records     what a result file records for it beside the sampling settings, in order
+                ("relax": the relaxation in effect); a chosen relaxation's settings and
+                grouped acceptance's are recorded when they are in effect
+    """
+
+    name: str
+    drafting: str
+    relaxation: str
+    summary: str
+    auto: bool = True
+    tree: str | None = None
+    expansions: str | None = None
+    checks: bool = False
+    accepts: tuple[str, ...] = ("exact",)
+    accept_note: str = ""  # why a rule it lacks is missing, said when one is asked for
+    chooses_relaxation: bool = False
+    records: tuple[str, ...] = ()
+
+
+_EAGLE = ("top_k_draft", "total_tokens")
+METHOD_DECLS: tuple[MethodDecl, ...] = (
+    MethodDecl("ar", "none", "none", "one token per target forward"),
+    MethodDecl("sd", "static", "none", "a drafter chain of --depth tokens, exact", tree="chain", records=("depth",)),
+    MethodDecl("eagle2", "dynamic", "none", "EAGLE-2 dynamic tree, exact", expansions="depth", records=_EAGLE),
+    MethodDecl("ddd", "dynamic", "none", "EAGLE-2 tree whose depth is decided per iteration, exact",
+               expansions="ddd_max_depth", checks=True,
+               records=(*_EAGLE, "ddd_threshold", "ddd_check_every", "ddd_min_depth")),
+    MethodDecl("lantern", "dynamic", "delta", "EAGLE-2 dynamic tree, relaxed by an additive bound delta", auto=False,
+               expansions="depth", records=(*_EAGLE, "lantern_k", "lantern_delta", "relax_rule")),
+    MethodDecl("lantern++", "static", "lambda", "static tree, relaxed by a multiplicative bound lambda",
+               tree="option", records=("tree", "lantern_k", "lantern_lambda", "relax_rule")),
+    MethodDecl("sjd", "jacobi", "none", "Jacobi window, no drafter; exact, relaxed (--relax) or grouped",
+               accepts=("exact", "grouped"), chooses_relaxation=True,
+               records=("window", "init", "coupling", "proactive", "accept", "relax")),
+    MethodDecl("pjd", "pjd", "none", "Jacobi windows over several image rows in one forward, no drafter; exact",
+               accept_note="the released code's rule commits later rows ahead of the raster frontier, which this "
+               "core does not build", records=("pjd_window", "pjd_rows", "init", "accept")),
+)
+DECLS_BY_NAME: dict[str, MethodDecl] = {d.name: d for d in METHOD_DECLS}
+METHOD_ORDER: tuple[str, ...] = tuple(d.name for d in METHOD_DECLS)
 
 SAMPLING_PANEL = "Method and sampling (every method)"
 DRAFTING_PANEL = "Drafting (read by the methods named)"

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, Strict, StringConstraints, ValidationError, create_model
 
 from runtime.errors import UserError
-from runtime.method_options import METHOD_OPTIONS, METHOD_ORDER, MethodOption
+from runtime.method_options import METHOD_DECLS, METHOD_OPTIONS, METHOD_ORDER, MethodOption
 from runtime.toml_compat import tomllib
 
 if TYPE_CHECKING:
@@ -171,7 +171,7 @@ class QualitySettings(_Section):
 # Methods `--method auto` may pick: lossless ones (each image's law is the target's whatever is
 # picked; lantern++ runs with lambda 1, its exact tree, unless a [quality] table names a relaxation
 # measured within a quality budget).
-AUTO_METHODS: tuple[str, ...] = tuple(m for m in METHOD_ORDER if m != "lantern")  # lantern: relaxed by design
+AUTO_METHODS: tuple[str, ...] = tuple(d.name for d in METHOD_DECLS if d.auto)  # lantern: relaxed by design
 
 
 class AutoSettings(_Section):

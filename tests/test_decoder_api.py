@@ -59,3 +59,11 @@ def test_no_module_imports_another_modules_private_names():
                 if key not in PRIVATE_IMPORTS_ALLOWED:
                     found.append(f"{key[0]}: {name} from {match.group(1)}")
     assert not found, "\n".join(found)
+
+
+def test_a_method_is_data_in_the_core():
+    """MethodSpec reads what it knows of a method from its declared row (runtime.method_options
+    METHOD_DECLS): no branch on a method's name in runtime/core/methods.py."""
+    text = (ROOT / "runtime" / "core" / "methods.py").read_text()
+    branches = [line.strip() for line in text.splitlines() if re.search(r"self\.method\s*(==|!=|in\b)", line)]
+    assert not branches, branches

@@ -50,32 +50,15 @@ from dataclasses import asdict, dataclass, field
 
 from runtime.core.sampling import SamplingParams
 from runtime.errors import UserError, did_you_mean
-from runtime.method_options import METHOD_OPTIONS, default
+from runtime.method_options import DECLS_BY_NAME, METHOD_OPTIONS, OPTIONS_BY_NAME, MethodDecl, default
 
 
 
-@dataclass(frozen=True)
-class MethodRow:
-    """A method as a row: the drafting policy it builds (`runtime.core.policies.POLICIES`) and
-    the relaxation its own flags turn on (`none`, additive `delta`, multiplicative `lambda`);
-    the acceptance rule object follows from it and the sampling settings
-    (`runtime.core.acceptance.acceptance_rule`)."""
-
-    drafting: str
-    relaxation: str
-    summary: str
-
-
-METHOD_TABLE: dict[str, MethodRow] = {
-    "ar": MethodRow("none", "none", "one token per target forward"),
-    "sd": MethodRow("static", "none", "a drafter chain of --depth tokens, exact"),
-    "eagle2": MethodRow("dynamic", "none", "EAGLE-2 dynamic tree, exact"),
-    "ddd": MethodRow("dynamic", "none", "EAGLE-2 tree whose depth is decided per iteration, exact"),
-    "lantern": MethodRow("dynamic", "delta", "EAGLE-2 dynamic tree, relaxed by an additive bound delta"),
-    "lantern++": MethodRow("static", "lambda", "static tree, relaxed by a multiplicative bound lambda"),
-    "sjd": MethodRow("jacobi", "none", "Jacobi window, no drafter; exact, relaxed (--relax) or grouped"),
-    "pjd": MethodRow("pjd", "none", "Jacobi windows over several image rows in one forward, no drafter; exact"),
-}
+# A method is one declared row (runtime.method_options.METHOD_DECLS: its drafting policy, its own
+# relaxation, whether --method auto may pick it, its tree, what result files record); the
+# acceptance rule object follows from it and the sampling settings
+# (`runtime.core.acceptance.acceptance_rule`).
+METHOD_TABLE: dict[str, MethodDecl] = DECLS_BY_NAME
 METHODS = tuple(METHOD_TABLE)
 RELAXATIONS = ("none", "delta", "lambda")
 
@@ -132,7 +115,7 @@ class MethodSpec:
         self._check_jacobi()
         if self.drafting == "dynamic":
             # ddd: the tree must fill up even when drafting stops at the first check
-            least = self.ddd_min_depth if self.method == "ddd" else self.depth
+            least = self.ddd_min_depth if self.decl.checks else self.depth
             limit = self.top_k_draft + least * self.top_k_draft ** 2
             if self.total_tokens - 1 > limit:
                 raise UserError(f"--total-tokens {self.total_tokens} exceeds the {limit + 1} nodes a "
@@ -141,25 +124,22 @@ class MethodSpec:
             raise UserError(f"--dynamic-depth cuts a static tree (sd, lantern++), not --method {self.method}")
 
     def _check_jacobi(self) -> None:
-        """Options that only mean something for sjd (or only in some combinations) are refused."""
-        s = self.sampling
-        if self.method == "pjd":
-            if self.accept != "exact":
-                raise UserError(f"--method pjd takes --accept exact only (got {self.accept!r}); the released code's "
-                                "rule commits later rows ahead of the raster frontier, which this core does not build")
-            for name, value, default in (("--coupling", self.coupling, "none"), ("--proactive", self.proactive, None)):
-                if value != default:
-                    raise UserError(f"{name} applies to --method sjd only (got --method pjd)")
-            if self.relax not in (None, "none"):
-                raise UserError("method pjd is exact; a chosen relaxation is for sjd")
-            return
-        if self.method != "sjd":
-            if self.relax not in (None, self.own_relaxation):
-                raise UserError(f"method {self.method} has its own relaxation; a chosen relaxation is for sjd")
-            for name, value, default in (("--coupling", self.coupling, "none"), ("--proactive", self.proactive, None),
-                                         ("--accept", self.accept, "exact")):
-                if value != default:
-                    raise UserError(f"{name} applies to --method sjd only (got --method {self.method})")
+        """Options that only mean something for some methods (or only in some combinations) are
+        refused elsewhere, from the declarations: who reads them, which --accept rules a method
+        takes, whether a relaxation may be chosen for it."""
+        s, decl = self.sampling, self.decl
+        for name, default_value in (("coupling", "none"), ("proactive", None)):
+            readers = OPTIONS_BY_NAME[name].readers or frozenset()
+            if self.method not in readers and getattr(self, name) != default_value:
+                raise UserError(f"--{name} applies to --method {' / '.join(sorted(readers))} only "
+                                f"(got --method {self.method})")
+        if self.accept not in decl.accepts:
+            raise UserError(f"--method {self.method} takes --accept {' or '.join(decl.accepts)} (got {self.accept!r})"
+                            + (f"; {decl.accept_note}" if decl.accept_note else ""))
+        if self.relax not in (None, self.own_relaxation) and not decl.chooses_relaxation:
+            raise UserError(f"method {self.method} has its own relaxation ({self.own_relaxation}); a chosen "
+                            "relaxation is for sjd")
+        if self.drafting != "jacobi":
             return
         if self.proactive is not None:
             k, d = self.proactive
@@ -183,19 +163,25 @@ class MethodSpec:
                 raise UserError("--accept grouped judges one draft per position; drop --proactive")
 
     @property
+    def decl(self) -> MethodDecl:
+        """The method's declared row (runtime.method_options.METHOD_DECLS)."""
+        return METHOD_TABLE[self.method]
+
+    @property
     def drafting(self) -> str:
         """"none", "static", "dynamic", "jacobi" or "pjd"."""
-        return METHOD_TABLE[self.method].drafting
+        return self.decl.drafting
 
     @property
     def expansions(self) -> int:
-        """Dynamic trees: most expansions after the root's top-k (ddd: its maximum depth)."""
-        return self.ddd_max_depth if self.method == "ddd" else self.depth
+        """Dynamic trees: most expansions after the root's top-k (the declared option: ddd's
+        maximum depth, EAGLE-2's depth)."""
+        return int(getattr(self, self.decl.expansions or "depth"))
 
     @property
     def ddd_checks(self) -> tuple[int, ...]:
         """ddd: the expansion counts after which the heuristic is read (e.g. 4, 6, 8 of 10)."""
-        if self.method != "ddd":
+        if not self.decl.checks:
             return ()
         return tuple(range(self.ddd_min_depth, self.ddd_max_depth, self.ddd_check_every))
 
@@ -206,7 +192,7 @@ class MethodSpec:
 
     @property
     def own_relaxation(self) -> str:
-        return METHOD_TABLE[self.method].relaxation
+        return self.decl.relaxation
 
     @property
     def relaxation_kind(self) -> str:
@@ -220,37 +206,24 @@ class MethodSpec:
 
     @property
     def tree_spec(self) -> str:
-        """The static tree to load: `chain<depth>` for sd, `tree` for lantern++."""
-        return f"chain{self.depth}" if self.method == "sd" else self.tree
+        """The static tree to load: a chain of --depth (sd) or --tree (lantern++)."""
+        return f"chain{self.depth}" if self.decl.tree == "chain" else self.tree
 
     def describe(self) -> dict:
-        """The method's parameters as recorded in result files (only those that apply)."""
+        """The method's parameters as recorded in result files: the sampling settings, the
+        declared `records`, a dynamic tree's expansions as `depth`, --dynamic-depth when on, and
+        a chosen relaxation's or grouped acceptance's settings when in effect."""
         out: dict = {"method": self.method, **asdict(self.sampling)}
-        if self.method == "sd":
-            out["depth"] = self.depth
-        if self.method == "lantern++":
-            out["tree"] = self.tree
         if self.drafting == "dynamic":
-            out.update(depth=self.expansions, top_k_draft=self.top_k_draft, total_tokens=self.total_tokens)
-        if self.method == "ddd":
-            out.update(ddd_threshold=self.ddd_threshold, ddd_check_every=self.ddd_check_every,
-                       ddd_min_depth=self.ddd_min_depth)
+            out["depth"] = self.expansions
+        for name in self.decl.records:
+            value = self.relaxation_kind if name == "relax" else getattr(self, name)
+            out[name] = list(value) if name == "proactive" and value else value
         if self.dynamic_depth is not None:
-            out.update(dynamic_depth=self.dynamic_depth)
-        if self.method == "lantern":
-            out.update(lantern_k=self.lantern_k, lantern_delta=self.lantern_delta, relax_rule=self.relax_rule)
-        if self.method == "lantern++":
-            out.update(lantern_k=self.lantern_k, lantern_lambda=self.lantern_lambda, relax_rule=self.relax_rule)
-        if self.method == "sjd":
-            out.update(window=self.window, init=self.init, coupling=self.coupling,
-                       proactive=list(self.proactive) if self.proactive else None, accept=self.accept,
-                       relax=self.relaxation_kind)
-            if self.relaxation_kind == "delta":
-                out.update(lantern_k=self.lantern_k, lantern_delta=self.lantern_delta, relax_rule=self.relax_rule)
-            if self.relaxation_kind == "lambda":
-                out.update(lantern_k=self.lantern_k, lantern_lambda=self.lantern_lambda, relax_rule=self.relax_rule)
-            if self.accept == "grouped":
-                out.update(group_window=self.group_window, group_gap=self.group_gap, group_dist=self.group_dist)
-        if self.method == "pjd":
-            out.update(pjd_window=self.pjd_window, pjd_rows=self.pjd_rows, init=self.init, accept=self.accept)
+            out["dynamic_depth"] = self.dynamic_depth
+        if self.decl.chooses_relaxation and self.relaxation_kind != "none":
+            bound = "lantern_delta" if self.relaxation_kind == "delta" else "lantern_lambda"
+            out.update({"lantern_k": self.lantern_k, bound: getattr(self, bound), "relax_rule": self.relax_rule})
+        if self.accept == "grouped":
+            out.update(group_window=self.group_window, group_gap=self.group_gap, group_dist=self.group_dist)
         return out
