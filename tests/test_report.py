@@ -444,3 +444,12 @@ def test_phase_floors_round_trip_and_are_reported_as_measured_over_floor(tmp_pat
     table = [t for t in md_tables(md) if t and "verify: measured / floor" in t[0]][0]
     row = [r for r in table if r["method"] == "lantern++"][0]
     assert row["verify: measured / floor"].endswith("= 4.0x") and row["draft: measured / floor"] == "-"
+
+
+def test_error_bars_of_an_interval_that_misses_its_point_are_drawn_not_refused():
+    """A bootstrap interval may lie beside its point (FD at few images); the plots draw that end at
+    the point instead of handing matplotlib a negative bar (which raised, failing the report)."""
+    from runtime.bench.report.plots import _yerr
+
+    assert _yerr([(23.2, 25.4, 57.2), (1.0, 0.5, 1.5)]) == [[0.0, 0.5], [34.0, 0.5]]
+    assert _yerr([(1.0, None, None)]) is None
