@@ -285,7 +285,6 @@ def accept_greedy(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers,
     tie = reference_row_order(tree, weights) if relax.paper and tree.batched else None
     w = _walk(ok.to(p.dtype), tree, rows, weights, tie)
     bonus = p[rows, w.best].argmax(-1)
-    # the root is on every path but is no accepted draft: its entry is not counted
     relax_mass = _path_sum(mass_used, w) if relax.active else torch.zeros_like(bonus, dtype=p.dtype)
     return Accepted(w.path, w.count, bonus, relax_mass, w.commit)
 
@@ -498,11 +497,7 @@ def _deterministic_stages(xs: torch.Tensor, p: torch.Tensor, relax: Relaxation
     # after every stage rejected: the drafts and the moved neighbours are gone from p
     gone = torch.cat([xs, torch.where(moved > 0, near, v).flatten(-2)], -1)
     rest = p_pad.scatter(-1, gone, 0.0)
-
-    def bonus_rows(best: torch.Tensor, rows: torch.Tensor, position: torch.Tensor | None = None) -> torch.Tensor:
-        return rest[rows, best, :v]
-
-    return accept, c / z, bonus_rows
+    return accept, c / z, _parent_bonus_rows(rest, v)
 
 
 def _sampled_stages(tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor, tree: TreeBuffers,
@@ -563,6 +558,16 @@ def _sampled_stages(tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor, tree
     # bonus rows, stage order: parents with K children come from the last stage, ..., leaves keep p
     bonus_table = torch.cat(last[::-1] + [p_sorted[:, rows0:]], 1)
     return a, node_shift, _stage_bonus_rows(bonus_table, stages.position)
+
+
+def _parent_bonus_rows(residual: torch.Tensor, v: int) -> BonusRows:
+    """The bonus rows of the deterministic stages: residual (B, P, V+1) per parent, the padding
+    token V dropped; parents are node ids, so no stage position is needed."""
+
+    def bonus_rows(best: torch.Tensor, rows: torch.Tensor, position: torch.Tensor | None = None) -> torch.Tensor:
+        return residual[rows, best, :v]
+
+    return bonus_rows
 
 
 def _stage_bonus_rows(bonus_table: torch.Tensor, stage_position: torch.Tensor) -> BonusRows:
@@ -626,11 +631,7 @@ def _paper_deterministic_stages(xs: torch.Tensor, p: torch.Tensor, relax: Relaxa
         res = res.scatter(-1, torch.where(used[..., None], clear[..., s, :], clear[..., s, :1]), 0.0)
         z = res.sum(-1)
     rx, c, z_all = torch.stack(masses, -1), torch.stack(gains, -1), torch.stack(totals, -1).clamp(min=_EPS)
-
-    def bonus_rows(best: torch.Tensor, rows: torch.Tensor, position: torch.Tensor | None = None) -> torch.Tensor:
-        return res[rows, best, :v]
-
-    return (rx + c) / z_all, c / z_all, bonus_rows
+    return (rx + c) / z_all, c / z_all, _parent_bonus_rows(res, v)
 
 
 def _paper_sampled_stages(tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor, tree: TreeBuffers,

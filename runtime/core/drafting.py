@@ -353,7 +353,7 @@ class StaticTreePolicy(DrafterPolicy):
         return self.cut if self.state.spec.dynamic_depth is not None else None
 
     def drafted_levels(self) -> torch.Tensor | None:
-        return self.cut if self.state.spec.dynamic_depth is not None else None
+        return self.depth_cap()  # an image's drafted levels are its own cut
 
     def _pick(self, d: int, noise: torch.Tensor | None) -> None:
         """Level d's tokens: each parent's top-k (greedy) or k samples without replacement."""
