@@ -124,7 +124,7 @@ def timed_many(decoder: Decoder, work: list[tuple[torch.Tensor, torch.Tensor | N
                ) -> tuple[list[torch.Tensor], float]:
     """Decode `work` (`Decoder.generate_many`'s items) after an untimed pass over its first batch
     (captures and warms the steps); (tokens per image, synchronised wall seconds of the timed pass)."""
-    decoder.generate_many(work[: decoder.batch])
+    decoder.generate_many(work[: decoder.config.batch])
     backend.synchronize()
     start = time.perf_counter()
     tokens, _ = decoder.generate_many(work)
@@ -143,7 +143,7 @@ def out_of_memory_as_user_error(decoder: Decoder | None, backend: Any, batch_siz
     try:
         yield
     except torch.OutOfMemoryError:
-        b = decoder.batch if decoder is not None else batch_size or 1
+        b = decoder.config.batch if decoder is not None else batch_size or 1
         per_image = decoder.state_bytes() / b if decoder is not None else None
         decoder = None
         free = backend.free_memory() if backend is not None else None

@@ -258,8 +258,8 @@ def floors(work: dict[str, Work], medians: dict[str, float], roof: Roof, dtype: 
 def level_tokens(decoder: Any) -> list[int]:
     """Tokens each drafter forward runs: the root first, then at each level the nodes whose
     children it drafts (a static tree's nodes at that depth; EAGLE-2's top-k frontier)."""
-    tree = decoder.tree
-    if decoder.spec.drafting == "dynamic":
+    tree = decoder.policy.tree
+    if decoder.config.spec.drafting == "dynamic":
         return [1] + [tree.max_children] * (tree.max_depth - 1)
     depth = tree.depth.cpu()
     return [1] + [int((depth == d).sum()) for d in range(1, tree.max_depth)]
@@ -271,19 +271,20 @@ def decoder_phases(decoder: Any, context: int | None = None) -> dict[str, Work]:
     image tokens). LlamaGen targets and drafters; {} for a target of another family."""
     from runtime.models.configs import DrafterConfig, GPTConfig
 
-    cfg = decoder.target.config
+    cfg = decoder.config.target.config
     if not isinstance(cfg, GPTConfig):
         return {}  # a Chameleon-family target: its layers are not counted here yet
-    itemsize = torch.empty((), dtype=decoder.dtype).element_size()
+    itemsize = torch.empty((), dtype=decoder.config.dtype).element_size()
     ctx = cfg.cls_token_num + cfg.block_size // 2 if context is None else context
     vocab = cfg.vocab_size
     target = target_shape(cfg)
     phases: dict[str, Work] = {}
-    if decoder.max_depth and decoder.spec.drafting in ("static", "dynamic") and isinstance(
-            getattr(decoder.drafter, "config", None), DrafterConfig):
-        phases["draft"] = draft_work(drafter_shape(decoder.drafter.config), (vocab, cfg.dim), level_tokens(decoder),
-                                     rows=decoder.rows, context=ctx, itemsize=itemsize)
-    phases["verify"] = target_forward(target, vocab, rows=decoder.rows, tokens=decoder.n1, context=ctx,
+    config, tree = decoder.config, decoder.policy.tree
+    if tree.max_depth and config.spec.drafting in ("static", "dynamic") and isinstance(
+            getattr(config.drafter, "config", None), DrafterConfig):
+        phases["draft"] = draft_work(drafter_shape(config.drafter.config), (vocab, cfg.dim), level_tokens(decoder),
+                                     rows=config.rows, context=ctx, itemsize=itemsize)
+    phases["verify"] = target_forward(target, vocab, rows=config.rows, tokens=tree.size, context=ctx,
                                       itemsize=itemsize)
-    phases["accept"] = accept_work(rows=decoder.rows, tokens=decoder.n1, vocab=vocab)
+    phases["accept"] = accept_work(rows=config.rows, tokens=tree.size, vocab=vocab)
     return phases

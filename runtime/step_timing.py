@@ -76,7 +76,7 @@ def time_steps(decoder: Decoder, backend: Any, *, warmup: int, iterations: int) 
     Each phase is bracketed by device synchronisations, so its time is the device's. An image
     that completes is restarted (untimed) so every timed iteration is a full one.
     """
-    cond = torch.zeros(decoder.batch, dtype=torch.long, device=decoder.device)
+    cond = torch.zeros(decoder.config.batch, dtype=torch.long, device=decoder.config.device)
     if backend.graph_mode and not decoder.captured:
         decoder.capture_steps(cond, None)
     decoder.prefill(cond, None, 0)
@@ -86,14 +86,14 @@ def time_steps(decoder: Decoder, backend: Any, *, warmup: int, iterations: int) 
         steps.append(("draft", decoder.run_draft))
     with torch.no_grad():
         for i in range(warmup + iterations):
-            if bool((decoder.count >= decoder.num_tokens - decoder.max_depth - 1).any()):
+            if bool((decoder.buffers.count >= decoder.config.num_tokens - decoder.policy.tree.max_depth - 1).any()):
                 decoder.prefill(cond, None, i)
-            depth = decoder.max_depth
+            depth = decoder.policy.tree.max_depth
             for phase, step in steps + [("verify", None), ("accept", None)]:
                 backend.synchronize()
                 began = time.perf_counter()
                 if phase == "draft":
-                    depth = step()
+                    depth = step().depth
                 elif phase == "verify":
                     decoder.verify_at[depth]()
                 else:

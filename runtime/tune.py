@@ -329,7 +329,7 @@ def tune(loaded: Any, spec: MethodSpec, backend: Any, conditions: Sequence[int],
     finally:
         cal_file.unlink(missing_ok=True)
     iterations = sum(s.target_forwards - 1 for s in stats)
-    hits = dec.node_hits.sum(0).tolist()
+    hits = dec.buffers.node_hits.sum(0).tolist()
     rate, reached = acceptance_rates(cal, hits, iterations, ranks)
     tau = sum(s.accepted_tokens for s in stats) / max(sum(s.target_forwards for s in stats), 1)
     tick("acceptance measured")
@@ -354,8 +354,8 @@ def tune(loaded: Any, spec: MethodSpec, backend: Any, conditions: Sequence[int],
         finally:
             tfile.unlink(missing_ok=True)
         d.draft_step()  # real drafts in the tree, so the accept step does real work
-        steps[f"verify{n}"] = captured(d.verify_at[d.max_depth], f"tune.verify{n}")
-        steps[f"accept{n}"] = captured(d.accept_at[d.max_depth], f"tune.accept{n}")
+        steps[f"verify{n}"] = captured(d.verify_at[d.policy.tree.max_depth], f"tune.verify{n}")
+        steps[f"accept{n}"] = captured(d.accept_at[d.policy.tree.max_depth], f"tune.accept{n}")
         keep.append(d)
         tick(f"capture: verify/accept of {n} nodes")
     depths = sorted({1, max_depth})

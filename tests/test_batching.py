@@ -77,8 +77,8 @@ def test_a_done_image_hands_its_slot_to_the_next_one_at_once():
     spec = MethodSpec("sd", sampling=SamplingParams(cfg=2.0), depth=3)
     decoder = Decoder(target, drafter, spec, batch_size=3)
     steps = []
-    verify = decoder.verify_at[decoder.max_depth]
-    decoder.verify_at[decoder.max_depth] = lambda: (steps.append(1), verify())[1]
+    verify = decoder.verify_at[decoder.policy.tree.max_depth]
+    decoder.verify_at[decoder.policy.tree.max_depth] = lambda: (steps.append(1), verify())[1]
     work = [(torch.tensor([c]), None, 100 + j) for j, c in enumerate(CONDITIONS)]
     tokens, stats = decoder.generate_many(work)
     iterations = [s.target_forwards - 1 for s in stats]  # minus the prefill

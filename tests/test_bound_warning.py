@@ -84,7 +84,7 @@ def test_run_within_the_bound_is_silent(tmp_path, run_cli):
 
 class _Decoder:
     def __init__(self, s: MethodSpec) -> None:
-        self.spec, self.batch = s, 1
+        self.config = SimpleNamespace(spec=s, batch=1)
 
 
 def test_serve_engine_warns_once_per_method(caplog):

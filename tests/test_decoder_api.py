@@ -67,3 +67,45 @@ def test_a_method_is_data_in_the_core():
     text = (ROOT / "runtime" / "core" / "methods.py").read_text()
     branches = [line.strip() for line in text.splitlines() if re.search(r"self\.method\s*(==|!=|in\b)", line)]
     assert not branches, branches
+
+
+def test_policies_see_the_config_and_their_view_not_the_decoder():
+    """The drafting policies read settings from `DecodeConfig` and buffers through `DraftView`:
+    they import neither the decoder nor a mutable shared state object."""
+    for name in ("drafting.py", "jacobi.py", "pjd.py", "policies.py"):
+        text = (ROOT / "runtime" / "core" / name).read_text()
+        assert "runtime.core.decoder" not in text and "DecodeState" not in text and "self.state" not in text, name
+
+
+def test_config_buffers_view_and_proposals_are_built_whole_and_never_rebound():
+    """One construction each, frozen: no field starts as None to be filled later, and a decoder's
+    buffers keep their identities across images (graph capture replays into them)."""
+    import dataclasses
+
+    import pytest
+    import torch
+
+    from runtime.core import MethodSpec, SamplingParams
+    from runtime.core.decoder import Decoder
+    from tiny_models import tiny_pair
+
+    target, drafter = tiny_pair()
+    spec = MethodSpec("lantern++", sampling=SamplingParams(greedy=False, cfg=1.0), tree="chain3",
+                      lantern_lambda=2.0)
+    vocab = target.config.vocab_size
+    neighbours = torch.stack([torch.roll(torch.arange(vocab), -i)[1:] for i in range(vocab)])
+    dec = Decoder(target, drafter, spec, neighbours=neighbours, batch_size=2)
+    for obj in (dec.config, dec.buffers, dec.policy.view, *dec.proposals.values()):
+        assert dataclasses.is_dataclass(obj) and type(obj).__dataclass_params__.frozen  # type: ignore[attr-defined]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        dec.buffers.tokens = torch.zeros(1)  # type: ignore[misc]
+    unset = [f.name for f in dataclasses.fields(dec.buffers) if getattr(dec.buffers, f.name) is None]
+    assert unset == ["node_hits"]  # allocated only with track_nodes
+    proposal = dec.proposals[dec.policy.tree.max_depth]
+    assert proposal.tokens.data_ptr() == dec.buffers.tokens.data_ptr()
+    assert proposal.q is not None and proposal.q.data_ptr() == dec.buffers.q.data_ptr()
+    before = {f.name: getattr(dec.buffers, f.name).data_ptr() for f in dataclasses.fields(dec.buffers)
+              if getattr(dec.buffers, f.name) is not None}
+    dec.generate_many([(torch.tensor([c]), None, c) for c in range(3)])
+    after = {name: getattr(dec.buffers, name).data_ptr() for name in before}
+    assert after == before

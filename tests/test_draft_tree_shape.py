@@ -23,12 +23,12 @@ def test_depth_counts_expansions_after_the_root_as_in_the_reference(depth):
     target, drafter = tiny_pair(vocab=8, grid=4)
     spec = MethodSpec("eagle2", SamplingParams(greedy=True), depth=depth, top_k_draft=3, total_tokens=12)
     dec = Decoder(target, drafter, spec)
-    assert dec.max_depth == depth + 1
+    assert dec.policy.tree.max_depth == depth + 1
     assert dec.policy.n_cand == 3 + depth * 9
     dec.prefill(torch.tensor([1]), None, seed=0)
     with torch.no_grad():  # as the loop runs its steps
         dec.draft_step()
-    assert int(dec.tree.depth.max()) <= depth + 1
+    assert int(dec.policy.tree.depth.max()) <= depth + 1
 
 
 def test_deep_dynamic_tree_fits_the_drafter_cache():

@@ -56,8 +56,8 @@ def test_steps_never_read_the_device(method, greedy):
                     segment()
                 if dec.draft_finish is not None:
                     dec.draft_finish()
-                dec.verify_at[dec.max_depth]()
-                dec.accept_at[dec.max_depth]()
+                dec.verify_at[dec.policy.tree.max_depth]()
+                dec.accept_at[dec.policy.tree.max_depth]()
     assert counter.count == 0
 
     with SyncCounter() as counter:

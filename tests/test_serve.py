@@ -150,7 +150,7 @@ def test_a_cancelled_request_leaves_the_queue_and_frees_its_slots(server):
 def test_engine_refuses_when_stopping_and_queue_full_is_typed(server):
     _, engine, _ = server
     with pytest.raises(QueueFull):
-        engine.submit([Job("big", i, 0, i) for i in range(engine.max_queue + 1)])
+        engine.submit([Job("big", i, 0, i) for i in range(engine.scheduler.max_queue + 1)])
 
 
 def test_the_returned_seed_reproduces_the_request(server):
@@ -356,7 +356,7 @@ def test_method_auto_serves_each_occupancy_with_the_tables_method(demo):
         assert lone["data"][0]["tokens"] == by["lantern++"][0].tolist() != by["ar"][0].tolist()
         ar4 = generate(loaded.target, None, specs["ar"], [6] * 4, seed=8).tokens
         assert [d["tokens"] for d in four["data"]] == ar4.tolist()
-        assert engine.switches >= 1 and engine.current == "ar"
+        assert engine.scheduler.switches >= 1 and engine.current == "ar"
         text = client.get("/metrics").text
         assert 'lantern_method_in_use{method="ar"} 1.0' in text and 'lantern_method_info{method="auto"}' in text
         assert client.get("/ready").json()["in_use"] == "ar"
@@ -392,7 +392,7 @@ def test_a_streamed_request_reports_progress_then_each_image_as_it_is_done_then_
     assert [d["tokens"] for d in images] == expected.tolist()
     assert all(d["b64_json"] and d["stats"]["tau"] >= 1 for d in images)
     # progress: some image reported before it was done, each image's count rising and below the total
-    total = engine.decoder.num_tokens
+    total = engine.decoder.config.num_tokens
     assert progress and all(p["tokens_total"] == total and 0 < p["tokens_done"] <= total for p in progress)
     for index in range(3):
         counts = [p["tokens_done"] for p in progress if p["index"] == index]
@@ -419,7 +419,7 @@ def test_a_stream_with_partial_images_previews_each_image_from_its_committed_tok
         for line in answer.iter_lines():
             if line.startswith("data: {"):
                 events.append(json.loads(line[len("data: "):]))
-    total = engine.decoder.num_tokens
+    total = engine.decoder.config.num_tokens
     grid = int(total ** 0.5)
     finals = {e["index"]: e for e in events if e["type"] == "image_generation.completed"}
     assert sorted(finals) == [0, 1]

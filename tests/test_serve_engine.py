@@ -8,13 +8,14 @@ import threading
 import time
 from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 
 from runtime.core.decoder import Finished, ImageStats, SlotRequest
-from runtime.serve.engine import Engine, Job, QueueFull
+from runtime.serve.engine import Engine, Job, QueueFull, Scheduler
 
 
 @dataclass
@@ -76,7 +77,9 @@ class FakeDecoder:
     def progress(self) -> list[tuple[int, Any, int]]:
         return []
 
-    spec: Any = None
+    @property
+    def config(self) -> SimpleNamespace:
+        return SimpleNamespace(batch=self.batch, num_tokens=self.num_tokens, spec=None)
 
 
 def _engine(decoders: dict[str, FakeDecoder], **kw: Any) -> Engine:
@@ -144,7 +147,7 @@ def test_a_method_switch_waits_for_every_slot_then_takes_the_other_decoder():
         ar.gate.set()
         methods = [job.future.result(5)[1]["method"] for job in early + late]
         assert methods == ["ar", "ar", "lantern++", "lantern++"]
-        assert ar.admitted == early and lpp.admitted == late and engine.switches == 1
+        assert ar.admitted == early and lpp.admitted == late and engine.scheduler.switches == 1
     finally:
         engine.stop(drain=False, timeout=5)
 
@@ -203,3 +206,36 @@ def test_a_full_queue_refuses_a_request_whole():
     finally:
         fake.gate.set()
         engine.stop(drain=False, timeout=5)
+
+
+def test_the_scheduler_holds_admission_for_a_switch_and_names_it_once_the_slots_are_free():
+    """With `choose`, the scheduler hands out jobs while the method fits the occupancy; once it
+    names another method, `take` holds every job back and `wait` (all slots free) says switch."""
+    wanted = {"method": "ar"}
+    scheduler = Scheduler(["ar", "lantern++"], batch=4, choose=lambda occupancy: wanted["method"])
+    scheduler.submit(_jobs(3))
+    first = scheduler.take(running=0)
+    assert first is not None and first.index == 0
+    wanted["method"] = "lantern++"
+    assert scheduler.take(running=1) is None and scheduler.queue_depth == 2  # held, not dropped
+    assert scheduler.wait() == "switch" and scheduler.switch() == "lantern++"
+    assert scheduler.current == "lantern++" and scheduler.switches == 1
+    assert [scheduler.take(running=0).index, scheduler.take(running=1).index] == [1, 2]
+    assert scheduler.take(running=2) is None  # nothing queued
+
+
+def test_the_scheduler_skips_cancelled_jobs_and_stops_when_drained():
+    scheduler = Scheduler(["ar"], batch=2, max_queue=3)
+    jobs = _jobs(3)
+    scheduler.submit(jobs)
+    with pytest.raises(QueueFull):
+        scheduler.submit(_jobs(1, "late"))  # 3 + 1 > 3: refused whole
+    scheduler.cancel(jobs[:1])
+    assert scheduler.cancelled(jobs[0]) and not scheduler.cancelled(jobs[1])
+    assert scheduler.take(running=0) is jobs[1]
+    scheduler.stop(drain=True)
+    assert scheduler.wait() == "work"  # jobs[2] still runs
+    assert scheduler.take(running=0) is jobs[2]
+    assert scheduler.wait() == "stop"
+    with pytest.raises(RuntimeError, match="shutting down"):
+        scheduler.submit(_jobs(1))

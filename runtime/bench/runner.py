@@ -264,8 +264,8 @@ def _device_ops(decoder: Any, conditions: Sequence[Any], backend: Any, roof: Any
     first = conditions[0]
     if not isinstance(first, (int, np.integer)):
         return {}  # caption workloads: the count needs the prepared caption features
-    ops = phase_ops(decoder, torch.tensor([int(first)] * decoder.batch, device=backend.device), seed=0)
-    floors = ({phase: w.floor_s(roof, dtype_name(decoder.dtype)) for phase, w in decoder_phases(decoder).items()}
+    ops = phase_ops(decoder, torch.tensor([int(first)] * decoder.config.batch, device=backend.device), seed=0)
+    floors = ({phase: w.floor_s(roof, dtype_name(decoder.config.dtype)) for phase, w in decoder_phases(decoder).items()}
               if roof is not None else {})
     return {phase: schema.DeviceOps(ops_per_iteration=float(n), kernels_per_step=decoder.kernels_per_step.get(phase),
                                     floor_s=floors.get(phase))

@@ -40,17 +40,12 @@ from runtime.core.policies import make_policy
 from runtime.core.methods import MethodSpec
 from runtime.core.opcount import kernels_generated
 from runtime.core.rng import CounterRNG
-from runtime.core.state import DecodeState
+from runtime.core.state import MODEL_PARTS, NO_POSITION, DecodeBuffers, DecodeConfig, DraftProposal, DraftView
 from runtime.errors import UserError
 
 if TYPE_CHECKING:
     from backends import Backend
     from runtime.models.target import DrafterModel, Target
-
-
-# the models whose distributions the loop checks for NaN / inf, in `Decoder.nonfinite` order
-MODEL_PARTS = ("target model", "drafter")
-NO_POSITION = 1 << 40
 
 
 @dataclass(frozen=True)
@@ -165,63 +160,52 @@ class Decoder:
     object with `capture(fn, name=...)` and `mark_step()` (see backends/); without one,
     steps run eagerly. Set `timer` (an object with `.phase(name)`, e.g. `backend.timer()`)
     to time the phases prefill / draft / verify / accept. `track_nodes`: count in
-    `node_hits` (B, N+1) how often each tree node was accepted (runtime tune's calibration).
-    Set `measure_law` (every `law_every`-th iteration) to measure what the acceptance rule does
-    to the law: between verify and accept, the output law at the root's children (the first
-    drafted position) is computed (`runtime.core.law`) and its TV distance from the target is
-    summed per image with the stated bound; eager host-side work outside the captured steps,
-    for untimed passes. Sampling only (greedy output is no draw from a law), not for grouped
-    acceptance (its bound is reported as its relaxation mass).
+    `buffers.node_hits` (B, N+1) how often each tree node was accepted (runtime tune's
+    calibration). Set `measure_law` (every `law_every`-th iteration) to measure what the
+    acceptance rule does to the law: between verify and accept, the output law at the root's
+    children (the first drafted position) is computed (`runtime.core.law`) and its TV distance
+    from the target is summed per image with the stated bound; eager host-side work outside
+    the captured steps, for untimed passes. Sampling only (greedy output is no draw from a
+    law), not for grouped acceptance (its bound is reported as its relaxation mass).
+
+    What it holds: `config` (the frozen settings: spec, models, sizes, device), `buffers`
+    (every tensor the phases share, `DecodeBuffers`), `policy` (the drafting policy, which owns
+    the tree: `policy.tree`), `proposals` (the policy's `DraftProposal` per verified depth),
+    the target's KV `cache`, and the slot API's bookkeeping.
 
     The steps, public for the tools that time, count or wrap them (tune, selfcheck, the shape
     projection, opcount): `capture_steps(cond, mask)` captures every step once (graph mode);
     `draft_segments` (the draft as its segments; empty for AR), `draft_finish`, `run_draft()`
-    (the draft, returning the depth it reached), `verify_at[depth]` and `accept_at[depth]` (one
-    step per tree prefix the policy may verify) are the callables the loop runs, replaced by
-    their captured replays; `draft_step`, `verify_step(depth)` and `accept_step(depth)` are the
-    eager bodies. A caller may wrap the callables (selfcheck checks them for host syncs) but
-    reaches nothing else private.
+    (the draft, returning the proposal to verify), `verify_at[depth]` and `accept_at[depth]`
+    (one step per tree prefix the policy may verify) are the callables the loop runs, replaced
+    by their captured replays; `draft_step`, `verify_step(proposal)` and
+    `accept_step(proposal)` are the eager bodies. A caller may wrap the callables (selfcheck
+    checks them for host syncs) but reaches nothing else private.
     """
 
     def __init__(self, target: Target, drafter: DrafterModel | None, spec: MethodSpec, *,
                  neighbours: torch.Tensor | None = None, backend: Backend | None = None, batch_size: int = 1,
                  track_nodes: bool = False) -> None:
-        self.target, self.drafter, self.spec = target, drafter, spec
-        self.backend = backend
-        self.timer: Any = None
-        cfg = target.config
-        self.device = target.tok_embeddings.weight.device
-        self.dtype = target.tok_embeddings.weight.dtype
-        self.params = spec.sampling
-        # target.constrain(logits (B, T, V), image index (B, T)) -> logits: a layout's fixed tokens (None: none)
-        self.constrain = target.constrain
         if batch_size < 1:
             raise UserError(f"--batch-size must be >= 1, got {batch_size}")
-        self.batch = batch_size
-        self.rows = (2 if self.params.uses_cfg else 1) * batch_size
-        self.num_tokens = cfg.block_size
-        self.cls = cfg.cls_token_num
-        self.vocab = cfg.vocab_size
         if spec.needs_drafter and drafter is None:
             raise UserError(f"method {spec.method} needs a drafter; pass --drafter DIR or use --method ar")
-        dev = self.device
+        self.config = config = DecodeConfig.for_models(target, drafter, spec, batch_size)
+        self.backend = backend
+        self.timer: Any = None
+        b, dev = config.batch, config.device
 
-        # -- the state the phases share; the drafting policy owns the tree shape ------------
-        self.rng = CounterRNG(self.device, streams=batch_size)
-        self.state = DecodeState(spec, target, drafter, self.device, self.dtype, batch_size, self.rows, self.cls,
-                                 self.vocab, self.num_tokens, self.rng, constrain=self.constrain)
-        self.policy = make_policy(self.state)
-        self.tree = self.policy.tree
-        if self.tree.max_children > self.vocab:
-            raise UserError(f"the draft tree gives a node {self.tree.max_children} children (ranks 0.."
-                            f"{self.tree.max_children - 1}) but this model has only {self.vocab} tokens; "
+        # -- the drafting policy owns the tree shape ----------------------------------------
+        self.policy = make_policy(config)
+        tree = self.policy.tree
+        if tree.max_children > config.vocab:
+            raise UserError(f"the draft tree gives a node {tree.max_children} children (ranks 0.."
+                            f"{tree.max_children - 1}) but this model has only {config.vocab} tokens; "
                             "use a narrower tree or a smaller --top-k-draft")
-        self.n1 = self.tree.size
-        self.max_depth = self.tree.max_depth
-        m = self.max_depth + 1  # longest accepted block (root + drafts)
-        if cfg.cls_token_num + cfg.block_size + self.max_depth + 1 > target.max_position:
-            raise UserError(f"tree depth {self.max_depth} is too deep for this model's RoPE table "
-                            f"(at most {target.max_position - cfg.cls_token_num - cfg.block_size - 1})")
+        m = tree.max_depth + 1  # longest accepted block (root + drafts)
+        if config.cls + config.num_tokens + m > target.max_position:
+            raise UserError(f"tree depth {tree.max_depth} is too deep for this model's RoPE table "
+                            f"(at most {target.max_position - config.cls - config.num_tokens - 1})")
 
         kind = spec.relaxation_kind
         if kind != "none" and neighbours is None:
@@ -238,47 +222,26 @@ class Decoder:
             self.group = GroupRule.for_target(target, spec.group_window, spec.group_gap, spec.group_dist)
 
         # -- state (fixed shapes; identities never change) -----------------------------------
-        # Target: committed tokens + one verified tree.
-        committed = self.cls + self.num_tokens + m
-        b = batch_size
-        self.cache = target.new_cache(self.rows, committed + self.n1 + self.policy.extra, dev)
-        state = self.state
-        state.max_depth, state.group = self.max_depth, self.group
-        state.allocate(self.n1, cfg.dim, self.policy.needs_q)
-        # the shared buffers, by the names the loop below uses (the same tensors)
-        self.out, self.count, self.tokens, self.p, self.q, self.hidden = (state.out, state.count, state.tokens,
-                                                                          state.p, state.q, state.hidden)
-        # count_hist[i, c]: iterations of image i that accepted c nodes (root included); every
-        # other counter (iterations, accepted drafts, per-depth acceptance) follows from it and
-        # `count`
-        self.count_hist = torch.zeros(b, m + 1, dtype=torch.long, device=dev)
-        self.relax_mass = torch.zeros(b, device=dev)
-        # first image-token index whose target (0) / drafter (1) distribution held NaN or inf,
-        # NO_POSITION if none: read when an image is done (the loop's existing host read)
-        self.nonfinite = torch.full((len(MODEL_PARTS), b), NO_POSITION, dtype=torch.long, device=dev)
+        # Target: committed tokens + one verified tree (+ the policy's nodes after it).
+        committed = config.cls + config.num_tokens + m
+        self.cache = target.new_cache(config.rows, committed + tree.size + self.policy.extra, dev)
+        self.buffers = DecodeBuffers.allocate(config, tree, target.config.dim, sampled_q=self.policy.needs_q,
+                                              track_nodes=track_nodes)
+        self.rng = CounterRNG(dev, streams=b)  # one counter-based stream per image
+        self.policy.bind(DraftView.of(config, self.rng, self.buffers, grouped=self.group is not None), committed)
         self.no_position = torch.tensor(NO_POSITION, device=dev)
-        self.block_ids = state.block_ids
-        # the accept step's results, written in place: each image's new tokens (accepted drafts,
-        # then the bonus) and accepted node count (0 once done); the drafter policies read them
-        # as their pending block. `live_now`: what `live()` last wrote.
-        self.block, self.accepted, self.live_now = state.block, state.accepted, state.live_now
         self.image_ids = torch.arange(b, device=dev)
-        self.accept_rule = acceptance_rule(self.params.greedy, self.rng, self.relax, self.group, rows=self.image_ids)
-        per_image = self.rows // b
+        self.accept_rule = acceptance_rule(config.params.greedy, self.rng, self.relax, self.group, rows=self.image_ids)
+        per_image = config.rows // b
         # model rows of each image, and a condition-sized cache to prefill one image in
         self.image_rows = [i + b * torch.arange(per_image, device=dev) for i in range(b)]
-        self.start_cache = target.new_cache(per_image, self.cls, dev)
-        self.policy.allocate(committed)
-        # A draft whose depth is decided per iteration (ddd, --dynamic-depth) counts, per image,
-        # the levels drafted and the depths its accepted path could reach (drafted that deep).
-        self.prefix_trees = {d: self.policy.prefix_tree(d) for d in self.policy.verified_depths()}
-        self.variable_depth = len(self.prefix_trees) > 1 or self.policy.drafted_levels() is not None
-        self.drafted_sum = torch.zeros(b, dtype=torch.long, device=dev)
-        self.reached = torch.zeros(b, max(self.max_depth, 1), dtype=torch.long, device=dev)
-        self.depth_ids = torch.arange(1, max(self.max_depth, 1) + 1, device=dev)
-        self.node_hits = torch.zeros(b, self.n1, dtype=torch.long, device=dev) if track_nodes else None
+        self.start_cache = target.new_cache(per_image, config.cls, dev)
+        # what the draft hands to verify and accept, per tree prefix the policy may verify; a
+        # draft whose depth is decided per iteration (ddd, --dynamic-depth) counts, per image,
+        # the levels drafted and the depths its accepted path could reach (drafted that deep)
+        self.proposals = {d: self.policy.proposal(d) for d in self.policy.verified_depths()}
+        self.variable_depth = len(self.proposals) > 1 or self.policy.drafted_levels() is not None
         self.measure_law, self.law_every = False, 1
-        self.law_sums = torch.zeros(3, b, device=dev)  # TV, bound, steps measured
         self._iteration = 0
 
         # -- steps: eager until `capture_steps` swaps in captured replays ------------------
@@ -286,8 +249,8 @@ class Decoder:
         # and one verify / accept per tree prefix the policy may verify
         self.draft_segments: list[Callable[[], None]] = self.policy.segments() if spec.drafting != "none" else []
         self.draft_finish: Callable[[], None] | None = self.policy.finish()
-        self.verify_at: dict[int, Callable[[], None]] = {d: self._verify_fn(d) for d in self.prefix_trees}
-        self.accept_at: dict[int, Callable[[], None]] = {d: self._accept_fn(d) for d in self.prefix_trees}
+        self.verify_at: dict[int, Callable[[], None]] = {d: self._verify_fn(p) for d, p in self.proposals.items()}
+        self.accept_at: dict[int, Callable[[], None]] = {d: self._accept_fn(p) for d, p in self.proposals.items()}
         self.captured = backend is None or not backend.graph_mode
         # kernels the graph compiler generated for each captured step (phase -> count)
         self.kernels_per_step: dict[str, int] = {}
@@ -317,21 +280,22 @@ class Decoder:
         (each field of the method spec: tree, window, depths, sampling constants; the batch; the
         target's and drafter's configurations; dtype, device kind, torch version). Equal keys,
         equal graphs; the backend keys its compile caches on it."""
-        drafter = getattr(self.drafter, "config", None) if self.drafter is not None else None
-        knobs = {"spec": asdict(self.spec), "batch": self.batch, "target": self.target.config,
-                 "drafter": drafter, "dtype": str(self.dtype), "device": self.device.type,
+        config = self.config
+        drafter = getattr(config.drafter, "config", None) if config.drafter is not None else None
+        knobs = {"spec": asdict(config.spec), "batch": config.batch, "target": config.target.config,
+                 "drafter": drafter, "dtype": str(config.dtype), "device": config.device.type,
                  "torch": torch.__version__}
         digest = hashlib.sha256(json.dumps(knobs, sort_keys=True, default=repr).encode()).hexdigest()[:16]
-        return f"{self.spec.method}-b{self.batch}-{digest}"
+        return f"{config.spec.method}-b{config.batch}-{digest}"
 
     def _capture_each_step(self) -> None:
-        suffix = f".b{self.batch}" if self.batch > 1 else ""
+        suffix = f".b{self.config.batch}" if self.config.batch > 1 else ""
         backend = self.backend
         assert backend is not None, "steps are captured only with a backend in graph mode (`captured`)"
 
         def capture(phase: str, step: Callable[[], None], part: str = "") -> Callable[[], None]:
             before = kernels_generated()
-            replay = backend.capture(step, name=f"{self.spec.method}.{phase}{part}{suffix}")
+            replay = backend.capture(step, name=f"{self.config.spec.method}.{phase}{part}{suffix}")
             after = kernels_generated()
             made = after - before if before is not None and after is not None else 0
             if made > 0:  # zero: the backend captured without a compiler (eager, CUDA graph)
@@ -343,8 +307,8 @@ class Decoder:
                                 for i, seg in enumerate(self.draft_segments)]
         if self.draft_finish is not None:
             self.draft_finish = capture("draft", self.draft_finish, ".finish")
-        many = len(self.prefix_trees) > 1
-        for d in self.prefix_trees:  # deepest first: it is the one the kernel counts report
+        many = len(self.proposals) > 1
+        for d in self.proposals:  # deepest first: it is the one the kernel counts report
             part = f".d{d}" if many else ""
             verify, accept = capture("verify", self.verify_at[d], part), capture("accept", self.accept_at[d], part)
             self.verify_at[d], self.accept_at[d] = verify, accept
@@ -352,31 +316,23 @@ class Decoder:
     def _timer(self):
         return self.timer if self.timer is not None else _NullTimer()
 
-    def dist(self, logits: torch.Tensor, depth: torch.Tensor | int | None = None, *, draft: bool = False,
-             log: bool = False) -> torch.Tensor:
-        """`DecodeState.dist`: (rows, T, V) logits -> (B, T, V) processed distribution."""
-        return self.state.dist(logits, depth, draft=draft, log=log)
+    def _dist(self, logits: torch.Tensor, depth: torch.Tensor | int | None = None) -> torch.Tensor:
+        """The target's (R, T, V) logits -> (B, T, V) processed distribution at the current counts."""
+        return self.config.dist(logits, self.buffers.count, depth)
 
     def pick(self, probs: torch.Tensor, streams: torch.Tensor | None = None) -> torch.Tensor:
         """One token per row of (B, ..., V): argmax (greedy) or a sample (image i's stream;
         `streams`: the images of a subset's rows)."""
-        if self.params.greedy:
+        if self.config.params.greedy:
             return probs.argmax(-1)
         return self.rng.race(probs, streams=streams)  # see `sample`
 
-    def expand_rows(self, t: torch.Tensor) -> torch.Tensor:
-        """`DecodeState.expand_rows`: per-image (B, ...) -> per model row (rows, ...)."""
-        return self.state.expand_rows(t)
-
-    def live(self) -> torch.Tensor:
-        """`DecodeState.live`: (B,) long, 1 for images still generating (written into `live_now`)."""
-        return self.state.live()
-
     def state_bytes(self) -> int:
         """Bytes of the decode state (KV caches, p/q/hidden buffers): what grows with the batch."""
-        tensors = [self.cache.k_all, self.cache.v_all, self.p, self.hidden, self.out]
-        if self.q is not None:
-            tensors.append(self.q)
+        buf = self.buffers
+        tensors = [self.cache.k_all, self.cache.v_all, buf.p, buf.hidden, buf.out]
+        if buf.q is not None:
+            tensors.append(buf.q)
         dcache = getattr(self.policy, "dcache", None)
         if dcache is not None:
             tensors += [dcache.k_all, dcache.v_all]
@@ -387,9 +343,9 @@ class Decoder:
     def prefill(self, cond: torch.Tensor, cond_mask: torch.Tensor | None, seed: int | list[int]) -> None:
         """Reset all state and start B images: cond (B,) labels or (B, cls, caption_dim),
         cond_mask (B, cls) or None, seed one per image (its random stream) or one int for all."""
-        seeds = [seed] * self.batch if isinstance(seed, int) else list(seed)
+        seeds = [seed] * self.config.batch if isinstance(seed, int) else list(seed)
         self.cache.reset()
-        for i in range(self.batch):
+        for i in range(self.config.batch):
             self.start_image(i, cond[i:i + 1], None if cond_mask is None else cond_mask[i:i + 1], seeds[i])
 
     @torch.no_grad()
@@ -398,28 +354,29 @@ class Decoder:
         (1,) / (1, cls, caption_dim) / (1, cls) prompt ids with mask (1, cls) in a condition-sized cache, copy that
         into the slot's rows, restart its random stream at `seed` and pick its first token.
         Always one image at a time, so its numbers never depend on the batch."""
+        config, buf = self.config, self.buffers
         img, rows = self.image_ids[i:i + 1], self.image_rows[i]
-        if self.params.uses_cfg:
+        if config.params.uses_cfg:
             if cond_mask is not None:  # the null condition's own padding (the target knows it)
-                cond_mask = torch.cat([cond_mask, self.target.null_condition_mask(cond_mask)])
-            cond = torch.cat([cond, self.target.null_condition(cond)])
+                cond_mask = torch.cat([cond_mask, config.target.null_condition_mask(cond_mask)])
+            cond = torch.cat([cond, config.target.null_condition(cond)])
         self.start_cache.reset()
-        hidden = self.target.prefill(cond, self.start_cache, cond_mask)  # (rows per image, cls, dim)
+        hidden = config.target.prefill(cond, self.start_cache, cond_mask)  # (rows per image, cls, dim)
         self.cache.load_rows(rows, self.start_cache)
-        self.rng.reset_streams(img, torch.tensor([seed], dtype=torch.long, device=self.device))
-        logits = self.target.logits(hidden[:, -1:])
-        self.nonfinite[:, i] = NO_POSITION
-        self.nonfinite[0, i] = torch.where(torch.isfinite(logits).all(), NO_POSITION, 0)
-        first = self.pick(self.dist(logits), streams=img)[:, 0]  # (1,)
-        self.out[i] = 0
-        self.out[i, :1] = first
-        self.tokens[i, :1] = first
-        self.count[i] = 1
-        self.count_hist[i] = 0
-        self.relax_mass[i] = 0.0
-        self.drafted_sum[i] = 0
-        self.reached[i] = 0
-        self.law_sums[:, i] = 0.0
+        self.rng.reset_streams(img, torch.tensor([seed], dtype=torch.long, device=config.device))
+        logits = config.target.logits(hidden[:, -1:])
+        buf.nonfinite[:, i] = NO_POSITION
+        buf.nonfinite[0, i] = torch.where(torch.isfinite(logits).all(), NO_POSITION, 0)
+        first = self.pick(self._dist(logits), streams=img)[:, 0]  # (1,)
+        buf.out[i] = 0
+        buf.out[i, :1] = first
+        buf.tokens[i, :1] = first
+        buf.count[i] = 1
+        buf.count_hist[i] = 0
+        buf.relax_mass[i] = 0.0
+        buf.drafted_sum[i] = 0
+        buf.reached[i] = 0
+        buf.law_sums[:, i] = 0.0
         self.policy.start(i, rows, hidden, first, cond_mask)
 
     def draft_step(self) -> None:
@@ -430,9 +387,9 @@ class Decoder:
         if finish is not None:
             finish()
 
-    def run_draft(self) -> int:
+    def run_draft(self) -> DraftProposal:
         """The draft's segments until no image wants more (one host read per check); returns
-        the depth of the tree prefix to verify."""
+        the proposal to verify (the tree prefix the segments that ran filled)."""
         ran = len(self.draft_segments)
         for i, seg in enumerate(self.draft_segments):
             seg()
@@ -441,111 +398,121 @@ class Decoder:
                 break
         if self.draft_finish is not None:
             self.draft_finish()
-        return self.policy.verified_depth(ran)
+        return self.proposals[self.policy.verified_depth(ran)]
 
-    def _verify_fn(self, depth: int) -> Callable[[], None]:
-        return lambda: self.verify_step(depth)
+    def _verify_fn(self, proposal: DraftProposal) -> Callable[[], None]:
+        return lambda: self.verify_step(proposal)
 
-    def _accept_fn(self, depth: int) -> Callable[[], None]:
-        return lambda: self.accept_step(depth)
+    def _accept_fn(self, proposal: DraftProposal) -> Callable[[], None]:
+        return lambda: self.accept_step(proposal)
 
-    def verify_step(self, depth: int | None = None) -> None:
-        """Target forward over the tree (or its prefix down to `depth`): fills p and hidden."""
-        tree = self.tree if depth is None else self.prefix_trees[depth]
+    def _deepest(self) -> DraftProposal:
+        return self.proposals[self.policy.tree.max_depth]
+
+    def verify_step(self, proposal: DraftProposal | None = None) -> None:
+        """Target forward over the proposal's tree (the deepest by default): fills p and hidden."""
+        config, buf = self.config, self.buffers
+        proposal = proposal or self._deepest()
+        tree, extra = proposal.tree, proposal.lookahead
         n1 = tree.size
-        tokens = self.tokens[:, :n1]
-        depths = self.expand_rows(tree.depth) if tree.batched else tree.depth[None]
-        mask = self.expand_rows(tree.ancestor_mask) if tree.batched else tree.ancestor_mask
-        policy = self.policy
-        if policy.extra:  # nodes after the tree that nobody judges (pjd's lookahead rows)
-            tokens = torch.cat([tokens, policy.extra_tokens], 1)
-            depths = torch.cat([depths.expand(self.rows, -1), self.expand_rows(policy.extra_offset)], 1)
-            mask = policy.verify_mask
+        tokens = proposal.tokens
+        depths = config.expand_rows(tree.depth) if tree.batched else tree.depth[None]
+        mask = config.expand_rows(tree.ancestor_mask) if tree.batched else tree.ancestor_mask
+        if extra is not None:  # nodes after the tree that nobody judges (pjd's lookahead rows)
+            tokens = torch.cat([tokens, extra.tokens], 1)
+            depths = torch.cat([depths.expand(config.rows, -1), config.expand_rows(extra.offset)], 1)
+            mask = extra.mask
         positions = self.cache.length[:, None] + depths
-        x = self.target.tok_embeddings(self.expand_rows(tokens))
-        hidden = self.target.forward_cached(x, positions, mask, self.cache)
-        if policy.extra:
-            policy.extra_p.copy_(self.dist(self.target.logits(hidden[:, n1:]), policy.extra_offset))
+        x = config.target.tok_embeddings(config.expand_rows(tokens))
+        hidden = config.target.forward_cached(x, positions, mask, self.cache)
+        if extra is not None:
+            extra.p.copy_(self._dist(config.target.logits(hidden[:, n1:]), extra.offset))
             hidden = hidden[:, :n1]
-        self.hidden[:, :n1].copy_(hidden)
-        logits = self.target.logits(hidden)
+        buf.hidden[:, :n1].copy_(hidden)
+        logits = config.target.logits(hidden)
         self._note_nonfinite(0, logits, tree.depth)
-        if self.policy.sampled_q:  # sampled drafts: q enters acceptance and the residual
-            self._note_nonfinite(1, self.policy.q[:, :n1], tree.depth)
-        self.p[:, :n1].copy_(self.dist(logits, tree.depth))
+        if proposal.q is not None:  # sampled drafts: q enters acceptance and the residual
+            self._note_nonfinite(1, proposal.q, tree.depth)
+        buf.p[:, :n1].copy_(self._dist(logits, tree.depth))
 
     def _note_nonfinite(self, part: int, values: torch.Tensor, depth: torch.Tensor) -> None:
         """Record in `nonfinite[part]` the first image-token index (count + depth) whose row of
         values (rows or B, T, V) holds NaN or inf. A done image's slot may record more; nobody
         reads it (the image was collected, and `start_image` resets the slot)."""
+        buf, b = self.buffers, self.config.batch
         # x - x is 0 for a finite x and NaN for NaN or inf; a sum of exact zeros is exactly 0
         spread = (values - values).sum(-1)  # (rows or B, T)
-        if spread.size(0) != self.batch:  # cond and uncond rows of an image
-            spread = spread.view(-1, self.batch, spread.size(1)).sum(0)
-        index = torch.where(spread == 0, self.no_position, self.count[:, None] + depth).amin(1)
-        self.nonfinite[part].copy_(torch.minimum(self.nonfinite[part], index))
+        if spread.size(0) != b:  # cond and uncond rows of an image
+            spread = spread.view(-1, b, spread.size(1)).sum(0)
+        index = torch.where(spread == 0, self.no_position, buf.count[:, None] + depth).amin(1)
+        buf.nonfinite[part].copy_(torch.minimum(buf.nonfinite[part], index))
 
-    def accept_step(self, depth: int | None = None) -> None:
-        live = self.live()
-        if not self.max_depth:
+    def accept_step(self, proposal: DraftProposal | None = None) -> None:
+        """The acceptance rule over the verified proposal (the deepest by default), the KV commit,
+        the new tokens appended and the statistics counted; the policy's `committed` last."""
+        config, buf, policy = self.config, self.buffers, self.policy
+        live = buf.live(config.num_tokens)
+        max_depth = policy.tree.max_depth
+        if not max_depth:
             self._accept_ar(live)
             return
-        tree = self.tree if depth is None else self.prefix_trees[depth]
+        proposal = proposal or self._deepest()
+        tree = proposal.tree
         n1 = tree.size
-        tokens, p = self.tokens[:, :n1], self.p[:, :n1]
-        q = self.policy.q[:, :n1] if self.policy.sampled_q else None
-        acc: Accepted = self.accept_rule(tokens, p, q, tree, self.policy.accept_uniforms(), self.policy.depth_cap())
+        acc: Accepted = self.accept_rule(proposal.tokens, buf.p[:, :n1], proposal.q, tree, policy.accept_uniforms(),
+                                         policy.depth_cap())
         path, bonus = acc.path, acc.bonus  # (B, M), (B,)
-        if path.size(1) < self.max_depth + 1:  # a prefix tree: pad as path_table does (repeat the last)
-            path = torch.cat([path, path[:, -1:].expand(-1, self.max_depth + 1 - path.size(1))], 1)
-        n = torch.mul(acc.count, live, out=self.accepted)  # a done image accepts nothing
-        self.cache.commit(self.expand_rows(path), self.expand_rows(n))
+        if path.size(1) < max_depth + 1:  # a prefix tree: pad as path_table does (repeat the last)
+            path = torch.cat([path, path[:, -1:].expand(-1, max_depth + 1 - path.size(1))], 1)
+        n = torch.mul(acc.count, live, out=buf.accepted)  # a done image accepts nothing
+        self.cache.commit(config.expand_rows(path), config.expand_rows(n))
         if self.variable_depth:
-            levels = self.policy.drafted_levels()
+            levels = policy.drafted_levels()
             drafted = levels if levels is not None else torch.full_like(n, tree.max_depth)
-            self.drafted_sum.add_(drafted * live)
-            self.reached.add_(((drafted[:, None] >= self.depth_ids) & (n[:, None] >= self.depth_ids)).long())
+            buf.drafted_sum.add_(drafted * live)
+            buf.reached.add_(((drafted[:, None] >= buf.depth_ids) & (n[:, None] >= buf.depth_ids)).long())
         m = path.size(1)
-        if self.node_hits is not None:  # path[:, j] (j >= 1) was accepted when j < n
-            self.node_hits.scatter_add_(1, path[:, 1:], (self.block_ids[1:m] < n[:, None]).long())
+        if buf.node_hits is not None:  # path[:, j] (j >= 1) was accepted when j < n
+            buf.node_hits.scatter_add_(1, path[:, 1:], (buf.block_ids[1:m] < n[:, None]).long())
         # new tokens after the root: accepted drafts, then the bonus at index n-1
-        self.tokens[:, 0] = bonus  # the next root, and what the commit rows' root entries read
+        buf.tokens[:, 0] = bonus  # the next root, and what the commit rows' root entries read
         if acc.commit is not None and acc.commit.size(1) == m:
-            block = torch.gather(self.tokens, 1, acc.commit, out=self.block)
+            block = torch.gather(buf.tokens, 1, acc.commit, out=buf.block)
         else:
-            block = torch.cat([self.tokens.gather(1, path[:, 1:]), bonus[:, None]], 1)
-            block = torch.scatter(block, 1, (acc.count - 1)[:, None], bonus[:, None], out=self.block)
-        self.out.scatter_(1, self.count[:, None] + self.block_ids[:m], block)
-        self.count.add_(n)
-        self.count_hist.scatter_add_(1, n[:, None], live[:, None])
+            block = torch.cat([buf.tokens.gather(1, path[:, 1:]), bonus[:, None]], 1)
+            block = torch.scatter(block, 1, (acc.count - 1)[:, None], bonus[:, None], out=buf.block)
+        buf.out.scatter_(1, buf.count[:, None] + buf.block_ids[:m], block)
+        buf.count.add_(n)
+        buf.count_hist.scatter_add_(1, n[:, None], live[:, None])
         if self.relax.active or self.group is not None:
-            self.relax_mass.addcmul_(acc.relax_mass, live)
-        self.policy.committed(path, n, block)
+            buf.relax_mass.addcmul_(acc.relax_mass, live)
+        policy.committed(path, n, block)
 
-    def _measure_law(self, depth: int) -> None:
+    def _measure_law(self, proposal: DraftProposal) -> None:
         """Add TV(output law, p) at the root's children, and the stated bound, for live images
         (`measure_law`); reads the verified tree before accept changes anything."""
         from runtime.core.law import nominal_bound, step_tvd
 
-        tree = self.prefix_trees[depth]
-        kids = tree.children[..., 0, :]  # (B, K) or shared (K,); -1 = none
-        kids = kids.expand(self.batch, -1) if kids.dim() == 1 else kids
-        xs = torch.where(kids >= 0, self.tokens.gather(1, kids.clamp(min=0)), self.vocab)
-        p = self.p[:, 0]
-        q = self.policy.q[:, 0] if self.policy.sampled_q else None
-        live = self.live().to(p.dtype)
-        self.law_sums[0] += step_tvd(p, xs, self.relax, q, seed=self._iteration) * live
-        self.law_sums[1] += nominal_bound(p, xs, self.relax, q) * live
-        self.law_sums[2] += live
+        config, buf = self.config, self.buffers
+        kids = proposal.tree.children[..., 0, :]  # (B, K) or shared (K,); -1 = none
+        kids = kids.expand(config.batch, -1) if kids.dim() == 1 else kids
+        xs = torch.where(kids >= 0, buf.tokens.gather(1, kids.clamp(min=0)), config.vocab)
+        p = buf.p[:, 0]
+        q = proposal.q[:, 0] if proposal.q is not None else None
+        live = buf.live(config.num_tokens).to(p.dtype)
+        buf.law_sums[0] += step_tvd(p, xs, self.relax, q, seed=self._iteration) * live
+        buf.law_sums[1] += nominal_bound(p, xs, self.relax, q) * live
+        buf.law_sums[2] += live
 
     def _accept_ar(self, live: torch.Tensor) -> None:
         """AR: the verified token is already in the cache; pick the next one from p."""
-        token = self.pick(self.p[:, :1])  # (B, 1)
-        self.cache.advance(self.expand_rows(live))
-        self.out.scatter_(1, self.count[:, None], token)
-        self.count.add_(live)
-        self.tokens[:, :1] = token
-        self.count_hist[:, 1].add_(live)
+        buf = self.buffers
+        token = self.pick(buf.p[:, :1])  # (B, 1)
+        self.cache.advance(self.config.expand_rows(live))
+        buf.out.scatter_(1, buf.count[:, None], token)
+        buf.count.add_(live)
+        buf.tokens[:, :1] = token
+        buf.count_hist[:, 1].add_(live)
 
     # -- the slot API: admit -> step -> finished -> release ----------------------------------
     # A caller (generate_many, the server's engine) schedules; the decoder executes and updates.
@@ -579,18 +546,18 @@ class Decoder:
         if not self._running:
             self._start_batch()
         timer = self._timer()
-        depth = self.max_depth
+        proposal = self._deepest()
         if self.draft_segments:
             with timer.phase("draft"):
-                depth = self.run_draft()
+                proposal = self.run_draft()
         with timer.phase("verify"):
-            self.verify_at[depth]()
-        if self.measure_law and self.max_depth and self.group is None and not self.params.greedy:
+            self.verify_at[proposal.depth]()
+        if self.measure_law and proposal.depth and self.group is None and not self.config.params.greedy:
             if self._iteration % self.law_every == 0:
-                self._measure_law(depth)
+                self._measure_law(proposal)
             self._iteration += 1
         with timer.phase("accept"):
-            self.accept_at[depth]()
+            self.accept_at[proposal.depth]()
         if self.backend is not None:
             self.backend.mark_step()
 
@@ -602,23 +569,24 @@ class Decoder:
         self._counts = None
         if not self._running:
             return []
-        if progress or bool(((self.count >= self.num_tokens) & self.active).any()):
-            self._counts = self.count.tolist()
+        buf, num_tokens = self.buffers, self.config.num_tokens
+        if progress or bool(((buf.count >= num_tokens) & self.active).any()):
+            self._counts = buf.count.tolist()
         if self._counts is None:
             return []
         done, nonfinite = [], None
         for i, request in enumerate(self.slots):
-            if request is None or self._counts[i] < self.num_tokens:
+            if request is None or self._counts[i] < num_tokens:
                 continue
             if nonfinite is None:
-                nonfinite = self.nonfinite.tolist()
+                nonfinite = buf.nonfinite.tolist()
             for part, at in zip(MODEL_PARTS, nonfinite):
                 if at[i] != NO_POSITION:
                     raise NonFiniteError(
                         f"the {part} produced NaN or infinite logits for image {request.key} at image token "
-                        f"{at[i]} ({str(self.dtype).replace('torch.', '')}); decoding stopped. Finite weights "
+                        f"{at[i]} ({str(self.config.dtype).replace('torch.', '')}); decoding stopped. Finite weights "
                         "overflow in fp16: use --dtype bf16 or fp32")
-            done.append(Finished(i, request.key, self.out[i, : self.num_tokens].clone(), self._image_stats(i)))
+            done.append(Finished(i, request.key, buf.out[i, :num_tokens].clone(), self._image_stats(i)))
         return done
 
     def progress(self) -> list[tuple[int, Any, int]]:
@@ -626,12 +594,13 @@ class Decoder:
         `finished(progress=True)` read (no host read of its own); empty when it read none."""
         if self._counts is None:
             return []
-        return [(i, r.key, min(self._counts[i], self.num_tokens)) for i, r in enumerate(self.slots) if r is not None]
+        total = self.config.num_tokens
+        return [(i, r.key, min(self._counts[i], total)) for i, r in enumerate(self.slots) if r is not None]
 
     def committed(self, slot: int, known: int) -> torch.Tensor:
         """The first `known` tokens of the image in `slot` (a `progress` count), on the host: a
         copy (one device read), for a preview of an image still decoding."""
-        return self.out[slot, :known].cpu()
+        return self.buffers.out[slot, :known].cpu()
 
     def _start_batch(self) -> None:
         """The first step's prefill (and capture, in graph mode) of the admitted requests; a slot
@@ -653,7 +622,7 @@ class Decoder:
     def reset_slots(self) -> None:
         """Forget every slot and the running batch: the next admitted requests are prefilled
         together by the next step (a new workload; captured steps are kept)."""
-        self.slots = [None] * self.batch
+        self.slots = [None] * self.config.batch
         self.active.zero_()
         self._running, self._counts = False, None
 
@@ -672,7 +641,7 @@ class Decoder:
         stats: list[ImageStats | None] = [None] * n
         waiting = iter(range(n))
         self.reset_slots()
-        for slot in range(self.batch):
+        for slot in range(self.config.batch):
             if (j := next(waiting, None)) is not None:
                 self.admit(slot, SlotRequest(j, *conds[j]))
         while self.busy():
@@ -697,18 +666,19 @@ class Decoder:
         """Statistics of the image in slot i, read once it is done. hist[c]: iterations
         accepting c nodes, root included; accepted: tokens known (the prefill's first one plus
         n per iteration)."""
-        hist, accepted = self.count_hist[i].tolist(), int(self.count[i])
+        buf, max_depth = self.buffers, self.policy.tree.max_depth
+        hist, accepted = buf.count_hist[i].tolist(), int(buf.count[i])
         iters = sum(hist)
-        depth_acc = [sum(hist[d + 2:]) for d in range(self.max_depth)]
+        depth_acc = [sum(hist[d + 2:]) for d in range(max_depth)]
         if self.variable_depth:  # reached depth d: drafted that deep and accepted down to d - 1
-            reached, drafted = self.reached[i].tolist(), int(self.drafted_sum[i])
+            reached, drafted = buf.reached[i].tolist(), int(buf.drafted_sum[i])
         else:
-            reached = [iters] + depth_acc[:-1] if self.max_depth else []
-            drafted = self.max_depth * iters
-        law_tvd, law_bound, law_steps = self.law_sums[:, i].tolist()
-        return ImageStats(tokens=self.num_tokens, target_forwards=1 + iters,
+            reached = [iters] + depth_acc[:-1] if max_depth else []
+            drafted = max_depth * iters
+        law_tvd, law_bound, law_steps = buf.law_sums[:, i].tolist()
+        return ImageStats(tokens=self.config.num_tokens, target_forwards=1 + iters,
                           accepted_tokens=accepted, depth_accepted=depth_acc,
-                          depth_reached=reached, relax_mass=float(self.relax_mass[i]),
+                          depth_reached=reached, relax_mass=float(buf.relax_mass[i]),
                           accepted_drafts=accepted - 1 - iters, drafted_levels=drafted,
                           law_tvd=law_tvd, law_bound=law_bound, law_steps=int(law_steps))
 

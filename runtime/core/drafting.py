@@ -1,10 +1,12 @@
 """Drafting policies: what fills the tree the one decoding loop verifies.
 
 A policy owns the tree shape and whatever state its drafts come from; the loop owns the rest
-(target cache, tokens, p, acceptance, output). Per iteration the loop calls
+(target cache, p, acceptance, output). The policy is built from the loop's `DecodeConfig`
+(it builds its tree), then bound to a `DraftView` of the loop's buffers once they exist
+(`bind`: the policy allocates its own state). Per iteration the loop calls
 
-    draft()                 fill `state.tokens[:, 1:]` (node 0 is the root the last accept
-                            set), `state.q` (B, N+1, V) where the drafts were sampled (q[:, i] =
+    draft()                 fill `view.tokens[:, 1:]` (node 0 is the root the last accept
+                            set), `view.q` (B, N+1, V) where the drafts were sampled (q[:, i] =
                             the distribution node i's children were drawn from) and, for
                             dynamic trees, the tree buffers in place (one tree per image)
     committed(path, n, block)
@@ -13,8 +15,11 @@ A policy owns the tree shape and whatever state its drafts come from; the loop o
                             for an image that is done), block (B, D+1) the new tokens after
                             the root (bonus at n-1)
 
-Every tensor of the loop has the batch of B images first; model rows are `state.rows`
-(`state.expand_rows` maps per-image tensors onto them).
+and verify and accept read what the draft wrote through `proposal(depth)`, a `DraftProposal`
+per tree prefix the policy may verify (built once: its tensors are the buffers the draft fills).
+
+Every tensor of the loop has the batch of B images first; model rows are `config.rows`
+(`config.expand_rows` maps per-image tensors onto them).
 
 Both run on the device with fixed shapes and no host reads, so the loop captures them with
 its other steps. Policies:
@@ -36,11 +41,12 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from runtime.core.rng import neg_exponential_from_uniform
+from runtime.core.state import DraftProposal, LookaheadRows
 from runtime.core.tree import (StaticTree, TreeBuffers, buffers_from_parents, load_tree, static_buffers,
                                tree_constants)
 
 if TYPE_CHECKING:
-    from runtime.core.state import DecodeState
+    from runtime.core.state import DecodeConfig, DraftView
     from runtime.models.target import DrafterModel
 
 _SMALLEST_NORMAL = 1.1754944e-38
@@ -81,21 +87,16 @@ class DraftPolicy:
     """Base: the AR policy (root only, nothing drafted). Subclasses override the hooks."""
 
     kind = "none"
-    sampled_q = False  # acceptance sees `state.q` (drafts were sampled from it)
+    sampled_q = False  # acceptance sees `view.q` (drafts were sampled from it)
     needs_q = False  # the loop allocates `q` (N+1, V)
     # Nodes verified after the tree in the same forward that acceptance never judges (pjd's
-    # lookahead rows). A policy with extra > 0 fills, in `draft`, `extra_tokens` (B, E) and
-    # `extra_offset` (B, E) (position - the root's), and holds `verify_mask` (N+1+E, N+1+E);
-    # verify writes the target's distributions there into `extra_p` (B, E, V).
+    # lookahead rows): a policy with extra > 0 hands them over as its proposals' `lookahead`.
     extra = 0
-    extra_tokens: torch.Tensor
-    extra_offset: torch.Tensor
-    extra_p: torch.Tensor
-    verify_mask: torch.Tensor
+    view: DraftView  # set by `bind`
 
-    def __init__(self, state: "DecodeState") -> None:
-        self.state = state
-        self.tree = self.build_tree(state.device)
+    def __init__(self, config: DecodeConfig) -> None:
+        self.config = config
+        self.tree = self.build_tree(config.device)
 
     def build_tree(self, device: torch.device) -> TreeBuffers:
         z = torch.zeros(1, dtype=torch.long, device=device)
@@ -108,13 +109,27 @@ class DraftPolicy:
 
     @property
     def q(self) -> torch.Tensor:
-        """`state.q`, which the loop allocates for a policy that `needs_q` (read by those only)."""
-        q = self.state.q
+        """`view.q`, which the loop allocates for a policy that `needs_q` (read by those only)."""
+        q = self.view.q
         assert q is not None, f"{type(self).__name__} reads q, which the loop allocates only with needs_q"
         return q
 
-    def allocate(self, committed: int) -> None:
-        """Policy state, once the loop's shared buffers exist; `committed` = its cache rows."""
+    def bind(self, view: DraftView, committed: int) -> None:
+        """Take the loop's buffers (`view`, what the policy writes and reads) and allocate the
+        policy's own state; `committed` = the target cache's rows for committed tokens."""
+        self.view = view
+
+    def proposal(self, depth: int) -> DraftProposal:
+        """What the draft hands to verify and accept when the tree is verified down to `depth`
+        (one of `verified_depths()`): views of the buffers it fills, the same every iteration."""
+        tree = self.prefix_tree(depth)
+        view = self.view
+        return DraftProposal(depth=depth, tree=tree, tokens=view.tokens[:, : tree.size],
+                             q=self.q[:, : tree.size] if self.sampled_q else None, lookahead=self.lookahead())
+
+    def lookahead(self) -> LookaheadRows | None:
+        """The nodes verified after the tree (`extra` of them), or None."""
+        return None
 
     def start(self, i: int, rows: torch.Tensor, hidden: torch.Tensor, first: torch.Tensor,
               cond_mask: torch.Tensor | None) -> None:
@@ -181,45 +196,46 @@ class DrafterPolicy(DraftPolicy):
 
     needs_q = True
 
-    def __init__(self, state: "DecodeState") -> None:
-        if state.drafter is None:
+    def __init__(self, config: DecodeConfig) -> None:
+        if config.drafter is None:
             raise ValueError(f"{type(self).__name__} drafts with a drafter model; none was given")
-        self.drafter: DrafterModel = state.drafter
-        super().__init__(state)
+        self.drafter: DrafterModel = config.drafter
+        super().__init__(config)
 
     def draft_slots(self) -> int:
         """Drafter cache slots written per iteration beyond the pending block."""
         return self.tree.size
 
-    def allocate(self, committed: int) -> None:
-        state = self.state
-        dev, rows, m = state.device, state.rows, state.max_depth + 1
+    def bind(self, view: DraftView, committed: int) -> None:
+        super().bind(view, committed)
+        cfg = self.config
+        dev, rows, m = cfg.device, cfg.rows, self.tree.max_depth + 1
         drafter = self.drafter
         self.dcache = drafter.new_cache(rows, committed + self.draft_slots(), dev)
         # condition positions 0..cls-2 of one image, run before its slot takes them
-        self.start_dcache = drafter.new_cache(rows // state.batch, state.cls - 1, dev) if state.cls > 1 else None
-        self.draft_hidden = torch.zeros(rows, state.n1, drafter.config.hidden_size, device=dev, dtype=state.dtype)
+        self.start_dcache = drafter.new_cache(rows // cfg.batch, cfg.cls - 1, dev) if cfg.cls > 1 else None
+        self.draft_hidden = torch.zeros(rows, self.tree.size, drafter.config.hidden_size, device=dev, dtype=cfg.dtype)
         # the pending block's tokens and counts are the loop's accept results themselves
-        self.pend_tokens, self.pend_count = state.block, state.accepted
-        self.pend_hidden = torch.zeros(rows, m, state.target.config.dim, device=dev, dtype=state.dtype)
+        self.pend_tokens, self.pend_count = view.block, view.accepted
+        self.pend_hidden = torch.zeros(rows, m, cfg.target.config.dim, device=dev, dtype=cfg.dtype)
         # the pending block's causal mask, additive once (not per draft)
         self.causal_m = self.dcache.additive(torch.ones(m, m, dtype=torch.bool, device=dev).tril())
 
     def start(self, i: int, rows: torch.Tensor, hidden: torch.Tensor, first: torch.Tensor,
               cond_mask: torch.Tensor | None) -> None:
-        state = self.state
+        cfg = self.config
         # the condition positions the drafter attends to are the ones it was trained with:
         # padded caption positions too ("all", LANTERN's and `runtime train drafter`'s), or not
         if getattr(self.drafter.config, "condition_context", "all") == "all":
             cond_mask = None
         if self.start_dcache is not None:  # condition positions 0..cls-2 pair token 0 with the target hidden
-            c1, tmp = state.cls - 1, self.start_dcache
+            c1, tmp = cfg.cls - 1, self.start_dcache
             tmp.reset()
             if cond_mask is not None:
                 tmp.mark_prefix(cond_mask[:, :c1])
-            zeros = torch.zeros(rows.numel(), c1, dtype=torch.long, device=state.device)
-            self.drafter.forward_cached(zeros, hidden[:, :c1], torch.arange(c1, device=state.device),
-                                        torch.ones(c1, c1, dtype=torch.bool, device=state.device).tril(), tmp)
+            zeros = torch.zeros(rows.numel(), c1, dtype=torch.long, device=cfg.device)
+            self.drafter.forward_cached(zeros, hidden[:, :c1], torch.arange(c1, device=cfg.device),
+                                        torch.ones(c1, c1, dtype=torch.bool, device=cfg.device).tril(), tmp)
             tmp.advance(c1)
             self.dcache.load_rows(rows, tmp)
         else:
@@ -235,17 +251,17 @@ class DrafterPolicy(DraftPolicy):
     def committed(self, path: torch.Tensor, n: torch.Tensor, block: torch.Tensor) -> None:
         # pend_tokens / pend_count are block / n already (0 for a done image: its drafter
         # cache stops advancing); the hidden states that predicted them:
-        state = self.state
-        rows_path = state.expand_rows(path)
-        torch.gather(state.hidden, 1, rows_path[..., None].expand(-1, -1, state.hidden.size(-1)), out=self.pend_hidden)
+        cfg, view = self.config, self.view
+        rows_path = cfg.expand_rows(path)
+        torch.gather(view.hidden, 1, rows_path[..., None].expand(-1, -1, view.hidden.size(-1)), out=self.pend_hidden)
 
     def _level0(self) -> torch.Tensor:
         """Drafter over the last accepted block; returns the root's drafter output (rows, dim)."""
-        state = self.state
-        positions = self.dcache.length[:, None] + state.block_ids
-        out = self.drafter.forward_cached(state.expand_rows(self.pend_tokens), self.pend_hidden, positions,
+        cfg, view = self.config, self.view
+        positions = self.dcache.length[:, None] + view.block_ids
+        out = self.drafter.forward_cached(cfg.expand_rows(self.pend_tokens), self.pend_hidden, positions,
                                           self.causal_m, self.dcache)
-        count = state.expand_rows(self.pend_count)
+        count = cfg.expand_rows(self.pend_count)
         last = (count - 1).clamp(min=0)[:, None, None].expand(-1, 1, out.size(-1))
         root = out.gather(1, last).squeeze(1)
         self.dcache.advance(count)
@@ -253,7 +269,7 @@ class DrafterPolicy(DraftPolicy):
 
     def _dist(self, out: torch.Tensor, depth: torch.Tensor | int, log: bool = False) -> torch.Tensor:
         """The drafts' distribution (its log with `log`) after drafter outputs `out` (rows, T, dim)."""
-        return self.state.dist(self.state.target.logits(out), depth, draft=True, log=log)
+        return self.view.dist(self.config.target.logits(out), depth, draft=True, log=log)
 
     def _root_level(self) -> torch.Tensor:
         """Level 0: the drafter over the accepted block and the root's q (its children's
@@ -274,10 +290,10 @@ class StaticTreePolicy(DrafterPolicy):
 
     @property
     def sampled_q(self) -> bool:  # type: ignore[override]
-        return not self.state.params.greedy
+        return not self.config.params.greedy
 
     def build_tree(self, device: torch.device) -> TreeBuffers:
-        self.static = load_tree(self.state.spec.tree_spec)
+        self.static = load_tree(self.config.spec.tree_spec)
         tree = static_buffers(self.static).to(device)
         self.levels = [tree.level(d) for d in range(1, tree.max_depth + 1)]
         # per level: each node's parent as an index into the previous level's rows
@@ -298,7 +314,7 @@ class StaticTreePolicy(DrafterPolicy):
             contiguous = par[a:b] == sorted(par[a:b]) and len(set(par[a:b])) == hi - lo + 1
             self.parent_range.append((lo, hi + 1) if contiguous and all(par[a:b].count(x) == (b - a) // (hi - lo + 1)
                                                                           for x in range(lo, hi + 1)) else None)
-        # drafted nodes over drafted slots (`tree_mask`: additive, made in `allocate`)
+        # drafted nodes over drafted slots (`tree_mask`: additive, made in `bind`)
         self.tree_seen = tree.ancestor_mask[1:, 1:].contiguous()
         self.level_offsets = torch.arange(tree.max_depth, device=device)
         return tree
@@ -308,7 +324,7 @@ class StaticTreePolicy(DrafterPolicy):
         hidden states, kept in locals (the buffer serves the per-level segments of
         --dynamic-depth)."""
         root = self._root_level()
-        noise = None if self.state.params.greedy else self._noise()
+        noise = None if self.config.params.greedy else self._noise()
         ctx, prev = self._tree_context(), root[:, None]
         for d in range(1, self.tree.max_depth + 1):
             self._pick(d, noise)
@@ -333,31 +349,31 @@ class StaticTreePolicy(DrafterPolicy):
         uniforms (`accept_uniforms`): the stream's counter runs on from the drafts' numbers
         to the acceptance's, so one draw of both lengths gives each the numbers it would
         draw alone, in one RNG call per iteration instead of two."""
-        state, parents = self.state, self.levels[-1][0]
+        cfg, view, parents = self.config, self.view, self.levels[-1][0]
         if self.draws is None:
-            return neg_exponential_from_uniform(state.rng.uniform(state.batch, parents, state.vocab))
-        state.rng.uniform(*self.draws.shape, out=self.draws)
-        return neg_exponential_from_uniform(self.draws[:, : parents * state.vocab].view(state.batch, parents, state.vocab))
+            return neg_exponential_from_uniform(view.rng.uniform(cfg.batch, parents, cfg.vocab))
+        view.rng.uniform(*self.draws.shape, out=self.draws)
+        return neg_exponential_from_uniform(self.draws[:, : parents * cfg.vocab].view(cfg.batch, parents, cfg.vocab))
 
     def accept_uniforms(self) -> torch.Tensor | None:
-        state = self.state
+        cfg, view = self.config, self.view
         if self.draws is not None:
-            return self.draws[:, self.levels[-1][0] * state.vocab:]
-        if state.spec.dynamic_depth is not None and not state.params.greedy:
+            return self.draws[:, self.levels[-1][0] * cfg.vocab:]
+        if cfg.spec.dynamic_depth is not None and not cfg.params.greedy:
             # drawn for the whole tree whatever prefix is verified, so an image's numbers do not
             # depend on how deep its batch-mates had the tree verified
-            return state.rng.uniform(state.batch, self.tree.size + state.vocab)
+            return view.rng.uniform(cfg.batch, self.tree.size + cfg.vocab)
         return None
 
     def depth_cap(self) -> torch.Tensor | None:
-        return self.cut if self.state.spec.dynamic_depth is not None else None
+        return self.cut if self.config.spec.dynamic_depth is not None else None
 
     def drafted_levels(self) -> torch.Tensor | None:
         return self.depth_cap()  # an image's drafted levels are its own cut
 
     def _pick(self, d: int, noise: torch.Tensor | None) -> None:
         """Level d's tokens: each parent's top-k (greedy) or k samples without replacement."""
-        state, tree = self.state, self.tree
+        view, tree = self.view, self.tree
         start, end = self.levels[d - 1]
         parent_start, parent_end = (0, 1) if d == 1 else self.levels[d - 2]
         q = self.q[:, parent_start:parent_end]
@@ -367,9 +383,9 @@ class StaticTreePolicy(DrafterPolicy):
         else:  # Gumbel-top-k as an exponential race: q / E orders as log q - log E; noise is -E, so the smallest
             cand = torch.topk(q / noise[:, parent_start:parent_end], k, dim=-1, largest=False).indices
         if self.level_grid[d - 1] is not None:
-            state.tokens[:, start:end].view(cand.shape).copy_(cand)
+            view.tokens[:, start:end].view(cand.shape).copy_(cand)
         else:
-            state.tokens[:, start:end] = cand[:, self.level_parent[d - 1], tree.rank[start:end]]
+            view.tokens[:, start:end] = cand[:, self.level_parent[d - 1], tree.rank[start:end]]
 
     def _forward(self, d: int, ctx: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
                  prev: torch.Tensor | None = None) -> torch.Tensor:
@@ -377,7 +393,7 @@ class StaticTreePolicy(DrafterPolicy):
         their drafter outputs (rows, width, dim). `ctx`: `_tree_context()` (built here when a
         level runs as its own segment); `prev`: the outputs of level d - 1 (the parents), else
         read from (and this level's written to) `draft_hidden`."""
-        state, tree = self.state, self.tree
+        cfg, view, tree = self.config, self.view, self.tree
         start, end = self.levels[d - 1]
         rot, slots, mask = ctx if ctx is not None else self._tree_context()
         span = self.parent_range[d - 1]
@@ -390,7 +406,7 @@ class StaticTreePolicy(DrafterPolicy):
             hid = (self.draft_hidden if prev is None else prev)[:, a:b, None].expand(
                 -1, -1, (end - start) // (b - a), -1).flatten(1, 2)
         width = end - start
-        out = self.drafter.forward_block(state.expand_rows(state.tokens[:, start:end]), hid,
+        out = self.drafter.forward_block(cfg.expand_rows(view.tokens[:, start:end]), hid,
                                          rot[:, d - 1:d].expand(-1, width, *rot.shape[2:]),
                                          slots[:, start - 1:end - 1], mask[:, :, start - 1:end - 1], self.dcache)
         if prev is None and d + 1 < tree.max_depth:  # the deepest forwarded level is nobody's parent
@@ -398,43 +414,43 @@ class StaticTreePolicy(DrafterPolicy):
         self.q[:, start:end] = self._dist(out, d)
         return out
 
-    def allocate(self, committed: int) -> None:
-        super().allocate(committed)
+    def bind(self, view: DraftView, committed: int) -> None:
+        super().bind(view, committed)
         self.tree_mask = self.dcache.additive(self.tree_seen)
-        state = self.state
+        cfg, view = self.config, self.view
         # sampled drafts in one step: the drafts' and the acceptance's uniforms (`_noise`)
-        one_step = state.spec.dynamic_depth is None and state.group is None and not state.params.greedy
-        self.draws = torch.zeros(state.batch, self.levels[-1][0] * state.vocab + self.tree.size + state.vocab,
-                                 device=state.device) if one_step else None
-        if state.spec.dynamic_depth is None:
+        one_step = cfg.spec.dynamic_depth is None and not view.grouped and not cfg.params.greedy
+        self.draws = torch.zeros(cfg.batch, self.levels[-1][0] * cfg.vocab + self.tree.size + cfg.vocab,
+                                 device=cfg.device) if one_step else None
+        if cfg.spec.dynamic_depth is None:
             return
         # --dynamic-depth state
-        self.path_prob = torch.ones(state.batch, self.tree.size, device=state.device)
-        self.confident = torch.ones(state.batch, dtype=torch.bool, device=state.device)
+        self.path_prob = torch.ones(cfg.batch, self.tree.size, device=cfg.device)
+        self.confident = torch.ones(cfg.batch, dtype=torch.bool, device=cfg.device)
         # each image's own cut: the depth after which its first failed check stopped it (the
         # whole tree when none failed); its batch-mates may have the tree verified deeper
-        self.cut = torch.full((state.batch,), self.tree.max_depth, dtype=torch.long, device=state.device)
-        self.noise = None if state.params.greedy else torch.zeros(
-            state.batch, self.levels[-1][0], state.vocab, device=state.device)
+        self.cut = torch.full((cfg.batch,), self.tree.max_depth, dtype=torch.long, device=cfg.device)
+        self.noise = None if cfg.params.greedy else torch.zeros(
+            cfg.batch, self.levels[-1][0], cfg.vocab, device=cfg.device)
 
     # -- --dynamic-depth: one segment per level, cut at the first improbable depth -------------
     @property
     def checks(self) -> frozenset[int]:  # type: ignore[override]
-        if self.state.spec.dynamic_depth is None:
+        if self.config.spec.dynamic_depth is None:
             return frozenset()
         return frozenset(range(self.tree.max_depth - 1))
 
     @property
     def go_on(self) -> torch.Tensor:  # type: ignore[override]
-        return self.confident & self.state.live().bool()
+        return self.confident & self.view.live().bool()
 
     def segments(self) -> list[Callable[[], None]]:
-        if self.state.spec.dynamic_depth is None:
+        if self.config.spec.dynamic_depth is None:
             return [self.draft]
         return [self._first_level] + [lambda d=d: self._next_level(d) for d in range(1, self.tree.max_depth)]
 
     def verified_depths(self) -> tuple[int, ...]:
-        if self.state.spec.dynamic_depth is None:
+        if self.config.spec.dynamic_depth is None:
             return (self.tree.max_depth,)
         return tuple(range(1, self.tree.max_depth + 1))
 
@@ -442,12 +458,12 @@ class StaticTreePolicy(DrafterPolicy):
         if depth == self.tree.max_depth:
             return self.tree
         paths = tuple(p for p in self.static.paths if len(p) <= depth)
-        return static_buffers(StaticTree(f"{self.static.name}[:{depth}]", paths)).to(self.state.device)
+        return static_buffers(StaticTree(f"{self.static.name}[:{depth}]", paths)).to(self.config.device)
 
     def verified_depth(self, segments_run: int) -> int:
         """Segments 0..i ran and the check after i failed: levels 1..i+1 are drafted and level
         i+2 is not to be verified, so depths <= i+1 are kept."""
-        if self.state.spec.dynamic_depth is None or segments_run >= self.tree.max_depth:
+        if self.config.spec.dynamic_depth is None or segments_run >= self.tree.max_depth:
             return self.tree.max_depth  # one segment, or every level's: the whole tree
         return segments_run
 
@@ -478,18 +494,18 @@ class StaticTreePolicy(DrafterPolicy):
 
     def _pick_scored(self, d: int) -> None:
         """Pick level d and its nodes' path probabilities (the product of q along the path)."""
-        state, tree = self.state, self.tree
+        view, tree = self.view, self.tree
         self._pick(d, self.noise)
         start, end = self.levels[d - 1]
         par = tree.parent[start:end]
-        q_tok = self.q[:, par].gather(2, state.tokens[:, start:end, None]).squeeze(2)  # (B, width)
+        q_tok = self.q[:, par].gather(2, view.tokens[:, start:end, None]).squeeze(2)  # (B, width)
         self.path_prob[:, start:end] = self.path_prob[:, par] * q_tok
 
     def _decide(self, d: int) -> None:
         """`confident`: level d+1 is verified, from level d's path probabilities and q alone
         (before level d+1 is sampled)."""
         start, end = self.levels[d - 1]
-        threshold = self.state.spec.dynamic_depth
+        threshold = self.config.spec.dynamic_depth
         assert threshold is not None, "levels are decided only with --dynamic-depth"
         reach = self.path_prob[:, start:end] * self.q[:, start:end].amax(-1)  # (B, width)
         self.confident.copy_(reach.amax(-1) >= threshold)
@@ -519,7 +535,7 @@ class DynamicTreePolicy(DrafterPolicy):
     needs_q = False  # drafts are deterministic; the root's log q stays a local of the draft
 
     def build_tree(self, device: torch.device) -> TreeBuffers:
-        spec, b = self.state.spec, self.state.batch
+        spec, b = self.config.spec, self.config.batch
         k, d, n1 = spec.top_k_draft, spec.expansions + 1, spec.total_tokens
         zeros = lambda: torch.zeros(b, n1, dtype=torch.long, device=device)  # noqa: E731
         square = lambda: torch.zeros(b, n1, n1, device=device)  # noqa: E731
@@ -532,12 +548,12 @@ class DynamicTreePolicy(DrafterPolicy):
 
     def draft_slots(self) -> int:
         # every level expands all top_k frontier nodes, whatever the tree keeps
-        return self.state.spec.expansions * self.state.spec.top_k_draft
+        return self.config.spec.expansions * self.config.spec.top_k_draft
 
-    def allocate(self, committed: int) -> None:
-        super().allocate(committed)
-        state = self.state
-        spec, dev, n1, b = state.spec, state.device, self.tree.size, state.batch
+    def bind(self, view: DraftView, committed: int) -> None:
+        super().bind(view, committed)
+        cfg, view = self.config, self.view
+        spec, dev, n1, b = cfg.spec, cfg.device, self.tree.size, cfg.batch
         k, e = spec.top_k_draft, spec.expansions
         # constants of every EAGLE-2 draft, built once (a captured step would rebuild them)
         earlier = torch.ones(n1, n1, dtype=torch.bool, device=dev).tril(-1)
@@ -569,13 +585,13 @@ class DynamicTreePolicy(DrafterPolicy):
         self.cand_fid[:, 1: 1 + k] = torch.arange(k, device=dev)
         self.fr_score = torch.zeros(b, max(e - 1, 1), k, device=dev)  # each frontier's scores
         # EAGLE-2 scores are log q: filters or a layout rule give -inf, floored to stay finite
-        params = state.params
-        self._floor_logq = state.constrain is not None or (
+        params = cfg.params
+        self._floor_logq = cfg.constrain is not None or (
             not params.greedy and (params.top_k > 0 or params.top_p < 1.0))
         # the frontier between segments (ddd)
         self.frontier = {"tok": torch.zeros(b, k, dtype=torch.long, device=dev), "score": torch.zeros(b, k, device=dev),
-                   "hidden": torch.zeros(state.rows, k, self.drafter.config.hidden_size, device=dev, dtype=state.dtype),
-                   "mask": torch.zeros(state.rows, 1, k, self.dcache.capacity, device=dev,
+                   "hidden": torch.zeros(cfg.rows, k, self.drafter.config.hidden_size, device=dev, dtype=cfg.dtype),
+                   "mask": torch.zeros(cfg.rows, 1, k, self.dcache.capacity, device=dev,
                                        dtype=self.dcache.k_all.dtype)}
         self.alive = torch.ones(b, dtype=torch.bool, device=dev)  # ddd: still drafting
         # a tensor, so a captured step reads it at replay (runtime tune varies it in place)
@@ -592,7 +608,7 @@ class DynamicTreePolicy(DrafterPolicy):
 
     @property
     def go_on(self) -> torch.Tensor:  # type: ignore[override]
-        return self.alive & self.state.live().bool()
+        return self.alive & self.view.live().bool()
 
     def segments(self) -> list[Callable[[], None]]:
         if len(self._spans) == 1:
@@ -605,11 +621,11 @@ class DynamicTreePolicy(DrafterPolicy):
         return None if len(self._spans) == 1 else self._select
 
     def drafted_levels(self) -> torch.Tensor | None:
-        return self.drafted if self.state.spec.ddd_checks else None
+        return self.drafted if self.config.spec.ddd_checks else None
 
     def draft(self) -> None:
         if len(self._spans) == 1:  # EAGLE-2 in one step: every expansion, then the selection
-            self._segment(0, self.state.spec.expansions, start=True)
+            self._segment(0, self.config.spec.expansions, start=True)
         else:
             for seg in self.segments():
                 seg()
@@ -621,10 +637,10 @@ class DynamicTreePolicy(DrafterPolicy):
         (None after the last expansion). `start` begins with the drafter's level 0 and the
         root's top-k. The frontier lives in locals within a segment and in `self.frontier` between
         segments (ddd, `_run_segment`)."""
-        k, checks = self.state.spec.top_k_draft, self.state.spec.ddd_checks
+        k, checks = self.config.spec.top_k_draft, self.config.spec.ddd_checks
         # RoPE rows, slots and "sees itself" masks of every drafted node, once (the drafter
         # cache length does not move while the tree is drafted)
-        dc, e = self.dcache, self.state.spec.expansions
+        dc, e = self.dcache, self.config.spec.expansions
         root = self._level0() if start else None  # (rows, dim); advances the drafter cache
         own = dc.additive_mask_from(dc.mask_columns(e * k), e * k, self._c["eye_all"])  # (rows, 1, E*k, cap)
         ctx = (self.drafter.rope_rows(dc.length[:, None] + self.level_offsets), dc.block_slots(e * k), own)
@@ -647,7 +663,7 @@ class DynamicTreePolicy(DrafterPolicy):
     def _block(self, level: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Views of expansion `level`'s candidate block (B, k, k) in `cand_tok`, `cand_score`
         (level 0: the root's top-k, (B, k))."""
-        k = self.state.spec.top_k_draft
+        k = self.config.spec.top_k_draft
         if level == 0:
             return self.cand_tok[:, :k], self.cand_score[:, :k]
         at = k + (level - 1) * k * k
@@ -663,8 +679,8 @@ class DynamicTreePolicy(DrafterPolicy):
         """The root's top-k after the drafter's level 0 (root: its output (rows, dim)), written
         as the first candidate block; returns the first frontier. own: the drafted nodes'
         "sees itself" masks (rows, 1, E*k, cap)."""
-        state, c, k = self.state, self._c, self.state.spec.top_k_draft
-        if state.spec.ddd_checks:  # stale expansions of the last iteration must not be selected
+        cfg, c, k = self.config, self._c, self.config.spec.top_k_draft
+        if cfg.spec.ddd_checks:  # stale expansions of the last iteration must not be selected
             self.cand_score[:, k:] = float("-inf")
             self.alive.fill_(True)
             self.drafted.fill_(1)
@@ -682,10 +698,10 @@ class DynamicTreePolicy(DrafterPolicy):
         next frontier (None after the last expansion, whose frontier nothing reads; its ids go
         straight into `cand_fid`). ctx: the RoPE rows (rows, E, ...) of every expansion, the
         slots (rows, E*k) of every drafted node and their "sees itself" masks (rows, 1, E*k, cap)."""
-        state, b, checks = self.state, self.state.batch, self.state.spec.ddd_checks
-        k = state.spec.top_k_draft
+        cfg, b, checks = self.config, self.config.batch, self.config.spec.ddd_checks
+        k = cfg.spec.top_k_draft
         rot_all, slots_all, own = ctx
-        out = self.drafter.forward_block(state.expand_rows(frontier["tok"]), frontier["hidden"],
+        out = self.drafter.forward_block(cfg.expand_rows(frontier["tok"]), frontier["hidden"],
                                          rot_all[:, level - 1:level].expand(-1, k, *rot_all.shape[2:]),
                                          slots_all[:, (level - 1) * k: level * k], frontier["mask"], self.dcache)
         tok, score = self._block(level)  # (B, k, k) views
@@ -698,13 +714,13 @@ class DynamicTreePolicy(DrafterPolicy):
             _into(scores, torch.where, self.alive[:, None], scores, self._c["stopped"])
         elif checks:
             self.drafted += 1
-        if level == state.spec.expansions:
+        if level == cfg.spec.expansions:
             return None
         # the next frontier: local ids in this block, which are also the next block's frontier ids
         best_score = self.fr_score[:, level - 1]
         ids = self.cand_fid[:, 1 + level * k: 1 + (level + 1) * k]
         _topk_into(scores, k, best_score, ids)  # (B, k)
-        parent_rows = state.expand_rows(ids // k)  # (rows, k): each one's parent in the frontier
+        parent_rows = cfg.expand_rows(ids // k)  # (rows, k): each one's parent in the frontier
         mask = frontier["mask"]
         # a child sees what its parent saw, and itself
         seen = mask.gather(2, parent_rows[:, None, :, None].expand(-1, 1, -1, mask.size(-1)))
@@ -714,7 +730,7 @@ class DynamicTreePolicy(DrafterPolicy):
 
     def _select(self) -> None:
         """Keep the best total_tokens - 1 candidates (parents before children) as the tree."""
-        state, c, k = self.state, self._c, self.state.spec.top_k_draft
+        view, c, k = self.view, self._c, self.config.spec.top_k_draft
         tok, score, fid = self.cand_tok, self.cand_score, self.cand_fid
         n1 = self.tree.size
         sel = torch.topk(score, n1 - 1).indices.sort().values  # parents before children
@@ -729,7 +745,7 @@ class DynamicTreePolicy(DrafterPolicy):
         sib = torch.logical_and(parent[:, :, None] == parent[:, None, :], c["earlier"], out=t.earlier_sibling)
         buffers_from_parents(parent, torch.sum(sib, -1, out=t.rank), t.max_depth, t.max_children,
                              earlier_sibling=sib, consts=self._tree_consts, out=t)
-        _into(state.tokens[:, 1:], torch.gather, tok, 1, sel)
+        _into(view.tokens[:, 1:], torch.gather, tok, 1, sel)
 
 
 def _into(out: torch.Tensor, op: Callable[..., torch.Tensor], *args: Any) -> None:

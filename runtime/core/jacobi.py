@@ -40,6 +40,7 @@ import torch
 
 from runtime.core.drafting import DraftPolicy
 from runtime.core.rng import gumbel_from_uniform
+from runtime.core.state import DraftView
 from runtime.core.tree import StaticTree, TreeBuffers, chain_tree, static_buffers, validate_paths
 
 
@@ -63,10 +64,10 @@ class JacobiPolicy(DraftPolicy):
 
     @property
     def sampled_q(self) -> bool:  # type: ignore[override]
-        return not self.state.params.greedy
+        return not self.config.params.greedy
 
     def build_tree(self, device: torch.device) -> TreeBuffers:
-        spec = self.state.spec
+        spec = self.config.spec
         self.window = spec.window
         if spec.proactive is None:
             tree = static_buffers(chain_tree(spec.window))
@@ -79,21 +80,22 @@ class JacobiPolicy(DraftPolicy):
         self.spine_nodes = spine
         return tree.to(device)
 
-    def allocate(self, committed: int) -> None:
-        state, dev, w = self.state, self.state.device, self.window
+    def bind(self, view: DraftView, committed: int) -> None:
+        super().bind(view, committed)
+        cfg, dev, w = self.config, self.config.device, self.window
         # tokens per image row: the target's own (a layout with row-end tokens), else a square grid
-        grid = getattr(state.target.config, "row_width", 0) or int(round(math.sqrt(state.num_tokens)))
+        grid = getattr(cfg.target.config, "row_width", 0) or int(round(math.sqrt(cfg.num_tokens)))
         # how far back a fresh position copies its token from (0: uniform prior)
-        self.offset = {"uniform": 0, "repeat-h": 1, "repeat-v": grid}[state.spec.init]
-        self.last_n = torch.full((state.batch,), w + 1, dtype=torch.long, device=dev)  # everything fresh
+        self.offset = {"uniform": 0, "repeat-h": 1, "repeat-v": grid}[cfg.spec.init]
+        self.last_n = torch.full((cfg.batch,), w + 1, dtype=torch.long, device=dev)  # everything fresh
         self.spine = torch.tensor(self.spine_nodes, device=dev)  # (L+1,) node ids, root first
         self.node_ids = torch.arange(1, w + 1, device=dev)  # window index i = 1..L
-        self.vocab_ids = torch.arange(state.vocab, device=dev)
-        self.image_ids = torch.arange(state.batch, device=dev)[:, None]
+        self.vocab_ids = torch.arange(cfg.vocab, device=dev)
+        self.image_ids = torch.arange(cfg.batch, device=dev)[:, None]
         if self.offset:
             self.history_ids = torch.arange(-self.offset, 0, device=dev)
-        if state.spec.proactive is not None:
-            k, d = state.spec.proactive
+        if cfg.spec.proactive is not None:
+            k, d = cfg.spec.proactive
             tree = self.tree
             # parents of the K-ary part: every node above depth D, with its children by rank
             parents = [i for i in range(tree.size) if int(tree.depth[i]) < d]
@@ -115,23 +117,23 @@ class JacobiPolicy(DraftPolicy):
     def draft(self) -> None:
         """Per image of the batch (leading dim B): redraft the stale tail, fill the fresh
         positions, write tokens and q."""
-        state, w, v, b = self.state, self.window, self.state.vocab, self.state.batch
-        greedy = state.params.greedy
+        cfg, view, w, v, b = self.config, self.view, self.window, self.config.vocab, self.config.batch
+        greedy = cfg.params.greedy
         spine, img = self.spine, self.image_ids
         j = self.last_n[:, None] + self.node_ids  # (B, L) old window index feeding new index i
         stale = j <= w
         src = spine[(j - 1).clamp(max=w - 1)]  # old node whose p predicts old node j
-        p_src = state.p[img, src]  # (B, L, V) stale proposal of each new position
-        old_tok = state.tokens.gather(1, spine[j.clamp(max=w)])
-        coupling = state.spec.coupling
+        p_src = view.p[img, src]  # (B, L, V) stale proposal of each new position
+        old_tok = view.tokens.gather(1, spine[j.clamp(max=w)])
+        coupling = cfg.spec.coupling
         # columns: keep test (maximal), prior, then Gumbel rows unless the coupling keys its own
-        noise = None if greedy else state.rng.uniform(b, w, 2 if coupling == "gumbel" else v + 2)
+        noise = None if greedy else view.rng.uniform(b, w, 2 if coupling == "gumbel" else v + 2)
 
         if noise is None:  # greedy
             redraft = p_src.argmax(-1)
         elif coupling == "gumbel":
-            pos = state.count[:, None] - 1 + self.node_ids  # image index of each new position
-            g = gumbel_from_uniform(state.rng.keyed_uniform(pos[..., None] * v + self.vocab_ids))
+            pos = view.count[:, None] - 1 + self.node_ids  # image index of each new position
+            g = gumbel_from_uniform(view.rng.keyed_uniform(pos[..., None] * v + self.vocab_ids))
             redraft = torch.argmax(torch.log(p_src) + g, dim=-1)
         else:
             g = gumbel_from_uniform(noise[..., 2:])
@@ -150,26 +152,26 @@ class JacobiPolicy(DraftPolicy):
         new = torch.where(stale, redraft, fresh)  # (B, L)
         one_hot = torch.zeros_like(p_src).scatter_(2, new[..., None], 1.0)  # (F.one_hot checks on the host)
         q_new = torch.where(stale[..., None], p_src, one_hot)
-        if state.spec.proactive is None:
-            state.tokens[:, 1:] = new
+        if cfg.spec.proactive is None:
+            view.tokens[:, 1:] = new
             self.q[:, :w] = q_new
         else:
             self._write_tree(new, q_new)
 
     def _prior(self, redraft: torch.Tensor, stale: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
         """Tokens for fresh window positions (B, L): the `init` prior (see the module docstring)."""
-        state, w, v, o = self.state, self.window, self.state.vocab, self.offset
-        start = state.count[:, None] - 1  # (B, 1) image index of the root
+        view, w, v, o = self.view, self.window, self.config.vocab, self.offset
+        start = view.count[:, None] - 1  # (B, 1) image index of the root
         if noise is None:  # greedy: a fixed pseudo-random stream per position
-            u = state.rng.keyed_uniform(start + self.node_ids, stream=2)
+            u = view.rng.keyed_uniform(start + self.node_ids, stream=2)
         else:
             u = noise[..., 1]
         uniform = (u * v).long().clamp(max=v - 1)
         if o == 0:
             return uniform
         # new window with the root at index 0 and the o committed tokens before it
-        hist = state.out.gather(1, (start + self.history_ids).clamp(min=0))
-        full = torch.cat([hist, state.tokens[:, :1], torch.where(stale, redraft, 0)], 1)
+        hist = view.out.gather(1, (start + self.history_ids).clamp(min=0))
+        full = torch.cat([hist, view.tokens[:, :1], torch.where(stale, redraft, 0)], 1)
         last = (w - self.last_n[:, None]).clamp(min=0)  # last non-fresh window index (0 = root)
         i = self.node_ids
         s = i - o * torch.div(i - last + o - 1, o, rounding_mode="floor")  # copy source, in (last - o, last]
@@ -180,16 +182,16 @@ class JacobiPolicy(DraftPolicy):
         """Proactive tree: the window runs along the rank-0 spine; every node above depth D has
         K children drawn without replacement from the proposal of their position (a spine
         node's rank-0 child is the window's draft, the others exclude it)."""
-        state, k, b = self.state, self.k, self.state.batch
-        state.tokens[:, self.spine[1:]] = new
+        view, k, b = self.view, self.k, self.config.batch
+        view.tokens[:, self.spine[1:]] = new
         self.q[:, self.spine[:-1]] = q_new  # q[parent] = the proposal its children were drawn from
         q_par = q_new[:, self.tree_parent_depth]  # (B, M, V) proposal of each parent's children
         self.q[:, self.tree_parents] = q_par
         first = new[:, self.tree_parent_depth]  # the spine child's token, for spine parents
-        score = torch.log(q_par) + state.rng.gumbel(*q_par.shape)
+        score = torch.log(q_par) + view.rng.gumbel(*q_par.shape)
         on_spine = self.tree_parent_on_spine[None, :, None]
         taken = on_spine & (self.vocab_ids == first[..., None])
         top = torch.topk(score.masked_fill(taken, float("-inf")), k, dim=-1).indices  # (B, M, K)
         spine_kids = torch.cat([first[..., None], top[..., : k - 1]], 2)
         kids = torch.where(on_spine, spine_kids, top)
-        state.tokens[:, self.tree_children.reshape(-1)] = kids.reshape(b, -1)
+        view.tokens[:, self.tree_children.reshape(-1)] = kids.reshape(b, -1)

@@ -70,12 +70,12 @@ def phase_ops(decoder: Any, cond: torch.Tensor, cond_mask: torch.Tensor | None =
     """
     decoder.prefill(cond, cond_mask, seed)
     steps = {"verify": decoder.verify_step, "accept": decoder.accept_step}
-    if decoder.spec.drafting != "none":
+    if decoder.config.spec.drafting != "none":
         steps = {"draft": decoder.draft_step, **steps}
     totals = {name: 0 for name in steps}
     done = 0
     for _ in range(iterations):
-        if int(decoder.count.min()) >= decoder.num_tokens:
+        if int(decoder.buffers.count.min()) >= decoder.config.num_tokens:
             break
         for name, step in steps.items():
             with OpCounter() as counter:

@@ -36,6 +36,7 @@ import torch
 
 from runtime.core.jacobi import JacobiPolicy
 from runtime.core.rng import gumbel_from_uniform
+from runtime.core.state import DraftView, LookaheadRows
 from runtime.core.tree import TreeBuffers, chain_tree, static_buffers
 
 # keyed-noise stream of the canvas prior (jacobi.py uses 1 and 2)
@@ -48,7 +49,7 @@ class PJDPolicy(JacobiPolicy):
     kind = "pjd"
 
     def build_tree(self, device: torch.device) -> TreeBuffers:
-        spec = self.state.spec
+        spec = self.config.spec
         self.window = spec.pjd_window - 1  # drafts after the root: the row's W tokens, root included
         self.rows_ahead = spec.pjd_rows - 1
         self.spine_nodes = list(range(self.window + 1))
@@ -59,11 +60,11 @@ class PJDPolicy(JacobiPolicy):
         """Lookahead nodes verified after the tree: (R - 1) rows of W."""
         return self.rows_ahead * (self.window + 1)
 
-    def allocate(self, committed: int) -> None:
-        super().allocate(committed)
-        state, dev, w1 = self.state, self.state.device, self.window + 1
-        s, b, e = state.num_tokens, state.batch, self.extra
-        grid = getattr(state.target.config, "row_width", 0) or int(round(s ** 0.5))
+    def bind(self, view: DraftView, committed: int) -> None:
+        super().bind(view, committed)
+        cfg, dev, w1 = self.config, self.config.device, self.window + 1
+        s, b, e = cfg.num_tokens, cfg.batch, self.extra
+        grid = getattr(cfg.target.config, "row_width", 0) or int(round(s ** 0.5))
         stride = max(grid - w1, w1)
         row = torch.arange(1, self.rows_ahead + 1, device=dev).repeat_interleave(w1)  # (E,) row k of each node
         col = torch.arange(w1, device=dev).repeat(self.rows_ahead)  # (E,) index within its row
@@ -76,7 +77,7 @@ class PJDPolicy(JacobiPolicy):
         self.extra_tokens = torch.zeros(b, e, dtype=torch.long, device=dev)
         self.extra_index = torch.zeros(b, e, dtype=torch.long, device=dev)  # image index of each node
         self.extra_offset = torch.zeros(b, e, dtype=torch.long, device=dev)  # its position - the root's
-        self.extra_p = torch.zeros(b, e, state.vocab, device=dev)
+        self.extra_p = torch.zeros(b, e, cfg.vocab, device=dev)
         # the verify forward's mask over [tree (N+1), lookahead rows (E)]
         n1, t = self.window + 1, self.window + 1 + e
         mask = torch.zeros(t, t, dtype=torch.bool, device=dev)
@@ -86,6 +87,11 @@ class PJDPolicy(JacobiPolicy):
         mask[n1:, 0] = True  # the root: the last committed token, whose KV this forward computes
         self.verify_mask = mask
 
+    def lookahead(self) -> LookaheadRows | None:
+        if not self.extra:
+            return None
+        return LookaheadRows(tokens=self.extra_tokens, offset=self.extra_offset, mask=self.verify_mask, p=self.extra_p)
+
     def start(self, i: int, rows: torch.Tensor, hidden: torch.Tensor, first: torch.Tensor,
               cond_mask: torch.Tensor | None) -> None:
         super().start(i, rows, hidden, first, cond_mask)
@@ -93,13 +99,13 @@ class PJDPolicy(JacobiPolicy):
 
     def _canvas_prior(self, index: torch.Tensor) -> torch.Tensor:
         """A token for image indices nothing has proposed yet: uniform, keyed by the index."""
-        u = self.state.rng.keyed_uniform(index, stream=PRIOR_STREAM)
-        return (u * self.state.vocab).long().clamp(max=self.state.vocab - 1)
+        u = self.view.rng.keyed_uniform(index, stream=PRIOR_STREAM)
+        return (u * self.config.vocab).long().clamp(max=self.config.vocab - 1)
 
     def _prior(self, redraft: torch.Tensor, stale: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
         """Fresh frontier positions: the lookahead rows' proposal where there is one, else `init`."""
         prior = super()._prior(redraft, stale, noise)
-        index = (self.state.count[:, None] - 1 + self.node_ids).clamp(max=self.canvas_len - 1)
+        index = (self.view.count[:, None] - 1 + self.node_ids).clamp(max=self.canvas_len - 1)
         return torch.where(self.seen.gather(1, index), self.canvas.gather(1, index), prior)
 
     def draft(self) -> None:
@@ -107,12 +113,12 @@ class PJDPolicy(JacobiPolicy):
         super().draft()
         if not self.extra:
             return
-        state = self.state
-        root = state.count[:, None] - 1
+        cfg, view = self.config, self.view
+        root = view.count[:, None] - 1
         index = (root + self.extra_rel).clamp(max=self.canvas_len - 1)  # (B, E)
         self.extra_index.copy_(index)
         # positions stay inside the image (a row past the end proposes for nothing)
-        self.extra_offset.copy_(index.clamp(max=state.num_tokens - 1) - root)
+        self.extra_offset.copy_(index.clamp(max=cfg.num_tokens - 1) - root)
         known = self.seen.gather(1, index)
         self.extra_tokens.copy_(torch.where(known, self.canvas.gather(1, index), self._canvas_prior(index)))
 
@@ -121,12 +127,12 @@ class PJDPolicy(JacobiPolicy):
         super().committed(path, n, block)
         if not self.extra:
             return
-        state, b, e = self.state, self.state.batch, self.extra
+        cfg, view, b, e = self.config, self.view, self.config.batch, self.extra
         p = self.extra_p
-        if state.params.greedy:
+        if cfg.params.greedy:
             proposal = p.argmax(-1)
         else:
-            proposal = torch.argmax(torch.log(p) + gumbel_from_uniform(state.rng.uniform(b, e, state.vocab)), -1)
+            proposal = torch.argmax(torch.log(p) + gumbel_from_uniform(view.rng.uniform(b, e, cfg.vocab)), -1)
         target = (self.extra_index + 1).clamp(max=self.canvas_len - 1)
         self.canvas.scatter_(1, target, proposal)
         self.seen.scatter_(1, target, torch.ones_like(target, dtype=torch.bool))

@@ -1,5 +1,6 @@
 """The drafting policies by name (`MethodSpec.drafting`): the registry the decoder builds its
-policy from, so the policy modules never import the decoder (they see it as `state.DecodeState`)."""
+policy from, so the policy modules never import the decoder (they see its settings as
+`state.DecodeConfig` and its buffers through `state.DraftView`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from runtime.core.jacobi import JacobiPolicy
 from runtime.core.pjd import PJDPolicy
 
 if TYPE_CHECKING:
-    from runtime.core.state import DecodeState
+    from runtime.core.state import DecodeConfig
 
 POLICIES: dict[str, type[DraftPolicy]] = {
     "none": DraftPolicy,  # AR: the root alone
@@ -21,6 +22,6 @@ POLICIES: dict[str, type[DraftPolicy]] = {
 }
 
 
-def make_policy(state: "DecodeState") -> DraftPolicy:
-    """The policy of the loop's method."""
-    return POLICIES[state.spec.drafting](state)
+def make_policy(config: "DecodeConfig") -> DraftPolicy:
+    """The policy of the loop's method (unbound: the loop binds it to its buffers)."""
+    return POLICIES[config.spec.drafting](config)

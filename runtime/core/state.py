@@ -1,118 +1,249 @@
-"""The decode state: what the phases of one decoder share, as one object.
+"""What the phases of one decoder share: its fixed settings, its buffers, and the contracts
+between the loop and its drafting policy.
 
-The decoder builds a `DecodeState` and hands it to its drafting policy (the policy never sees the
-decoder): the fixed settings (method, models, sizes) and the preallocated buffers the phases read
-and fill. Buffers are allocated once (`allocate`) and keep their identities, which graph capture
-relies on; every phase writes them in place.
+    DecodeConfig    frozen: the method spec, the models, the sizes, the device (set once)
+    DecodeBuffers   frozen: every tensor the loop reads and writes in place, built whole by
+                    `DecodeBuffers.allocate` once the tree's size is known
+    DraftView       what a drafting policy sees of them: the buffers it writes (the draft
+                    tokens and their q) and the ones it only reads
+    DraftProposal   what a draft hands to verify and accept: the tokens, their q, the tree
+                    (one proposal per tree prefix the policy may verify)
+
+Buffers keep their identities for the decoder's lifetime (graph capture replays into them);
+"frozen" means no field is ever rebound, while the tensors are written in place.
 
 Shapes: B images (`batch`), R model rows (`rows`: 2B with classifier-free guidance, else B),
 N+1 tree nodes (node 0 the root), V the vocabulary, D the target's width, M = max_depth + 1 the
 longest accepted block, S = num_tokens the image tokens.
-
-    tokens     (B, N+1) long   node tokens; the policy fills the drafts, accept sets the root
-    q          (B, N+1, V)     q[:, i] = the distribution node i's children were drawn from
-                               (None when the policy's drafts are not sampled)
-    p          (B, N+1, V)     the target's processed distribution after each node (verify)
-    hidden     (R, N+1, D)     the target's last hidden state at each node (verify)
-    count      (B,) long       tokens known per image, the pending root included
-    out        (B, S + 2M + 1) each image's tokens so far
-    block      (B, M) long     the last accept's new tokens (accepted drafts, then the bonus)
-    block_ids  (M,) long       arange(M)
-    accepted   (B,) long       the last accept's node count (root included; 0 once done)
-    live_now   (B,) long       1 for images still generating (what `live()` last wrote)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from runtime.core.methods import MethodSpec
 from runtime.core.rng import CounterRNG
 from runtime.core.sampling import SamplingParams, apply_cfg, cfg_off_mask, probabilities
+from runtime.core.tree import TreeBuffers
 
 if TYPE_CHECKING:
     from runtime.models.target import DrafterModel, Target
 
+# nonfinite[...] when no NaN or inf was seen (any index past an image's end)
+NO_POSITION = 1 << 40
+# the models whose logits are watched for NaN / inf, in `DecodeBuffers.nonfinite`'s row order
+MODEL_PARTS = ("target model", "drafter")
 
-@dataclass(eq=False)
-class DecodeState:
+
+@dataclass(frozen=True, eq=False)
+class DecodeConfig:
+    """The settings every phase reads and none writes."""
+
     spec: MethodSpec
     target: Target
-    drafter: DrafterModel | None  # None for the policies that draft without one (AR, jacobi)
+    drafter: DrafterModel | None  # None for the policies that draft without one (AR, jacobi, pjd)
     device: torch.device
     dtype: torch.dtype
-    batch: int
-    rows: int
+    batch: int  # B
+    rows: int  # R: 2B with classifier-free guidance, else B
     cls: int  # condition positions per row
-    vocab: int
-    num_tokens: int
-    rng: CounterRNG  # one counter-based stream per image
+    vocab: int  # V
+    num_tokens: int  # S, tokens per image
     # a layout's fixed tokens: constrain(logits (B, T, V), image index (B, T)) -> logits, or None
-    constrain: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
-    max_depth: int = 0  # set once the policy has built its tree
-    n1: int = 0  # N+1 tree nodes, root included (set by `allocate`)
-    group: Any = None  # the grouped acceptance rule, or None
-    tokens: torch.Tensor = None  # type: ignore[assignment]
-    q: torch.Tensor | None = None
-    p: torch.Tensor = None  # type: ignore[assignment]
-    hidden: torch.Tensor = None  # type: ignore[assignment]
-    count: torch.Tensor = None  # type: ignore[assignment]
-    out: torch.Tensor = None  # type: ignore[assignment]
-    block: torch.Tensor = None  # type: ignore[assignment]
-    block_ids: torch.Tensor = None  # type: ignore[assignment]
-    accepted: torch.Tensor = None  # type: ignore[assignment]
-    live_now: torch.Tensor = None  # type: ignore[assignment]
+    constrain: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None
+
+    @classmethod
+    def for_models(cls, target: Target, drafter: DrafterModel | None, spec: MethodSpec, batch: int) -> DecodeConfig:
+        """The settings of `spec` on `target` (its device and dtype) at batch size `batch`."""
+        weight = target.tok_embeddings.weight
+        return cls(spec=spec, target=target, drafter=drafter, device=weight.device, dtype=weight.dtype,
+                   batch=batch, rows=(2 if spec.sampling.uses_cfg else 1) * batch,
+                   cls=target.config.cls_token_num, vocab=target.config.vocab_size,
+                   num_tokens=target.config.block_size, constrain=target.constrain)
 
     @property
     def params(self) -> SamplingParams:
         return self.spec.sampling
-
-    def allocate(self, nodes: int, dim: int, sampled_q: bool) -> None:
-        """The buffers, once the tree's size (`nodes` = N+1) and depth are known."""
-        b, m, dev = self.batch, self.max_depth + 1, self.device
-        self.n1 = nodes
-        # a done image's block still lands (unread) past its end: room for two blocks
-        self.out = torch.zeros(b, self.num_tokens + 2 * m + 1, dtype=torch.long, device=dev)
-        self.count = torch.zeros(b, dtype=torch.long, device=dev)
-        self.tokens = torch.zeros(b, nodes, dtype=torch.long, device=dev)
-        self.p = torch.zeros(b, nodes, self.vocab, device=dev)
-        self.q = torch.zeros(b, nodes, self.vocab, device=dev) if sampled_q else None
-        self.hidden = torch.zeros(self.rows, nodes, dim, device=dev, dtype=self.dtype)
-        self.block_ids = torch.arange(m, device=dev)
-        self.block = torch.zeros(b, m, dtype=torch.long, device=dev)
-        self.accepted = torch.ones(b, dtype=torch.long, device=dev)
-        self.live_now = torch.ones(b, dtype=torch.long, device=dev)
-
-    def dist(self, logits: torch.Tensor, depth: torch.Tensor | int | None = None, *, draft: bool = False,
-             log: bool = False) -> torch.Tensor:
-        """(R, T, V) logits -> (B, T, V) processed distribution (CFG, temperature, top-k/p).
-
-        depth: tree depth of the T nodes these logits follow ((T,) or per image (B, T) tensor,
-        or an int for all); the token they predict has image index count + depth, which
-        decides whether `cfg_interval` has switched guidance off. None = the prefill (guidance
-        always on). draft: the drafter's logits, mixed by the fused CFG (`apply_cfg`); log:
-        the log of the distribution (`probabilities`).
-        """
-        params = self.params
-        off = None
-        if depth is not None and params.uses_cfg and params.cfg_interval >= 0:
-            index = (self.count[:, None] + depth).expand(self.batch, logits.size(1))
-            off = cfg_off_mask(index, params.cfg_interval)
-        mixed = apply_cfg(logits, params.cfg, off, fused=draft)
-        if self.constrain is not None:  # tokens the model's layout fixes or forbids at an image index
-            index = (self.count[:, None] + depth if depth is not None else torch.zeros_like(self.count)[:, None])
-            mixed = self.constrain(mixed, index.expand(mixed.size(0), mixed.size(1)))
-        return probabilities(mixed, params, log=log)
 
     def expand_rows(self, t: torch.Tensor) -> torch.Tensor:
         """Per-image (B, ...) -> per model row (R, ...): the cond and uncond rows share it."""
         # a view at B = 1 (the stride-0 dim merges), one copy for larger batches
         return t[None].expand(2, *t.shape).flatten(0, 1) if self.params.uses_cfg else t
 
-    def live(self) -> torch.Tensor:
+    def dist(self, logits: torch.Tensor, count: torch.Tensor, depth: torch.Tensor | int | None = None, *,
+             draft: bool = False, log: bool = False) -> torch.Tensor:
+        """(R, T, V) logits -> (B, T, V) processed distribution (CFG, temperature, top-k/p).
+
+        count: (B,) tokens known per image. depth: tree depth of the T nodes these logits follow
+        ((T,) or per image (B, T) tensor, or an int for all); the token they predict has image
+        index count + depth, which decides whether `cfg_interval` has switched guidance off.
+        None = the prefill (guidance always on). draft: the drafter's logits, mixed by the
+        fused CFG (`apply_cfg`); log: the log of the distribution (`probabilities`).
+        """
+        params = self.params
+        off = None
+        if depth is not None and params.uses_cfg and params.cfg_interval >= 0:
+            index = (count[:, None] + depth).expand(self.batch, logits.size(1))
+            off = cfg_off_mask(index, params.cfg_interval)
+        mixed = apply_cfg(logits, params.cfg, off, fused=draft)
+        if self.constrain is not None:  # tokens the model's layout fixes or forbids at an image index
+            index = count[:, None] + depth if depth is not None else torch.zeros_like(count)[:, None]
+            mixed = self.constrain(mixed, index.expand(mixed.size(0), mixed.size(1)))
+        return probabilities(mixed, params, log=log)
+
+
+@dataclass(frozen=True, eq=False)
+class DecodeBuffers:
+    """Every tensor the loop keeps between steps, allocated together.
+
+    The decode:
+        tokens     (B, N+1) long   node tokens; the policy fills the drafts, accept sets the root
+        q          (B, N+1, V)     q[:, i] = the distribution node i's children were drawn from
+                                   (None when the policy's drafts are not sampled)
+        p          (B, N+1, V)     the target's processed distribution after each node (verify)
+        hidden     (R, N+1, D)     the target's last hidden state at each node (verify)
+        count      (B,) long       tokens known per image, the pending root included
+        out        (B, S + 2M + 1) each image's tokens so far (a done image's block still lands,
+                                   unread, past its end: room for two blocks)
+        block      (B, M) long     the last accept's new tokens (accepted drafts, then the bonus)
+        block_ids  (M,) long       arange(M)
+        accepted   (B,) long       the last accept's node count (root included; 0 once done)
+        live_now   (B,) long       1 for images still generating (what `live()` last wrote)
+    The statistics (read once an image is done):
+        count_hist (B, M+1) long   iterations of image i that accepted c nodes (root included);
+                                   iterations, accepted drafts and per-depth acceptance follow
+        relax_mass (B,)            summed relaxation mass of the accepted steps
+        nonfinite  (2, B) long     first image index whose target (0) / drafter (1) logits held
+                                   NaN or inf, NO_POSITION if none
+        drafted_sum (B,) long      tree levels drafted (a depth decided per iteration)
+        reached    (B, max(M-1,1)) iterations whose accepted path could reach depth d+1
+        depth_ids  (max(M-1,1),)   arange(1, ...)
+        node_hits  (B, N+1) long   how often each node was accepted (`track_nodes`), or None
+        law_sums   (3, B)          measured TV, its bound, steps measured (`measure_law`)
+    """
+
+    tokens: torch.Tensor
+    q: torch.Tensor | None
+    p: torch.Tensor
+    hidden: torch.Tensor
+    count: torch.Tensor
+    out: torch.Tensor
+    block: torch.Tensor
+    block_ids: torch.Tensor
+    accepted: torch.Tensor
+    live_now: torch.Tensor
+    count_hist: torch.Tensor
+    relax_mass: torch.Tensor
+    nonfinite: torch.Tensor
+    drafted_sum: torch.Tensor
+    reached: torch.Tensor
+    depth_ids: torch.Tensor
+    node_hits: torch.Tensor | None
+    law_sums: torch.Tensor
+
+    @classmethod
+    def allocate(cls, config: DecodeConfig, tree: TreeBuffers, dim: int, *, sampled_q: bool,
+                 track_nodes: bool = False) -> DecodeBuffers:
+        """The buffers of a decoder verifying `tree` with a target of width `dim`; `sampled_q`
+        allocates q, `track_nodes` node_hits."""
+        b, nodes, m, dev, v = config.batch, tree.size, tree.max_depth + 1, config.device, config.vocab
+        deep = max(tree.max_depth, 1)
+
+        def longs(*size: int) -> torch.Tensor:
+            return torch.zeros(*size, dtype=torch.long, device=dev)
+
+        return cls(tokens=longs(b, nodes),
+                   q=torch.zeros(b, nodes, v, device=dev) if sampled_q else None,
+                   p=torch.zeros(b, nodes, v, device=dev),
+                   hidden=torch.zeros(config.rows, nodes, dim, device=dev, dtype=config.dtype),
+                   count=longs(b), out=longs(b, config.num_tokens + 2 * m + 1),
+                   block=longs(b, m), block_ids=torch.arange(m, device=dev),
+                   accepted=longs(b) + 1, live_now=longs(b) + 1,
+                   count_hist=longs(b, m + 1), relax_mass=torch.zeros(b, device=dev),
+                   nonfinite=longs(len(MODEL_PARTS), b) + NO_POSITION,
+                   drafted_sum=longs(b), reached=longs(b, deep), depth_ids=torch.arange(1, deep + 1, device=dev),
+                   node_hits=longs(b, nodes) if track_nodes else None,
+                   law_sums=torch.zeros(3, b, device=dev))
+
+    def live(self, num_tokens: int) -> torch.Tensor:
         """(B,) long: 1 for images still generating, 0 for those done (their advances are 0).
         Written into `live_now` (one kernel, no conversion): the same tensor every call."""
-        return torch.lt(self.count, self.num_tokens, out=self.live_now)
+        return torch.lt(self.count, num_tokens, out=self.live_now)
+
+
+@dataclass(frozen=True, eq=False)
+class DraftView:
+    """What a drafting policy sees of the loop: its settings, its random streams, and buffers.
+
+    The policy writes `tokens[:, 1:]` (node 0 is the root the last accept set) and, where its
+    drafts are sampled, `q`; everything else it only reads: `count`, `out` (tokens known),
+    `p` and `hidden` (the last verify's), `block` and `accepted` (the last accept's new tokens
+    and node count: the drafter policies' pending block), `block_ids`, `live_now` (through `live()`). Shapes as in
+    `DecodeBuffers`.
+    """
+
+    config: DecodeConfig
+    rng: CounterRNG  # one counter-based stream per image
+    grouped: bool  # acceptance is grouped (it draws its own uniforms)
+    tokens: torch.Tensor
+    q: torch.Tensor | None
+    count: torch.Tensor
+    out: torch.Tensor
+    p: torch.Tensor
+    hidden: torch.Tensor
+    block: torch.Tensor
+    accepted: torch.Tensor
+    block_ids: torch.Tensor
+    live_now: torch.Tensor
+
+    @classmethod
+    def of(cls, config: DecodeConfig, rng: CounterRNG, buffers: DecodeBuffers, *, grouped: bool) -> DraftView:
+        b = buffers
+        return cls(config, rng, grouped, b.tokens, b.q, b.count, b.out, b.p, b.hidden, b.block, b.accepted,
+                   b.block_ids, b.live_now)
+
+    def dist(self, logits: torch.Tensor, depth: torch.Tensor | int | None = None, *, draft: bool = False,
+             log: bool = False) -> torch.Tensor:
+        """`DecodeConfig.dist` at the images' current counts."""
+        return self.config.dist(logits, self.count, depth, draft=draft, log=log)
+
+    def live(self) -> torch.Tensor:
+        """(B,) long, 1 for images still generating (`DecodeBuffers.live`, into the same tensor)."""
+        return torch.lt(self.count, self.config.num_tokens, out=self.live_now)
+
+
+@dataclass(frozen=True, eq=False)
+class LookaheadRows:
+    """Nodes verified after the tree in the same forward that acceptance never judges (pjd's
+    lookahead rows; E of them). The policy fills `tokens` (B, E) and `offset` (B, E) (position
+    minus the root's) in its draft; `mask` (N+1+E, N+1+E) is the whole forward's attention
+    mask; verify writes the target's distributions after them into `p` (B, E, V)."""
+
+    tokens: torch.Tensor
+    offset: torch.Tensor
+    mask: torch.Tensor
+    p: torch.Tensor
+
+
+@dataclass(frozen=True, eq=False)
+class DraftProposal:
+    """A draft's output for verify and accept, at one verified depth (the tree cut to its
+    depths <= `depth`; the whole tree at the deepest). The tensors are views of the buffers the
+    draft fills in place, so one proposal per depth serves every iteration (graph capture
+    replays into the same memory).
+
+        tokens  (B, n1) long     the tree's node tokens, n1 = tree.size, root first
+        q       (B, n1, V)       the distributions the drafts were sampled from, or None when the
+                                 drafts are deterministic (acceptance then treats them as such)
+        tree    the tree these nodes form (batched (B, ...) buffers for dynamic trees)
+        lookahead  nodes verified after the tree that nobody judges, or None
+    """
+
+    depth: int
+    tree: TreeBuffers
+    tokens: torch.Tensor
+    q: torch.Tensor | None
+    lookahead: LookaheadRows | None = None

@@ -289,7 +289,7 @@ def create_app(engine: Engine, served: "Served", http: HttpOptions | None = None
                           prompt="class" if classes else "text",
                           num_classes=served.loaded.num_classes if classes else None,
                           class_names=served.loaded.class_names if classes else None,
-                          size=served.size, tokens_per_image=engine.decoder.num_tokens,
+                          size=served.size, tokens_per_image=engine.decoder.config.num_tokens,
                           max_images=min(MAX_IMAGES_PER_REQUEST, served.max_queue or MAX_IMAGES_PER_REQUEST),
                           max_partial_images=MAX_PARTIAL_IMAGES, api_key_required=http.api_key is not None)
 
@@ -338,7 +338,7 @@ def create_app(engine: Engine, served: "Served", http: HttpOptions | None = None
             engine.submit(jobs)
         except QueueFull as full:
             metrics.rejected.inc()
-            return error_response(429, f"{full}; the queue holds at most {engine.max_queue} images (--max-queue)",
+            return error_response(429, f"{full}; the queue holds at most {engine.scheduler.max_queue} images (--max-queue)",
                                   code="rate_limit_exceeded",
                                   headers={"Retry-After": str(int(full.retry_after + 0.999))})
         except RuntimeError as stopping:
@@ -415,7 +415,7 @@ async def _events(jobs: list[Job], waiting: list[asyncio.Future], body: ImageReq
     (`index` says which); then `data: [DONE]`. An `error` event
     ends the stream early. A client that goes away cancels the request (the generator is closed)."""
     loop = asyncio.get_running_loop()
-    total = engine.decoder.num_tokens
+    total = engine.decoder.config.num_tokens
     pending = dict(zip(waiting, jobs))
     told = {job.index: 0 for job in jobs}
     previews = {job.index: 0 for job in jobs}  # partial images sent per image

@@ -77,48 +77,145 @@ class EngineStats:
         return (tvd / steps, bound / steps, int(steps)) if steps else (None, None, 0)
 
 
+class Scheduler:
+    """Decides what the engine runs next; thread-safe (the server's threads submit and cancel,
+    the engine thread takes and waits).
+
+    Holds the queue (at most `max_queue` images; a request is queued whole or refused whole),
+    the method in use (`current`) and, with several methods, `choose(occupancy)`: the method for
+    the images waiting and running (at most `batch`). When that names another method than the
+    current one, `take` admits nothing until the running images are done, and `wait` then says
+    "switch" (each image is made by one method, start to end)."""
+
+    def __init__(self, methods: list[str], batch: int, *, max_queue: int = 64,
+                 choose: Callable[[int], str] | None = None) -> None:
+        self.current = methods[0]
+        self.batch = batch
+        self.max_queue = max_queue
+        self.choose = choose
+        self.switches = 0
+        self._queue: collections.deque[Job] = collections.deque()
+        self._cv = threading.Condition()
+        self._stopping = False
+        self._drain = True
+        self._seconds_per_image = 1.0  # a running estimate, for Retry-After
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._queue)
+
+    def submit(self, jobs: list[Job]) -> None:
+        """Queue a request's jobs, or raise QueueFull (nothing queued) / RuntimeError (stopping)."""
+        with self._cv:
+            if self._stopping:
+                raise RuntimeError("the server is shutting down")
+            if len(self._queue) + len(jobs) > self.max_queue:
+                wait = (len(self._queue) + len(jobs)) * self._seconds_per_image / max(self.batch, 1)
+                raise QueueFull(max(1.0, wait))
+            self._queue.extend(jobs)
+            self._cv.notify()
+
+    def cancel(self, jobs: list[Job]) -> None:
+        """Drop jobs: the queued ones leave the queue; a running one's cancelled future is the
+        mark `cancelled` reads before the next step (done ones stay done)."""
+        for job in jobs:
+            job.future.cancel()
+        with self._cv:
+            self._queue = collections.deque(j for j in self._queue if not j.future.cancelled())
+
+    @staticmethod
+    def cancelled(job: Job) -> bool:
+        """Whether a running job's slot is to be freed now (its client went away)."""
+        return job.future.cancelled()
+
+    def stop(self, drain: bool) -> None:
+        """Take nothing new; with `drain` the queued images still run, else they are cancelled."""
+        with self._cv:
+            self._stopping, self._drain = True, drain
+            if not drain:
+                for job in self._queue:
+                    job.future.cancel()
+                self._queue.clear()
+            self._cv.notify_all()
+
+    def desired(self, running: int) -> str:
+        """The method for the images waiting and `running` now (the one in use without `choose`)."""
+        if self.choose is None:
+            return self.current
+        return self.choose(max(1, min(self.batch, running + len(self._queue))))
+
+    def take(self, running: int) -> Job | None:
+        """The next queued job to admit beside `running` others, or None: nothing is queued, or a
+        method switch is due (the running images finish first)."""
+        with self._cv:
+            if self._queue and self.desired(running) != self.current:
+                return None
+            while self._queue:
+                job = self._queue.popleft()
+                if not job.future.cancelled():
+                    return job
+            return None
+
+    def wait(self) -> str:
+        """Every slot is free: block until there is work; "work", "switch" (then `switch()`) or "stop"."""
+        with self._cv:
+            while not self._queue and not self._stopping:
+                self._cv.wait()
+            if self._stopping and (not self._drain or not self._queue):
+                return "stop"
+            return "switch" if self.desired(0) != self.current else "work"
+
+    def switch(self) -> str:
+        """Adopt the method `desired` names (every slot is free); returns it."""
+        wanted = self.desired(0)
+        _log.info("occupancy %d: switching from %s to %s", len(self._queue), self.current, wanted)
+        self.current = wanted
+        self.switches += 1
+        return wanted
+
+    def observe(self, seconds: float) -> None:
+        """An image took `seconds` from admission to done (the Retry-After estimate)."""
+        self._seconds_per_image = 0.9 * self._seconds_per_image + 0.1 * seconds
+
+
 class Engine:
-    """Owns the decoders; `start()` runs its thread, `stop(drain)` ends it (after finishing what is
-    queued and running when `drain`).
+    """Owns the decoders and the `Scheduler`; `start()` runs its thread, `stop(drain)` ends it
+    (after finishing what is queued and running when `drain`).
 
     decoders: method -> a decoder of that method (all of one batch size). One decoder: it serves
     everything. Several (`--method auto`): `choose(occupancy)` names the method for the images
-    waiting and running (at most the batch size); when it names another method than the one
-    decoding, no image joins until the running ones are done, then the engine switches decoders
-    (each image is made by one method, start to end)."""
+    waiting and running (see `Scheduler`)."""
 
     def __init__(self, decoders: dict[str, Any], device: torch.device, *, max_queue: int = 64,
                  choose: Callable[[int], str] | None = None,
                  on_done: Callable[[Job, dict[str, Any]], None] | None = None,
                  capture_count: dict[str, int] | None = None) -> None:
         self.decoders = decoders
+        batch = next(iter(decoders.values())).config.batch
+        self.scheduler = Scheduler(list(decoders), batch, max_queue=max_queue, choose=choose)
         self.capture_count = capture_count if capture_count is not None else {}  # the backend's, live
         self._captured_at_ready: dict[str, int] = {}
-        self.choose = choose
-        self.current = next(iter(decoders))
-        self.switches = 0
         self.device = device
-        self.max_queue = max_queue
         self.on_done = on_done
         self.stats = EngineStats()
-        self._queue: collections.deque[Job] = collections.deque()
-        self._cv = threading.Condition()
         self._running: dict[int, Job] = {}  # id(job) -> job, for the slots busy now
-        self._stopping = False
-        self._drain = True
         self._thread: threading.Thread | None = None
-        self._seconds_per_image = 1.0  # a running estimate, for Retry-After
         self.ready = threading.Event()
 
     # -- the server's side -------------------------------------------------------------------
     @property
+    def current(self) -> str:
+        """The method in use."""
+        return self.scheduler.current
+
+    @property
     def decoder(self) -> Any:
         """The decoder in use."""
-        return self.decoders[self.current]
+        return self.decoders[self.scheduler.current]
 
     @property
     def queue_depth(self) -> int:
-        return len(self._queue)
+        return self.scheduler.queue_depth
 
     @property
     def recompiles(self) -> int:
@@ -128,23 +225,12 @@ class Engine:
         return sum(max(0, n - self._captured_at_ready.get(name, 0)) for name, n in dict(self.capture_count).items())
 
     def submit(self, jobs: list[Job]) -> None:
-        """Queue a request's jobs, or raise QueueFull (nothing queued) / RuntimeError (stopping)."""
-        with self._cv:
-            if self._stopping:
-                raise RuntimeError("the server is shutting down")
-            if len(self._queue) + len(jobs) > self.max_queue:
-                wait = (len(self._queue) + len(jobs)) * self._seconds_per_image / max(self.decoder.batch, 1)
-                raise QueueFull(max(1.0, wait))
-            self._queue.extend(jobs)
-            self._cv.notify()
+        """Queue a request's jobs (`Scheduler.submit`: QueueFull or RuntimeError refuse them whole)."""
+        self.scheduler.submit(jobs)
 
     def cancel(self, jobs: list[Job]) -> None:
-        """Drop a request's jobs: the queued ones leave the queue, the running ones free their
-        slots before the next step (a job's cancelled future is the mark; done ones stay done)."""
-        for job in jobs:
-            job.future.cancel()
-        with self._cv:
-            self._queue = collections.deque(j for j in self._queue if not j.future.cancelled())
+        """Drop a request's jobs: queued ones now, running ones' slots before the next step."""
+        self.scheduler.cancel(jobs)
 
     def start(self, warm_up: Job | None = None) -> None:
         """Start the engine thread; `warm_up` (an image decoded and thrown away) captures the
@@ -154,13 +240,7 @@ class Engine:
 
     def stop(self, drain: bool = True, timeout: float | None = None) -> None:
         """Stop admitting; with `drain` finish the queued and running images first, else drop them."""
-        with self._cv:
-            self._stopping, self._drain = True, drain
-            if not drain:
-                for job in self._queue:
-                    job.future.cancel()
-                self._queue.clear()
-            self._cv.notify_all()
+        self.scheduler.stop(drain)
         if self._thread is not None:
             self._thread.join(timeout)
 
@@ -174,33 +254,6 @@ class Engine:
         self.stats.busy_slots = len(self._running)
         cond = job.cond if job.cond is not None else torch.tensor([job.label], device=self.device)
         return SlotRequest(job, cond, job.mask, job.seed)
-
-    def _desired(self) -> str:
-        """The method for the images waiting and running now (the one in use without `choose`)."""
-        if self.choose is None:
-            return self.current
-        return self.choose(max(1, min(self.decoder.batch, len(self._running) + len(self._queue))))
-
-    def _take(self) -> Job | None:
-        """The next queued job to admit, or None: nothing is queued, or a method switch is due
-        (the running images finish first; each image is made by one method)."""
-        with self._cv:
-            if self._queue and self._desired() != self.current:
-                return None
-            while self._queue:
-                job = self._queue.popleft()
-                if not job.future.cancelled():
-                    return job
-            return None
-
-    def _idle(self) -> str:
-        """Every slot is free: block until there is work; "work", "switch" (to `_desired()`) or "stop"."""
-        with self._cv:
-            while not self._queue and not self._stopping:
-                self._cv.wait()
-            if self._stopping and (not self._drain or not self._queue):
-                return "stop"
-            return "switch" if self._desired() != self.current else "work"
 
     def _release(self, job: Job) -> None:
         self._running.pop(id(job), None)
@@ -217,7 +270,7 @@ class Engine:
         self.stats.accepted_tokens += stats.accepted_tokens
         self.stats.target_forwards += stats.target_forwards
         self._watch_law(stats)
-        self._seconds_per_image = 0.9 * self._seconds_per_image + 0.1 * (now - (job.started_at or now))
+        self.scheduler.observe(now - (job.started_at or now))
         if self.on_done is not None:
             self.on_done(job, info)
         _settle(job.future, result=(tokens.cpu(), info))
@@ -234,15 +287,16 @@ class Engine:
         sums[1] += stats.law_bound
         sums[2] += stats.law_steps
         if self.current not in self.stats.bound_warnings:
-            warning = bound_warning(self.decoder.spec, *self.stats.step_tvd(self.current))
+            warning = bound_warning(self.decoder.config.spec, *self.stats.step_tvd(self.current))
             if warning is not None:
                 self.stats.bound_warnings[self.current] = warning
                 _log.warning(warning)
 
     def _decode(self, decoder: Any) -> str:
-        """Serve with one decoder until it is idle and the loop must switch or stop: schedule
-        (drop cancelled images, admit queued ones into free slots), execute (one step), update
-        (collect finished images). Returns "switch" or "stop"."""
+        """Serve with one decoder until every slot is free and the scheduler says switch or stop:
+        update (collect finished images, progress), schedule (free cancelled images' slots, admit
+        what the scheduler hands out into free slots), execute (one step). Returns "switch" or "stop"."""
+        scheduler = self.scheduler
         decoder.reset_slots()
         iteration = 0
         while True:
@@ -256,15 +310,15 @@ class Engine:
                 job.tokens_done, job.steps_done = known, iteration - job.admitted_step
             for slot in decoder.busy():
                 job = decoder.slots[slot].key
-                if job.future.cancelled():  # a client that went away: its slot is free now
+                if scheduler.cancelled(job):  # a client that went away: its slot is free now
                     decoder.release(slot)
                     self._release(job)
-            for slot in range(decoder.batch):
-                if decoder.slots[slot] is None and (job := self._take()) is not None:
+            for slot in range(decoder.config.batch):
+                if decoder.slots[slot] is None and (job := scheduler.take(len(self._running))) is not None:
                     job.admitted_step = iteration
                     decoder.admit(slot, self._request(job))
             if not decoder.busy():
-                what = self._idle()
+                what = scheduler.wait()
                 if what != "work":
                     return what
                 continue
@@ -301,14 +355,11 @@ class Engine:
                 for job in failed:
                     self.stats.images_failed += 1
                     _settle(job.future, error=err)
-                what = self._idle()
+                what = self.scheduler.wait()
             if what == "stop":
                 return
             if what == "switch":  # the method switch: every slot is free
-                wanted = self._desired()
-                _log.info("occupancy %d: switching from %s to %s", len(self._queue), self.current, wanted)
-                self.current = wanted
-                self.switches += 1
+                self.scheduler.switch()
 
 
 # the busy slots' token counts are read (with the iteration's host read) every this many steps

@@ -301,7 +301,7 @@ def _offline(records: list[dict[str, Any]], serve_args: list[str], ready: dict[s
         for r in served for i in range(r["request"]["n"])]
     _, seconds = timed_many(decoder, work, backend)
     return mismatches, {"images": len(work), "seconds": seconds, "images_per_s": len(work) / seconds,
-                        "batch_size": decoder.batch, "method": spec.method}
+                        "batch_size": decoder.config.batch, "method": spec.method}
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ class _EngineCounters:
         yield CounterMetricFamily("lantern_images_failed", "Images an engine error failed (since start).",
                                   value=self.engine.stats.images_failed)
         yield CounterMetricFamily("lantern_method_switches", "Times --method auto switched methods.",
-                                  value=self.engine.switches)
+                                  value=self.engine.scheduler.switches)
 
 
 class ServeMetrics:
@@ -58,7 +58,7 @@ class ServeMetrics:
         Gauge("lantern_slots_busy", "Decoder slots holding an image.", registry=registry).set_function(
             lambda: engine.stats.busy_slots)
         Gauge("lantern_slots", "Decoder slots (the batch size).", registry=registry).set_function(
-            lambda: engine.decoder.batch)
+            lambda: engine.decoder.config.batch)
         Gauge("lantern_tau", "Tokens per target forward over every image served.", registry=registry).set_function(
             lambda: engine.stats.accepted_tokens / max(engine.stats.target_forwards, 1))
         tvd = Gauge("lantern_step_tvd", "Measured total variation of a step's output law from the target's "
