@@ -109,3 +109,18 @@ def test_config_buffers_view_and_proposals_are_built_whole_and_never_rebound():
     dec.generate_many([(torch.tensor([c]), None, c) for c in range(3)])
     after = {name: getattr(dec.buffers, name).data_ptr() for name in before}
     assert after == before
+
+
+def test_policies_write_only_the_draft_tokens_and_q():
+    """The view's other buffers are the loop's: no policy assigns into them, copies into them or
+    names them as an op's `out=` (a regex over the policy modules)."""
+    read_only = r"(count|out|p|hidden|block|accepted|block_ids|live_now)"
+    writes = [rf"view\.{read_only}\[[^\]]*\]\s*=(?!=)", rf"view\.{read_only}(\[[^\]]*\])?\.\w+_\(",
+              rf"out=\(?view\.{read_only}\b", rf"_into\(view\.{read_only}\b"]
+    found = []
+    for name in ("drafting.py", "jacobi.py", "pjd.py"):
+        for i, line in enumerate((ROOT / "runtime" / "core" / name).read_text().splitlines(), 1):
+            if any(re.search(w, line) for w in writes):
+                found.append(f"{name}:{i}: {line.strip()}")
+    assert not found, "\n".join(found)
+    assert re.search(r"view\.tokens\[[^\]]*\]\s*=", (ROOT / "runtime" / "core" / "jacobi.py").read_text())

@@ -372,6 +372,9 @@ class Decoder:
         buf.out[i, :1] = first
         buf.tokens[i, :1] = first
         buf.count[i] = 1
+        buf.block[i] = 0  # the pending block (the drafter policies' level 0): the first token alone
+        buf.block[i, :1] = first
+        buf.accepted[i] = 1
         buf.count_hist[i] = 0
         buf.relax_mass[i] = 0.0
         buf.drafted_sum[i] = 0

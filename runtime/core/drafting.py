@@ -190,8 +190,9 @@ class DrafterPolicy(DraftPolicy):
     """Shared by the drafter-head policies: the drafter cache and the pending block.
 
     The drafter sees each accepted token paired with the target hidden state that predicted
-    it. After an accept, the block of accepted tokens (root first) and their target hidden
-    states wait in `pend_*` until the next draft runs them through the drafter (level 0).
+    it. After an accept, the block of accepted tokens (root first: the view's `block`, `accepted`
+    of them) and their target hidden states (`pend_hidden`) wait until the next draft runs them
+    through the drafter (level 0). A new image's pending block is its first token.
     """
 
     needs_q = True
@@ -215,8 +216,6 @@ class DrafterPolicy(DraftPolicy):
         # condition positions 0..cls-2 of one image, run before its slot takes them
         self.start_dcache = drafter.new_cache(rows // cfg.batch, cfg.cls - 1, dev) if cfg.cls > 1 else None
         self.draft_hidden = torch.zeros(rows, self.tree.size, drafter.config.hidden_size, device=dev, dtype=cfg.dtype)
-        # the pending block's tokens and counts are the loop's accept results themselves
-        self.pend_tokens, self.pend_count = view.block, view.accepted
         self.pend_hidden = torch.zeros(rows, m, cfg.target.config.dim, device=dev, dtype=cfg.dtype)
         # the pending block's causal mask, additive once (not per draft)
         self.causal_m = self.dcache.additive(torch.ones(m, m, dtype=torch.bool, device=dev).tril())
@@ -242,15 +241,12 @@ class DrafterPolicy(DraftPolicy):
             self.dcache.reset_rows(rows)
         if cond_mask is not None:
             self.dcache.mark_prefix(cond_mask, rows)
-        self.pend_tokens[i] = 0
-        self.pend_tokens[i, :1] = first
         self.pend_hidden[rows] = 0
         self.pend_hidden[rows, 0] = hidden[:, -1]
-        self.pend_count[i] = 1
 
     def committed(self, path: torch.Tensor, n: torch.Tensor, block: torch.Tensor) -> None:
-        # pend_tokens / pend_count are block / n already (0 for a done image: its drafter
-        # cache stops advancing); the hidden states that predicted them:
+        # the pending block is the view's block / accepted already (0 for a done image: its
+        # drafter cache stops advancing); the hidden states that predicted them:
         cfg, view = self.config, self.view
         rows_path = cfg.expand_rows(path)
         torch.gather(view.hidden, 1, rows_path[..., None].expand(-1, -1, view.hidden.size(-1)), out=self.pend_hidden)
@@ -259,9 +255,9 @@ class DrafterPolicy(DraftPolicy):
         """Drafter over the last accepted block; returns the root's drafter output (rows, dim)."""
         cfg, view = self.config, self.view
         positions = self.dcache.length[:, None] + view.block_ids
-        out = self.drafter.forward_cached(cfg.expand_rows(self.pend_tokens), self.pend_hidden, positions,
+        out = self.drafter.forward_cached(cfg.expand_rows(view.block), self.pend_hidden, positions,
                                           self.causal_m, self.dcache)
-        count = cfg.expand_rows(self.pend_count)
+        count = cfg.expand_rows(view.accepted)
         last = (count - 1).clamp(min=0)[:, None, None].expand(-1, 1, out.size(-1))
         root = out.gather(1, last).squeeze(1)
         self.dcache.advance(count)
