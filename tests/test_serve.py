@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from serve_process import free_port
 
 pytest.importorskip("fastapi", reason="runtime serve needs the serve extra (in the test extra)")
 pytest.importorskip("httpx", reason="FastAPI's test client needs httpx (in the test extra)")
@@ -218,12 +219,6 @@ def test_the_committed_openapi_schema_is_the_servers(server):
         "docs/reference/openapi.json is stale: python -m runtime.serve.schema --out docs/reference/openapi.json")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _get(url: str, timeout: float = 5) -> tuple[int, bytes]:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:
@@ -234,7 +229,7 @@ def _get(url: str, timeout: float = 5) -> tuple[int, bytes]:
 
 @pytest.mark.slow
 def test_a_real_server_frees_a_gone_clients_slots_refuses_a_bad_request_alone_and_drains_on_sigterm(tmp_path):
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "runtime", "serve", "--device", "cpu", "--no-graph", "--port",
                              str(port), "--batch-size", "2", "--method", "ar"], env=env,
@@ -537,7 +532,7 @@ def test_serve_refuses_a_caption_encoder_for_a_class_model_with_one_line(run_cli
     (["--host", "no.such.host.invalid"], "--host 'no.such.host.invalid'"),
 ])
 def test_serve_refuses_a_bad_http_option_with_one_line_before_loading(run_cli, flags, message):
-    res = run_cli("serve", "--device", "cpu", "--no-graph", "--port", str(_free_port()), *flags)
+    res = run_cli("serve", "--device", "cpu", "--no-graph", "--port", str(free_port()), *flags)
     assert res.exit_code == 2 and res.stderr.strip().count("\n") == 0, res.stderr
     assert message in res.stderr
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -19,14 +18,10 @@ from typing import Any
 
 import pytest
 
+from serve_process import free_port
+
 pytest.importorskip("fastapi", reason="runtime serve needs the serve extra (in the test extra)")
 pytest.importorskip("uvicorn", reason="runtime serve needs the serve extra (in the test extra)")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _call(url: str, body: dict[str, Any] | None = None, timeout: float = 10) -> tuple[int, dict[str, str], Any]:
@@ -44,7 +39,7 @@ class Server:
     """`runtime serve` on a free port, in its own process (demo model, CPU)."""
 
     def __init__(self, *flags: str) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen([sys.executable, "-m", "runtime", "serve", "--device", "cpu", "--port",
                                       str(self.port), *flags], env={**os.environ, "PYTHONUNBUFFERED": "1"},

@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import io
 import json
-import os
 import re
 import signal
 import socket
@@ -22,17 +21,13 @@ from typing import Any
 
 import pytest
 
+from serve_process import free_port, serving
+
 pytest.importorskip("fastapi", reason="runtime serve needs the serve extra (in the test extra)")
 openai = pytest.importorskip("openai", reason="the official client is in the test extra")
 
 KEY = "test-key-0123"
 ERROR_FIELDS = {"message", "type", "param", "code"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _http(url: str, *, method: str = "GET", body: bytes | None = None, headers: dict[str, str] | None = None,
@@ -53,33 +48,11 @@ def _http(url: str, *, method: str = "GET", body: bytes | None = None, headers: 
 def server(tmp_path_factory):
     """(base URL, stderr log file) of a server started with the HTTP options under test."""
     log = tmp_path_factory.mktemp("serve") / "stderr.txt"
-    port = _free_port()
-    with open(log, "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "runtime", "-v", "serve", "--device", "cpu", "--no-graph",
-                                 "--method", "ar", "--batch-size", "2", "--max-queue", "8", "--port", str(port),
-                                 "--served-model-name", "demo,lantern-demo", "--max-request-bytes", "4096",
-                                 "--allowed-origins", "https://app.example.com", "--disable-docs"],
-                                env={**os.environ, "PYTHONUNBUFFERED": "1", "LANTERN_API_KEY": KEY},
-                                stdout=subprocess.DEVNULL, stderr=err)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 180
-        while time.time() < deadline and proc.poll() is None:
-            try:
-                if _http(base + "/ready", key=None)[0] == 200:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.3)
-        else:
-            pytest.fail("the server did not become ready: " + log.read_text()[-2000:])
-        yield base, log
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    flags = ["--no-graph", "--method", "ar", "--batch-size", "2", "--max-queue", "8",
+             "--served-model-name", "demo,lantern-demo", "--max-request-bytes", "4096",
+             "--allowed-origins", "https://app.example.com", "--disable-docs"]
+    with serving(flags, log, env={"LANTERN_API_KEY": KEY}, verbose=True) as port:
+        yield f"http://127.0.0.1:{port}", log
 
 
 @pytest.fixture(scope="module")
@@ -325,7 +298,7 @@ def test_the_startup_line_says_where_what_and_how(server):
 def test_root_path_points_the_docs_at_the_proxys_prefix():
     """--root-path /lantern: a proxy strips the prefix, so the routes answer at / and the docs
     page loads its schema from /lantern/openapi.json; the docs are served (no --disable-docs)."""
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "runtime", "serve", "--device", "cpu", "--no-graph", "--method", "ar",
                              "--port", str(port), "--root-path", "/lantern"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

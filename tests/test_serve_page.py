@@ -17,7 +17,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -31,6 +30,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from serve_process import serving
+
 pytest.importorskip("fastapi", reason="runtime serve needs the serve extra (in the test extra)")
 pytest.importorskip("httpx", reason="FastAPI's test client needs httpx (in the test extra)")
 
@@ -43,12 +44,6 @@ BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 KEY = "page-test-key"
 PREFIX = "/lantern"  # where the proxy serves the server (it strips the prefix, as --root-path expects)
 STATIC = Path(__file__).resolve().parents[1] / "runtime" / "serve" / "static"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _open(url: str, timeout: float = 5) -> tuple[int, bytes]:
@@ -241,33 +236,11 @@ class PrefixProxy:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """(base URL, server log) of `runtime serve` on the demo with an API key and --root-path."""
+    """(port, server log) of `runtime serve` on the demo with an API key and --root-path."""
     log = tmp_path_factory.mktemp("serve") / "stderr.txt"
-    port = _free_port()
-    with open(log, "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "runtime", "serve", "--device", "cpu", "--no-graph",
-                                 "--batch-size", "2", "--port", str(port), "--root-path", PREFIX, "--disable-docs"],
-                                env={**os.environ, "PYTHONUNBUFFERED": "1", "LANTERN_API_KEY": KEY},
-                                stdout=subprocess.DEVNULL, stderr=err)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 120
-        while time.time() < deadline and proc.poll() is None:
-            try:
-                if _open(base + "/ready")[0] == 200:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.3)
-        else:
-            pytest.fail("the server did not become ready: " + log.read_text()[-2000:])
+    flags = ["--no-graph", "--batch-size", "2", "--root-path", PREFIX, "--disable-docs"]
+    with serving(flags, log, env={"LANTERN_API_KEY": KEY}, within=120) as port:
         yield port, log
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 @pytest.fixture(scope="module")
