@@ -148,8 +148,8 @@ def test_every_method_reproduces_ar_greedy(pair, cfg: float) -> None:
     neighbours = torch.stack([torch.randperm(IMAGE_CODES, generator=g)[:IMAGE_CODES - 1] for _ in range(IMAGE_CODES)])
     params = SamplingParams(greedy=True, cfg=cfg)
     ar = generate(ours, None, MethodSpec(method="ar", sampling=params), PROMPTS, cond_masks=MASKS)
-    for method in ("sd", "eagle2", "ddd", "lantern", "lantern++", "sjd"):
-        out = generate(ours, None if method == "sjd" else drafter, MethodSpec(method=method, sampling=params, **EXACT),
+    for method in ("sd", "eagle2", "ddd", "lantern", "lantern++", "sjd", "pjd"):
+        out = generate(ours, None if method in ("sjd", "pjd") else drafter, MethodSpec(method=method, sampling=params, **EXACT),
                        PROMPTS, cond_masks=MASKS, neighbours=neighbours)
         assert torch.equal(out.tokens, ar.tokens), method
         assert out.stats["target_forwards"] < ar.stats["target_forwards"], method  # drafts were accepted
@@ -443,8 +443,8 @@ def test_lumina_layout_every_method_reproduces_ar_and_sampling_respects_the_rows
     neighbours = torch.stack([torch.randperm(64, generator=g)[:63] for _ in range(65)])
     params = SamplingParams(greedy=True, cfg=3.0)
     ar = generate(target, None, MethodSpec(method="ar", sampling=params), ids, cond_masks=mask)
-    for method in ("sd", "eagle2", "lantern", "lantern++", "sjd"):
-        out = generate(target, None if method == "sjd" else drafter, MethodSpec(method=method, sampling=params, **EXACT),
+    for method in ("sd", "eagle2", "lantern", "lantern++", "sjd", "pjd"):
+        out = generate(target, None if method in ("sjd", "pjd") else drafter, MethodSpec(method=method, sampling=params, **EXACT),
                        ids, cond_masks=mask, neighbours=neighbours)
         assert torch.equal(out.tokens, ar.tokens), method
     sampled = generate(target, drafter, MethodSpec(method="lantern++", sampling=SamplingParams(cfg=3.0, top_k=10),

@@ -121,13 +121,17 @@ def test_profile_flag_writes_a_chrome_trace(official_ckpts, tmp_path, run_cli):
 
 
 def test_sjd_runs_an_official_checkpoint_without_a_drafter(official_ckpts, tmp_path, run_cli):
-    """Training-free drafting: --gpt-ckpt with no --drafter; greedy tokens equal AR's."""
-    ar, sjd = tmp_path / "ar", tmp_path / "sjd"
+    """Training-free drafting: --gpt-ckpt with no --drafter; greedy tokens equal AR's (sjd, and
+    pjd at batch 2)."""
+    ar, sjd, pjd = tmp_path / "ar", tmp_path / "sjd", tmp_path / "pjd"
     common = ("--greedy", "--classes", "3,7", "--cfg", "2.0")
     assert run_cli(*base_args(official_ckpts, ar), "--method", "ar", *common).exit_code == 0
     res = run_cli(*base_args(official_ckpts, sjd), "--method", "sjd", "--window", "6", *common)
     assert res.exit_code == 0, res.stderr
     assert np.array_equal(np.load(ar / "tokens.npy"), np.load(sjd / "tokens.npy"))
+    res = run_cli(*base_args(official_ckpts, pjd), "--method", "pjd", "--pjd-rows", "3", "--batch-size", "2", *common)
+    assert res.exit_code == 0, res.stderr
+    assert np.array_equal(np.load(ar / "tokens.npy"), np.load(pjd / "tokens.npy"))
     result = json.loads((sjd / "result.json").read_text())
     assert result["method"] == "sjd" and result["sampling"]["window"] == 6
     res = run_cli(*base_args(official_ckpts, tmp_path / "x"), "--method", "lantern++")

@@ -325,3 +325,20 @@ def test_a_bundle_whose_model_config_is_out_of_range_is_refused(tmp_path, run_cl
     refused(run_cli("run", "--model", str(bundle), "--num-images", "1", "--out", str(out)),
             f"parts.{part}.config is invalid", f"{key} must be a positive integer")
     assert not out.exists()
+
+
+def test_nan_in_pjds_lookahead_rows_alone_stops_decoding_too():
+    """pjd's lookahead rows are judged by nobody, but their distributions feed the next drafts:
+    NaN there stops decoding with the same message (a forward whose other logits are finite)."""
+    from runtime.core import Decoder, MethodSpec, SamplingParams
+    from runtime.core.decoder import NonFiniteError
+    from tiny_models import tiny_pair
+
+    target, _ = tiny_pair(vocab=8, grid=4)
+    spec = MethodSpec(method="pjd", sampling=SamplingParams(greedy=True), pjd_rows=3, pjd_window=3)
+    ahead = (spec.pjd_rows - 1) * spec.pjd_window  # the lookahead nodes: 6, the tree's 3
+    plain = target.logits
+    target.logits = lambda hidden: plain(hidden) * (float("nan") if hidden.size(1) == ahead else 1.0)
+    with pytest.raises(NonFiniteError, match=r"the target model produced NaN or infinite logits for image 0 "
+                                             r"at image token \d+"):
+        Decoder(target, None, spec).generate_one(torch.tensor([1]), seed=0)

@@ -429,7 +429,9 @@ class Decoder:
         x = config.target.tok_embeddings(config.expand_rows(tokens))
         hidden = config.target.forward_cached(x, positions, mask, self.cache)
         if extra is not None:
-            extra.p.copy_(self._dist(config.target.logits(hidden[:, n1:]), extra.offset))
+            ahead = config.target.logits(hidden[:, n1:])
+            self._note_nonfinite(0, ahead, extra.offset)  # they feed the next drafts: NaN stops decoding too
+            extra.p.copy_(self._dist(ahead, extra.offset))
             hidden = hidden[:, :n1]
         buf.hidden[:, :n1].copy_(hidden)
         logits = config.target.logits(hidden)
@@ -439,8 +441,8 @@ class Decoder:
         buf.p[:, :n1].copy_(self._dist(logits, tree.depth))
 
     def _note_nonfinite(self, part: int, values: torch.Tensor, depth: torch.Tensor) -> None:
-        """Record in `nonfinite[part]` the first image-token index (count + depth) whose row of
-        values (rows or B, T, V) holds NaN or inf. A done image's slot may record more; nobody
+        """Record in `nonfinite[part]` the first image-token index (count + depth; depth (T,) or
+        per image (B, T)) whose row of values (rows or B, T, V) holds NaN or inf. A done image's slot may record more; nobody
         reads it (the image was collected, and `start_image` resets the slot)."""
         buf, b = self.buffers, self.config.batch
         # x - x is 0 for a finite x and NaN for NaN or inf; a sum of exact zeros is exactly 0
