@@ -183,13 +183,11 @@ class Decoder:
     checks them for host syncs) but reaches nothing else private.
     """
 
+    _counts: list[int] | None  # the counts `finished` last read (None: none this iteration)
+
     def __init__(self, target: Target, drafter: DrafterModel | None, spec: MethodSpec, *,
                  neighbours: torch.Tensor | None = None, backend: Backend | None = None, batch_size: int = 1,
                  track_nodes: bool = False) -> None:
-        if batch_size < 1:
-            raise UserError(f"--batch-size must be >= 1, got {batch_size}")
-        if spec.needs_drafter and drafter is None:
-            raise UserError(f"method {spec.method} needs a drafter; pass --drafter DIR or use --method ar")
         self.config = config = DecodeConfig.for_models(target, drafter, spec, batch_size)
         self.backend = backend
         self.timer: Any = None
@@ -198,39 +196,18 @@ class Decoder:
         # -- the drafting policy owns the tree shape ----------------------------------------
         self.policy = make_policy(config)
         tree = self.policy.tree
-        if tree.max_children > config.vocab:
-            raise UserError(f"the draft tree gives a node {tree.max_children} children (ranks 0.."
-                            f"{tree.max_children - 1}) but this model has only {config.vocab} tokens; "
-                            "use a narrower tree or a smaller --top-k-draft")
-        m = tree.max_depth + 1  # longest accepted block (root + drafts)
-        if config.cls + config.num_tokens + m > target.max_position:
-            raise UserError(f"tree depth {tree.max_depth} is too deep for this model's RoPE table "
-                            f"(at most {target.max_position - config.cls - config.num_tokens - 1})")
-
-        kind = spec.relaxation_kind
-        if kind != "none" and neighbours is None:
-            raise UserError(f"method {spec.method} needs the codebook neighbour table (pass the VQ model)")
-        zero_neighbours = None
-        if neighbours is not None:
-            # the paper rule clears a rejected draft's k+1 nearest codes (where the table has them)
-            zero_neighbours = neighbours[:, : spec.lantern_k + 1].to(dev)
-            neighbours = zero_neighbours[:, : spec.lantern_k]
-        self.relax = Relaxation(kind, spec.lantern_delta, spec.lantern_lambda, neighbours, rule=spec.relax_rule,
-                                zero_neighbours=zero_neighbours)
-        self.group = None
-        if spec.accept == "grouped":
-            self.group = GroupRule.for_target(target, spec.group_window, spec.group_gap, spec.group_dist)
+        _check_tree(tree, config)
+        self.relax, self.group = _acceptance_parts(config, neighbours)
 
         # -- state (fixed shapes; identities never change) -----------------------------------
-        # Target: committed tokens + one verified tree (+ the policy's nodes after it).
-        committed = config.cls + config.num_tokens + m
+        # Target: committed tokens (+ a longest block) + one verified tree (+ the policy's extra nodes)
+        committed = config.cls + config.num_tokens + tree.max_depth + 1
         self.cache = target.new_cache(config.rows, committed + tree.size + self.policy.extra, dev)
         self.buffers = DecodeBuffers.allocate(config, tree, target.config.dim, sampled_q=self.policy.needs_q,
                                               track_nodes=track_nodes)
         self.rng = CounterRNG(dev, streams=b)  # one counter-based stream per image
         self.policy.bind(DraftView.of(config, self.rng, self.buffers, grouped=self.group is not None), committed)
-        self.no_position = torch.tensor(NO_POSITION, device=dev)
-        self.image_ids = torch.arange(b, device=dev)
+        self.no_position, self.image_ids = torch.tensor(NO_POSITION, device=dev), torch.arange(b, device=dev)
         self.accept_rule = acceptance_rule(config.params.greedy, self.rng, self.relax, self.group, rows=self.image_ids)
         per_image = config.rows // b
         # model rows of each image, and a condition-sized cache to prefill one image in
@@ -241,8 +218,7 @@ class Decoder:
         # the levels drafted and the depths its accepted path could reach (drafted that deep)
         self.proposals = {d: self.policy.proposal(d) for d in self.policy.verified_depths()}
         self.variable_depth = len(self.proposals) > 1 or self.policy.drafted_levels() is not None
-        self.measure_law, self.law_every = False, 1
-        self._iteration = 0
+        self.measure_law, self.law_every, self._iteration = False, 1, 0
 
         # -- steps: eager until `capture_steps` swaps in captured replays ------------------
         # the draft as the policy's segments (one, unless its depth is decided as it goes),
@@ -258,8 +234,7 @@ class Decoder:
         # (what `finished` checks), whether the batch was prefilled, the counts last read
         self.slots: list[SlotRequest | None] = [None] * b
         self.active = torch.zeros(b, dtype=torch.bool, device=dev)
-        self._running = False
-        self._counts: list[int] | None = None
+        self._running, self._counts = False, None
 
     # ------------------------------------------------------------------------------------
     def capture_steps(self, cond: torch.Tensor, cond_mask: torch.Tensor | None) -> None:
@@ -686,6 +661,37 @@ class Decoder:
                           depth_reached=reached, relax_mass=float(buf.relax_mass[i]),
                           accepted_drafts=accepted - 1 - iters, drafted_levels=drafted,
                           law_tvd=law_tvd, law_bound=law_bound, law_steps=int(law_steps))
+
+
+def _check_tree(tree: Any, config: DecodeConfig) -> None:
+    """Refuse a tree this model cannot verify: more children than tokens, or deeper than its RoPE table."""
+    if tree.max_children > config.vocab:
+        raise UserError(f"the draft tree gives a node {tree.max_children} children (ranks 0.."
+                        f"{tree.max_children - 1}) but this model has only {config.vocab} tokens; "
+                        "use a narrower tree or a smaller --top-k-draft")
+    room = config.target.max_position - config.cls - config.num_tokens
+    if tree.max_depth + 1 > room:
+        raise UserError(f"tree depth {tree.max_depth} is too deep for this model's RoPE table (at most {room - 1})")
+
+
+def _acceptance_parts(config: DecodeConfig, neighbours: torch.Tensor | None) -> tuple[Relaxation, GroupRule | None]:
+    """The relaxation (over the (V, k) codebook neighbour table, where the method relaxes) and
+    the grouped rule (or None) of the method's acceptance."""
+    spec = config.spec
+    kind = spec.relaxation_kind
+    if kind != "none" and neighbours is None:
+        raise UserError(f"method {spec.method} needs the codebook neighbour table (pass the VQ model)")
+    zero_neighbours = None
+    if neighbours is not None:
+        # the paper rule clears a rejected draft's k+1 nearest codes (where the table has them)
+        zero_neighbours = neighbours[:, : spec.lantern_k + 1].to(config.device)
+        neighbours = zero_neighbours[:, : spec.lantern_k]
+    relax = Relaxation(kind, spec.lantern_delta, spec.lantern_lambda, neighbours, rule=spec.relax_rule,
+                       zero_neighbours=zero_neighbours)
+    group = None
+    if spec.accept == "grouped":
+        group = GroupRule.for_target(config.target, spec.group_window, spec.group_gap, spec.group_dist)
+    return relax, group
 
 
 def _mask_of(request: SlotRequest) -> torch.Tensor:

@@ -28,6 +28,7 @@ from runtime.core.methods import MethodSpec
 from runtime.core.rng import CounterRNG
 from runtime.core.sampling import SamplingParams, apply_cfg, cfg_off_mask, probabilities
 from runtime.core.tree import TreeBuffers
+from runtime.errors import UserError
 
 if TYPE_CHECKING:
     from runtime.models.target import DrafterModel, Target
@@ -57,7 +58,12 @@ class DecodeConfig:
 
     @classmethod
     def for_models(cls, target: Target, drafter: DrafterModel | None, spec: MethodSpec, batch: int) -> DecodeConfig:
-        """The settings of `spec` on `target` (its device and dtype) at batch size `batch`."""
+        """The settings of `spec` on `target` (its device and dtype) at batch size `batch`; refuses
+        a batch below 1 and a drafted method without its drafter."""
+        if batch < 1:
+            raise UserError(f"--batch-size must be >= 1, got {batch}")
+        if spec.needs_drafter and drafter is None:
+            raise UserError(f"method {spec.method} needs a drafter; pass --drafter DIR or use --method ar")
         weight = target.tok_embeddings.weight
         return cls(spec=spec, target=target, drafter=drafter, device=weight.device, dtype=weight.dtype,
                    batch=batch, rows=(2 if spec.sampling.uses_cfg else 1) * batch,
