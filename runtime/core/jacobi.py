@@ -39,7 +39,7 @@ import math
 import torch
 
 from runtime.core.drafting import DraftPolicy
-from runtime.core.rng import gumbel_from_uniform
+from runtime.core.rng import gumbel_from_uniform, token_from_uniform
 from runtime.core.state import DraftView
 from runtime.core.tree import StaticTree, TreeBuffers, chain_tree, static_buffers, validate_paths
 
@@ -166,7 +166,7 @@ class JacobiPolicy(DraftPolicy):
             u = view.rng.keyed_uniform(start + self.node_ids, stream=2)
         else:
             u = noise[..., 1]
-        uniform = (u * v).long().clamp(max=v - 1)
+        uniform = token_from_uniform(u, v)
         if o == 0:
             return uniform
         # new window with the root at index 0 and the o committed tokens before it

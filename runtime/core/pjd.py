@@ -35,7 +35,7 @@ from __future__ import annotations
 import torch
 
 from runtime.core.jacobi import JacobiPolicy
-from runtime.core.rng import gumbel_from_uniform
+from runtime.core.rng import gumbel_from_uniform, token_from_uniform
 from runtime.core.state import DraftView, LookaheadRows
 from runtime.core.tree import TreeBuffers, chain_tree, static_buffers
 
@@ -100,7 +100,7 @@ class PJDPolicy(JacobiPolicy):
     def _canvas_prior(self, index: torch.Tensor) -> torch.Tensor:
         """A token for image indices nothing has proposed yet: uniform, keyed by the index."""
         u = self.view.rng.keyed_uniform(index, stream=PRIOR_STREAM)
-        return (u * self.config.vocab).long().clamp(max=self.config.vocab - 1)
+        return token_from_uniform(u, self.config.vocab)
 
     def _prior(self, redraft: torch.Tensor, stale: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
         """Fresh frontier positions: the lookahead rows' proposal where there is one, else `init`."""

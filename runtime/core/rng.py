@@ -175,3 +175,9 @@ def race(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 def gumbel_from_uniform(u: torch.Tensor) -> torch.Tensor:
     """Standard Gumbel noise -log(-log(u)) for u in (0, 1); finite for every u `uniform` returns."""
     return -torch.log(exponential_from_uniform(u))
+
+
+def token_from_uniform(u: torch.Tensor, vocab: int) -> torch.Tensor:
+    """A uniform token in [0, vocab) from uniforms u in [0, 1) (same shape, long): floor(u * vocab),
+    clamped where float rounding lands on vocab."""
+    return (u * vocab).long().clamp(max=vocab - 1)
