@@ -37,7 +37,7 @@ from safetensors.torch import save_file  # noqa: E402
 from transformers.models.llama import LlamaConfig  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-WORK = os.environ.get("REFHARNESS_WORK", os.path.join(os.getcwd(), "refharness-work"))  # models, results, caches
+WORK = refenv.WORK
 
 
 def target_config(layers: int, dim: int, heads: int) -> dict:

@@ -66,3 +66,18 @@ def load_captions(path: str) -> list[str]:
         CAPTIONS[key] = (emb[i], mask[i])
         keys.append(key)
     return keys
+
+
+def add_settings(ap) -> None:
+    """The measurement settings both sides take (reference_run.py, runtime_run.py): one set of
+    defaults, so the two decode the same images with the same method settings."""
+    ap.add_argument("--images", type=int, default=2, help="captions 0..N-1, one image each")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=1, help="untimed runs of each method (image 0)")
+    ap.add_argument("--cfg", type=float, default=3.0)
+    ap.add_argument("--lantern-k", type=int, default=1000)
+    ap.add_argument("--lantern-delta", type=float, default=0.1)
+    ap.add_argument("--lantern-lambda", type=float, default=2.0)
+    ap.add_argument("--tree", default="naive_extend_57")
+    ap.add_argument("--threads", type=int, default=1)
+

@@ -31,7 +31,7 @@ import torch
 import refenv
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-WORK = os.environ.get("REFHARNESS_WORK", os.path.join(os.getcwd(), "refharness-work"))  # models, results, caches
+WORK = refenv.WORK
 METHODS = ("ar", "eagle2", "lantern", "lantern++")
 
 
@@ -56,15 +56,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default=os.path.join(WORK, "models"))
     ap.add_argument("--methods", default=",".join(METHODS))
-    ap.add_argument("--images", type=int, default=2, help="captions 0..N-1, one image each")
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--warmup", type=int, default=1, help="untimed runs of each method (image 0)")
-    ap.add_argument("--cfg", type=float, default=3.0)
-    ap.add_argument("--lantern-k", type=int, default=1000)
-    ap.add_argument("--lantern-delta", type=float, default=0.1)
-    ap.add_argument("--lantern-lambda", type=float, default=2.0)
-    ap.add_argument("--tree", default="naive_extend_57")
-    ap.add_argument("--threads", type=int, default=1)
+    refenv.add_settings(ap)
     ap.add_argument("--table", default=None, help="neighbour table .npy (default: refcwd's, built as "
                     "generate_codebook.py builds it)")
     ap.add_argument("--out", default=os.path.join(WORK, "results", "ref"))

@@ -37,8 +37,10 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+import refenv  # noqa: E402  (the shared settings and work folder; it imports no reference code)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-WORK = os.environ.get("REFHARNESS_WORK", os.path.join(os.getcwd(), "refharness-work"))  # models, results, caches
+WORK = refenv.WORK
 REPO = os.path.dirname(os.path.dirname(HERE))  # the project repository
 METHODS = ("ar", "eagle2", "lantern", "lantern++")
 
@@ -65,15 +67,7 @@ def main() -> None:
     ap.add_argument("--models", default=os.path.join(WORK, "models"))
     ap.add_argument("--mode", choices=("graph", "eager"), required=True)
     ap.add_argument("--methods", default=",".join(METHODS))
-    ap.add_argument("--images", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--cfg", type=float, default=3.0)
-    ap.add_argument("--lantern-k", type=int, default=1000)
-    ap.add_argument("--lantern-delta", type=float, default=0.1)
-    ap.add_argument("--lantern-lambda", type=float, default=2.0)
-    ap.add_argument("--tree", default="naive_extend_57")
-    ap.add_argument("--threads", type=int, default=1)
+    refenv.add_settings(ap)
     ap.add_argument("--no-gc", action="store_true", help="gc.disable() during the timed repeats")
     ap.add_argument("--phases", action="store_true", help="after the timed repeats, one extra untimed image per "
                     "method with the runtime's phase timer on (prefill/draft/verify/accept seconds)")
