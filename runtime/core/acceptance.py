@@ -217,6 +217,12 @@ def _deepest(full: torch.Tensor, tree: TreeBuffers, rows: torch.Tensor, weights:
         best = (full * depth1).argmax(-1)  # first of the deepest
     else:
         best = (full * (depth1 + tie)).argmax(-1)
+    return _ending_at(best, tree, rows, weights)
+
+
+def _ending_at(best: torch.Tensor, tree: TreeBuffers, rows: torch.Tensor, weights: tuple[torch.Tensor, ...]) -> _Walk:
+    """The walk whose path ends at node best (B,) long."""
+    anc, _, depth1 = weights
     shared = tree.shared_walk()
     if shared is not None:  # one row per image holds the path, the commit row, the count and more
         row = shared.rows[best]
@@ -287,6 +293,42 @@ def accept_greedy(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers,
     bonus = p[rows, w.best].argmax(-1)
     relax_mass = _path_sum(mass_used, w) if relax.active else torch.zeros_like(bonus, dtype=p.dtype)
     return Accepted(w.path, w.count, bonus, relax_mass, w.commit)
+
+
+def accept_greedy_path(tokens: torch.Tensor, tree: TreeBuffers, choice_at: Callable[[torch.Tensor, int], torch.Tensor],
+                       cap: torch.Tensor | None = None) -> Accepted:
+    """Exact greedy verification that asks for the target's choice only along the path it accepts.
+
+    choice_at(node, d): the target's argmax (B,) after node (B,) long, a node at depth d for
+    every image still walking (the others' answers are not read). From the root, a node's
+    child is accepted when its token is that choice; the walk stops at the first node none of
+    whose children is (or at an image's `cap`), and the choice there is the bonus.
+
+    Same result as `accept_greedy` without relaxation: siblings hold distinct tokens, so at
+    most one child of an accepted node passes and the accepted path is unique; but the target's
+    distribution is needed at D + 1 nodes per image instead of N + 1 (one small head matmul
+    per depth, D + 1 of them, fixed, so the step stays capturable).
+    """
+    b = tokens.size(0)
+    rows = torch.arange(b, device=tokens.device)
+    node = torch.zeros(b, dtype=torch.long, device=tokens.device)
+    walking = torch.ones(b, dtype=torch.bool, device=tokens.device)
+    bonus = torch.zeros_like(node)
+    for d in range(tree.max_depth + 1):
+        choice = choice_at(node, d)
+        if d == tree.max_depth:
+            bonus = torch.where(walking, choice, bonus)
+            break
+        kids = tree.children[rows, node] if tree.batched else tree.children[node]  # (B, K), -1 = none
+        passed = (kids >= 0) & (tokens.gather(1, kids.clamp(min=0)) == choice[:, None])
+        if cap is not None:  # nothing below an image's own cut
+            passed &= (cap > d)[:, None]
+        on = passed.any(-1) & walking
+        bonus = torch.where(walking & ~on, choice, bonus)
+        node = torch.where(on, kids.gather(1, passed.long().argmax(-1, keepdim=True)).squeeze(1), node)
+        walking = on
+    w = _ending_at(node, tree, rows, tree.walk_weights())
+    return Accepted(w.path, w.count, bonus, torch.zeros(b, dtype=torch.float32, device=tokens.device), w.commit)
 
 
 # A sampled draft's relaxation is computed for the proposal's top-m tokens only (see below).

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from runtime.core.acceptance import Accepted, GroupRule, Relaxation, acceptance_rule
+from runtime.core.acceptance import Accepted, GroupRule, Relaxation, accept_greedy_path, acceptance_rule
 from runtime.core.policies import make_policy
 from runtime.core.methods import MethodSpec
 from runtime.core.opcount import kernels_generated
@@ -161,7 +161,9 @@ class Decoder:
     steps run eagerly. Set `timer` (an object with `.phase(name)`, e.g. `backend.timer()`)
     to time the phases prefill / draft / verify / accept. `track_nodes`: count in
     `buffers.node_hits` (B, N+1) how often each tree node was accepted (runtime tune's
-    calibration). Set `measure_law` (every `law_every`-th iteration) to measure what the
+    calibration). `head_on_path`: exact greedy acceptance runs the target's head along the path it
+    accepts rather than over every verified node (`_head_on_path`; None = where that saves work).
+    Set `measure_law` (every `law_every`-th iteration) to measure what the
     acceptance rule does to the law: between verify and accept, the output law at the root's
     children (the first drafted position) is computed (`runtime.core.law`) and its TV distance
     from the target is summed per image with the stated bound; eager host-side work outside
@@ -187,7 +189,7 @@ class Decoder:
 
     def __init__(self, target: Target, drafter: DrafterModel | None, spec: MethodSpec, *,
                  neighbours: torch.Tensor | None = None, backend: Backend | None = None, batch_size: int = 1,
-                 track_nodes: bool = False) -> None:
+                 track_nodes: bool = False, head_on_path: bool | None = None) -> None:
         self.config = config = DecodeConfig.for_models(target, drafter, spec, batch_size)
         self.backend = backend
         self.timer: Any = None
@@ -209,6 +211,7 @@ class Decoder:
         self.policy.bind(DraftView.of(config, self.rng, self.buffers, grouped=self.group is not None), committed)
         self.no_position, self.image_ids = torch.tensor(NO_POSITION, device=dev), torch.arange(b, device=dev)
         self.accept_rule = acceptance_rule(config.params.greedy, self.rng, self.relax, self.group, rows=self.image_ids)
+        self.head_on_path = self.p_is_order and _head_on_path(head_on_path, config, tree)
         per_image = config.rows // b
         # model rows of each image, and a condition-sized cache to prefill one image in
         self.image_rows = [i + b * torch.arange(per_image, device=dev) for i in range(b)]
@@ -292,8 +295,26 @@ class Decoder:
         return self.timer if self.timer is not None else _NullTimer()
 
     def _dist(self, logits: torch.Tensor, depth: torch.Tensor | int | None = None) -> torch.Tensor:
-        """The target's (R, T, V) logits -> (B, T, V) processed distribution at the current counts."""
-        return self.config.dist(logits, self.buffers.count, depth)
+        """The target's (R, T, V) logits -> (B, T, V) processed distribution at the current counts
+        (its order only, the guided logits, where nothing reads more: `p_is_order`)."""
+        return self.config.dist(logits, self.buffers.count, depth, rank=self.p_is_order)
+
+    @property
+    def p_is_order(self) -> bool:
+        """Greedy exact acceptance reads only the target's argmax, so `p` may keep the guided
+        logits and skip the softmax; a relaxation, a policy that reads `p` or sampling need
+        the distributions."""
+        return self.config.params.greedy and not self.relax.active and not self.policy.reads_p
+
+
+    def _target_choice(self, node: torch.Tensor, depth: int) -> torch.Tensor:
+        """The target's greedy token (B,) after node (B,) long of the verified tree, every image's
+        node at `depth`: its head over that node's verified hidden state."""
+        config, buf = self.config, self.buffers
+        at = config.expand_rows(node)[:, None, None].expand(-1, 1, buf.hidden.size(-1))
+        logits = config.target.logits(buf.hidden.gather(1, at))  # (R, 1, V)
+        self._note_nonfinite(0, logits, depth)
+        return self._dist(logits, depth)[:, 0].argmax(-1)
 
     def pick(self, probs: torch.Tensor, streams: torch.Tensor | None = None) -> torch.Tensor:
         """One token per row of (B, ..., V): argmax (greedy) or a sample (image i's stream;
@@ -409,14 +430,16 @@ class Decoder:
             extra.p.copy_(self._dist(ahead, extra.offset))
             hidden = hidden[:, :n1]
         buf.hidden[:, :n1].copy_(hidden)
+        if self.head_on_path and tree.max_depth:  # acceptance asks for the target's choices itself
+            return
         logits = config.target.logits(hidden)
         self._note_nonfinite(0, logits, tree.depth)
         if proposal.q is not None:  # sampled drafts: q enters acceptance and the residual
             self._note_nonfinite(1, proposal.q, tree.depth)
         buf.p[:, :n1].copy_(self._dist(logits, tree.depth))
 
-    def _note_nonfinite(self, part: int, values: torch.Tensor, depth: torch.Tensor) -> None:
-        """Record in `nonfinite[part]` the first image-token index (count + depth; depth (T,) or
+    def _note_nonfinite(self, part: int, values: torch.Tensor, depth: torch.Tensor | int) -> None:
+        """Record in `nonfinite[part]` the first image-token index (count + depth; depth an int, (T,) or
         per image (B, T)) whose row of values (rows or B, T, V) holds NaN or inf. A done image's slot may record more; nobody
         reads it (the image was collected, and `start_image` resets the slot)."""
         buf, b = self.buffers, self.config.batch
@@ -439,8 +462,12 @@ class Decoder:
         proposal = proposal or self._deepest()
         tree = proposal.tree
         n1 = tree.size
-        acc: Accepted = self.accept_rule(proposal.tokens, buf.p[:, :n1], proposal.q, tree, policy.accept_uniforms(),
-                                         policy.depth_cap())
+        acc: Accepted
+        if self.head_on_path:  # exact greedy: the target's head runs only along the accepted path
+            acc = accept_greedy_path(proposal.tokens, tree, self._target_choice, policy.depth_cap())
+        else:
+            acc = self.accept_rule(proposal.tokens, buf.p[:, :n1], proposal.q, tree, policy.accept_uniforms(),
+                                   policy.depth_cap())
         path, bonus = acc.path, acc.bonus  # (B, M), (B,)
         if path.size(1) < max_depth + 1:  # a prefix tree: pad as path_table does (repeat the last)
             path = torch.cat([path, path[:, -1:].expand(-1, max_depth + 1 - path.size(1))], 1)
@@ -661,6 +688,25 @@ class Decoder:
                           depth_reached=reached, relax_mass=float(buf.relax_mass[i]),
                           accepted_drafts=accepted - 1 - iters, drafted_levels=drafted,
                           law_tvd=law_tvd, law_bound=law_bound, law_steps=int(law_steps))
+
+
+# The head's multiply-adds `_head_on_path` must save before the walk's extra ops (about 25 per
+# depth) pay on the CPU: about 1 ms of one core.
+HEAD_ON_PATH_MIN_MACS = 1 << 25
+
+
+def _head_on_path(given: bool | None, config: DecodeConfig, tree: Any) -> bool:
+    """Whether exact greedy acceptance runs the target's head only along the path it accepts
+    (`accept_greedy_path`: D + 1 one-row matmuls; verify then leaves p alone) instead of over
+    all N + 1 verified nodes at once. given: the caller's choice; None = where it saves
+    compute: on the CPU (compute-bound), when the head work it skips is worth more than the
+    walk's extra ops (a head that is a large part of a small model's verify). Where reading the
+    weights is the cost (a GPU or Gaudi) every extra one-row matmul reads the whole head again
+    (LlamaGen-XL's: 42 MB in bf16), so it stays off there."""
+    if given is not None:
+        return given
+    skipped = config.rows * (tree.size - tree.max_depth - 1) * config.vocab * config.target.config.dim
+    return config.device.type == "cpu" and tree.max_depth > 0 and skipped >= HEAD_ON_PATH_MIN_MACS
 
 
 def _check_tree(tree: Any, config: DecodeConfig) -> None:

@@ -36,6 +36,7 @@ drafts as deterministic (top-k / EAGLE-2, `q` None).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
@@ -89,6 +90,7 @@ class DraftPolicy:
     kind = "none"
     sampled_q = False  # acceptance sees `view.q` (drafts were sampled from it)
     needs_q = False  # the loop allocates `q` (N+1, V)
+    reads_p = False  # the policy reads the target's `p` (otherwise only acceptance does)
     # Nodes verified after the tree in the same forward that acceptance never judges (pjd's
     # lookahead rows): a policy with extra > 0 hands them over as its proposals' `lookahead`.
     extra = 0
@@ -264,8 +266,14 @@ class DrafterPolicy(DraftPolicy):
         return root
 
     def _dist(self, out: torch.Tensor, depth: torch.Tensor | int, log: bool = False) -> torch.Tensor:
-        """The drafts' distribution (its log with `log`) after drafter outputs `out` (rows, T, dim)."""
-        return self.view.dist(self.config.target.logits(out), depth, draft=True, log=log)
+        """The drafts' distribution (its log with `log`) after drafter outputs `out` (rows, T, dim);
+        with `ranks_q`, the guided logits instead (`DecodeConfig.dist(rank=True)`)."""
+        return self.view.dist(self.config.target.logits(out), depth, draft=True, log=log, rank=self.ranks_q)
+
+    @property
+    def ranks_q(self) -> bool:
+        """q holds only an order (greedy drafts whose q nothing but the top-k reads)."""
+        return False
 
     def _root_level(self) -> torch.Tensor:
         """Level 0: the drafter over the accepted block and the root's q (its children's
@@ -287,6 +295,12 @@ class StaticTreePolicy(DrafterPolicy):
     @property
     def sampled_q(self) -> bool:  # type: ignore[override]
         return not self.config.params.greedy
+
+    @property
+    def ranks_q(self) -> bool:  # type: ignore[override]
+        # greedy, one step: q is read by `_pick`'s top-k alone (the reference's static-tree
+        # drafter ranks logits too); --dynamic-depth reads path probabilities from it
+        return self.config.params.greedy and self.config.spec.dynamic_depth is None
 
     def build_tree(self, device: torch.device) -> TreeBuffers:
         self.static = load_tree(self.config.spec.tree_spec)
@@ -310,6 +324,7 @@ class StaticTreePolicy(DrafterPolicy):
             contiguous = par[a:b] == sorted(par[a:b]) and len(set(par[a:b])) == hi - lo + 1
             self.parent_range.append((lo, hi + 1) if contiguous and all(par[a:b].count(x) == (b - a) // (hi - lo + 1)
                                                                           for x in range(lo, hi + 1)) else None)
+        self.forwarded = _forwarded_nodes(self.levels, par, device)
         # drafted nodes over drafted slots (`tree_mask`: additive, made in `bind`)
         self.tree_seen = tree.ancestor_mask[1:, 1:].contiguous()
         self.level_offsets = torch.arange(tree.max_depth, device=device)
@@ -392,22 +407,24 @@ class StaticTreePolicy(DrafterPolicy):
         cfg, view, tree = self.config, self.view, self.tree
         start, end = self.levels[d - 1]
         rot, slots, mask = ctx if ctx is not None else self._tree_context()
-        span = self.parent_range[d - 1]
-        # parents' rows: absolute node ids in the buffer, ids relative to level d - 1 in prev
-        if span is None:
-            hid = self.draft_hidden[:, tree.parent[start:end]] if prev is None else prev[:, self.level_parent[d - 1]]
-        else:  # parents a..b-1, each with the same number of children, in order
-            first = 0 if prev is None or d == 1 else self.levels[d - 2][0]
-            a, b = span[0] - first, span[1] - first
-            hid = (self.draft_hidden if prev is None else prev)[:, a:b, None].expand(
-                -1, -1, (end - start) // (b - a), -1).flatten(1, 2)
-        width = end - start
-        out = self.drafter.forward_block(cfg.expand_rows(view.tokens[:, start:end]), hid,
+        if prev is not None:  # one step: the level's nodes with children, parents among prev's
+            level = self.forwarded[d - 1]
+            nodes, at, width = level.nodes, level.slots, level.width
+            hid = level.parents_of(prev)
+        else:  # a segment of --dynamic-depth: the whole level, parents read from draft_hidden
+            nodes, at, width = slice(start, end), slice(start - 1, end - 1), end - start
+            span = self.parent_range[d - 1]
+            if span is None:
+                hid = self.draft_hidden[:, tree.parent[start:end]]
+            else:  # parents a..b-1, each with the same number of children, in order
+                a, b = span
+                hid = self.draft_hidden[:, a:b, None].expand(-1, -1, width // (b - a), -1).flatten(1, 2)
+        out = self.drafter.forward_block(cfg.expand_rows(view.tokens[:, nodes]), hid,
                                          rot[:, d - 1:d].expand(-1, width, *rot.shape[2:]),
-                                         slots[:, start - 1:end - 1], mask[:, :, start - 1:end - 1], self.dcache)
+                                         slots[:, at], mask[:, :, at], self.dcache)
         if prev is None and d + 1 < tree.max_depth:  # the deepest forwarded level is nobody's parent
             self.draft_hidden[:, start:end] = out
-        self.q[:, start:end] = self._dist(out, d)
+        self.q[:, nodes] = self._dist(out, d)
         return out
 
     def bind(self, view: DraftView, committed: int) -> None:
@@ -507,6 +524,51 @@ class StaticTreePolicy(DrafterPolicy):
         self.confident.copy_(reach.amax(-1) >= threshold)
         # the first failed check cuts the image at depth d (a later one cannot deepen it)
         self.cut.copy_(torch.where(self.confident | (self.cut <= d), self.cut, d))
+
+
+@dataclass(frozen=True)
+class ForwardedLevel:
+    """The nodes of one static-tree level that a one-step draft runs through the drafter: the
+    contiguous span from its first to its last node with children (a leaf's drafter output would
+    only propose children it does not have; a span keeps the selections views, not gathers).
+
+    nodes: their ids; slots: the same rows of the tree context (node i is context row i - 1);
+    width: how many; parents: each one's parent as a position among the previous level's
+    forwarded nodes, a (first, stop) range when the parents are that range in order with the
+    same number of children each, else a (width,) index.
+    """
+
+    nodes: slice
+    slots: slice
+    width: int
+    parents: tuple[int, int] | torch.Tensor
+
+    def parents_of(self, prev: torch.Tensor) -> torch.Tensor:
+        """The parents' drafter outputs (rows, width, dim) from the previous level's (rows, n', dim)."""
+        if isinstance(self.parents, torch.Tensor):
+            return prev[:, self.parents]
+        a, b = self.parents
+        return prev[:, a:b, None].expand(-1, -1, self.width // (b - a), -1).flatten(1, 2)
+
+
+def _forwarded_nodes(levels: list[tuple[int, int]], parent: list[int], device: torch.device) -> list[ForwardedLevel]:
+    """`ForwardedLevel` of levels 1 .. D-1 of a static tree (levels: each level's (start, end)
+    node ids; parent: every node's parent id, on the host). A node's parent has children, so
+    it lies in the previous level's span."""
+    has_children = set(parent[1:])
+    first = 0  # level 0: the root
+    out = []
+    for start, end in levels[:-1]:
+        kept = [i for i in range(start, end) if i in has_children]
+        lo, hi = kept[0], kept[-1] + 1
+        pos = [parent[i] - first for i in range(lo, hi)]
+        a, b = pos[0], pos[-1] + 1
+        each = len(pos) // (b - a)
+        grid = pos == [x for x in range(a, b) for _ in range(each)]
+        out.append(ForwardedLevel(nodes=slice(lo, hi), slots=slice(lo - 1, hi - 1), width=hi - lo,
+                                  parents=(a, b) if grid else torch.tensor(pos, device=device)))
+        first = lo
+    return out
 
 
 class DynamicTreePolicy(DrafterPolicy):

@@ -61,6 +61,7 @@ class JacobiPolicy(DraftPolicy):
 
     kind = "jacobi"
     needs_q = True
+    reads_p = True  # stale proposals come from the target's last distributions
 
     @property
     def sampled_q(self) -> bool:  # type: ignore[override]

@@ -55,7 +55,6 @@ class DecodeConfig:
     num_tokens: int  # S, tokens per image
     # a layout's fixed tokens: constrain(logits (B, T, V), image index (B, T)) -> logits, or None
     constrain: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None
-
     @classmethod
     def for_models(cls, target: Target, drafter: DrafterModel | None, spec: MethodSpec, batch: int) -> DecodeConfig:
         """The settings of `spec` on `target` (its device and dtype) at batch size `batch`; refuses
@@ -80,16 +79,19 @@ class DecodeConfig:
         return t[None].expand(2, *t.shape).flatten(0, 1) if self.params.uses_cfg else t
 
     def dist(self, logits: torch.Tensor, count: torch.Tensor, depth: torch.Tensor | int | None = None, *,
-             draft: bool = False, log: bool = False) -> torch.Tensor:
+             draft: bool = False, log: bool = False, rank: bool = False) -> torch.Tensor:
         """(R, T, V) logits -> (B, T, V) processed distribution (CFG, temperature, top-k/p).
 
         count: (B,) tokens known per image. depth: tree depth of the T nodes these logits follow
         ((T,) or per image (B, T) tensor, or an int for all); the token they predict has image
         index count + depth, which decides whether `cfg_interval` has switched guidance off.
         None = the prefill (guidance always on). draft: the drafter's logits, mixed by the
-        fused CFG (`apply_cfg`); log: the log of the distribution (`probabilities`).
+        fused CFG (`apply_cfg`); log: the log of the distribution (`probabilities`). rank (greedy
+        only): the guided, constrained logits, unnormalised; they order the tokens as the
+        distribution does, which is all a greedy top-k reads.
         """
         params = self.params
+        assert not rank or params.greedy, "rank is the greedy distribution's order; sampling needs the distribution"
         off = None
         if depth is not None and params.uses_cfg and params.cfg_interval >= 0:
             index = (count[:, None] + depth).expand(self.batch, logits.size(1))
@@ -98,7 +100,7 @@ class DecodeConfig:
         if self.constrain is not None:  # tokens the model's layout fixes or forbids at an image index
             index = count[:, None] + depth if depth is not None else torch.zeros_like(count)[:, None]
             mixed = self.constrain(mixed, index.expand(mixed.size(0), mixed.size(1)))
-        return probabilities(mixed, params, log=log)
+        return mixed if rank else probabilities(mixed, params, log=log)
 
 
 @dataclass(frozen=True, eq=False)
@@ -108,7 +110,8 @@ class DecodeBuffers:
     The decode:
         tokens     (B, N+1) long   node tokens; the policy fills the drafts, accept sets the root
         q          (B, N+1, V)     q[:, i] = the distribution node i's children were drawn from
-                                   (None when the policy's drafts are not sampled)
+                                   (None when the policy's drafts are not sampled; a greedy
+                                   static tree keeps its guided logits there, an order only)
         p          (B, N+1, V)     the target's processed distribution after each node (verify)
         hidden     (R, N+1, D)     the target's last hidden state at each node (verify)
         count      (B,) long       tokens known per image, the pending root included
@@ -212,9 +215,9 @@ class DraftView:
                    b.block_ids, b.live_now)
 
     def dist(self, logits: torch.Tensor, depth: torch.Tensor | int | None = None, *, draft: bool = False,
-             log: bool = False) -> torch.Tensor:
+             log: bool = False, rank: bool = False) -> torch.Tensor:
         """`DecodeConfig.dist` at the images' current counts."""
-        return self.config.dist(logits, self.count, depth, draft=draft, log=log)
+        return self.config.dist(logits, self.count, depth, draft=draft, log=log, rank=rank)
 
     def live(self) -> torch.Tensor:
         """(B,) long, 1 for images still generating (`DecodeBuffers.live`, into the same tensor)."""
