@@ -259,7 +259,8 @@ def _path_sum(x: torch.Tensor, w: _Walk) -> torch.Tensor:
 
 
 def accept_greedy(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers,
-                  relax: Relaxation = Relaxation(), cap: torch.Tensor | None = None) -> Accepted:
+                  relax: Relaxation = Relaxation(), cap: torch.Tensor | None = None,
+                  bonus_at: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Accepted:
     """Greedy verification.
 
     Exact: a node is accepted if its token is the target argmax after its parent; the
@@ -270,6 +271,8 @@ def accept_greedy(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers,
     Guarantee (exact): the output equals AR greedy decoding token for token.
     Rule "paper" on a dynamic (batched) tree: among equally deep accepted paths the one the
     reference commits (`reference_row_order`); several siblings can pass only when relaxed.
+    bonus_at(best): the target's argmax (B,) after node best (B,) long, where p holds only the
+    rows of nodes with children (the rows acceptance judges drafts against); else p's.
     """
     b, n1 = tokens.shape
     rows = torch.arange(b, device=p.device)
@@ -290,7 +293,7 @@ def accept_greedy(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers,
     weights = tree.walk_weights()
     tie = reference_row_order(tree, weights) if relax.paper and tree.batched else None
     w = _walk(ok.to(p.dtype), tree, rows, weights, tie)
-    bonus = p[rows, w.best].argmax(-1)
+    bonus = p[rows, w.best].argmax(-1) if bonus_at is None else bonus_at(w.best)
     relax_mass = _path_sum(mass_used, w) if relax.active else torch.zeros_like(bonus, dtype=p.dtype)
     return Accepted(w.path, w.count, bonus, relax_mass, w.commit)
 

@@ -35,7 +35,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from runtime.core.acceptance import Accepted, GroupRule, Relaxation, accept_greedy_path, acceptance_rule
+from runtime.core.acceptance import (Accepted, GroupRule, Relaxation, accept_greedy, accept_greedy_path,
+                                     acceptance_rule)
 from runtime.core.policies import make_policy
 from runtime.core.methods import MethodSpec
 from runtime.core.opcount import kernels_generated
@@ -161,8 +162,8 @@ class Decoder:
     steps run eagerly. Set `timer` (an object with `.phase(name)`, e.g. `backend.timer()`)
     to time the phases prefill / draft / verify / accept. `track_nodes`: count in
     `buffers.node_hits` (B, N+1) how often each tree node was accepted (runtime tune's
-    calibration). `head_on_path`: exact greedy acceptance runs the target's head along the path it
-    accepts rather than over every verified node (`_head_on_path`; None = where that saves work).
+    calibration). `lazy_head`: greedy acceptance runs the target's head only where it reads it
+    rather than over every verified node (`_lazy_head`; None = where that saves work).
     Set `measure_law` (every `law_every`-th iteration) to measure what the
     acceptance rule does to the law: between verify and accept, the output law at the root's
     children (the first drafted position) is computed (`runtime.core.law`) and its TV distance
@@ -189,7 +190,7 @@ class Decoder:
 
     def __init__(self, target: Target, drafter: DrafterModel | None, spec: MethodSpec, *,
                  neighbours: torch.Tensor | None = None, backend: Backend | None = None, batch_size: int = 1,
-                 track_nodes: bool = False, head_on_path: bool | None = None) -> None:
+                 track_nodes: bool = False, lazy_head: bool | None = None) -> None:
         self.config = config = DecodeConfig.for_models(target, drafter, spec, batch_size)
         self.backend = backend
         self.timer: Any = None
@@ -211,7 +212,7 @@ class Decoder:
         self.policy.bind(DraftView.of(config, self.rng, self.buffers, grouped=self.group is not None), committed)
         self.no_position, self.image_ids = torch.tensor(NO_POSITION, device=dev), torch.arange(b, device=dev)
         self.accept_rule = acceptance_rule(config.params.greedy, self.rng, self.relax, self.group, rows=self.image_ids)
-        self.head_on_path = self.p_is_order and _head_on_path(head_on_path, config, tree)
+        self.lazy_head = _lazy_head(lazy_head, config, tree, self.relax.active, self.policy.reads_p)
         per_image = config.rows // b
         # model rows of each image, and a condition-sized cache to prefill one image in
         self.image_rows = [i + b * torch.arange(per_image, device=dev) for i in range(b)]
@@ -307,12 +308,13 @@ class Decoder:
         return self.config.params.greedy and not self.relax.active and not self.policy.reads_p
 
 
-    def _target_choice(self, node: torch.Tensor, depth: int) -> torch.Tensor:
-        """The target's greedy token (B,) after node (B,) long of the verified tree, every image's
-        node at `depth`: its head over that node's verified hidden state."""
+    def _target_choice(self, node: torch.Tensor, depth: torch.Tensor | int) -> torch.Tensor:
+        """The target's greedy token (B,) after node (B,) long of the verified tree at `depth`
+        (an int for every image, or (B,)): its head over that node's verified hidden state."""
         config, buf = self.config, self.buffers
         at = config.expand_rows(node)[:, None, None].expand(-1, 1, buf.hidden.size(-1))
         logits = config.target.logits(buf.hidden.gather(1, at))  # (R, 1, V)
+        depth = depth[:, None] if isinstance(depth, torch.Tensor) else depth
         self._note_nonfinite(0, logits, depth)
         return self._dist(logits, depth)[:, 0].argmax(-1)
 
@@ -430,7 +432,15 @@ class Decoder:
             extra.p.copy_(self._dist(ahead, extra.offset))
             hidden = hidden[:, :n1]
         buf.hidden[:, :n1].copy_(hidden)
-        if self.head_on_path and tree.max_depth:  # acceptance asks for the target's choices itself
+        if self.lazy_head == "path" and tree.max_depth:  # acceptance asks for the target's choices itself
+            return
+        if self.lazy_head == "parents" and tree.max_depth:  # only the nodes with children are judged against
+            stages = tree.stages
+            assert stages is not None, "the parents-only head is chosen for static trees alone"
+            judged = stages.order[: stages.rows[0]]
+            logits = config.target.logits(hidden[:, judged])
+            self._note_nonfinite(0, logits, tree.depth[judged])
+            buf.p[:, judged] = self._dist(logits, tree.depth[judged])
             return
         logits = config.target.logits(hidden)
         self._note_nonfinite(0, logits, tree.depth)
@@ -463,8 +473,11 @@ class Decoder:
         tree = proposal.tree
         n1 = tree.size
         acc: Accepted
-        if self.head_on_path:  # exact greedy: the target's head runs only along the accepted path
+        if self.lazy_head == "path":  # exact greedy: the target's head runs only along the accepted path
             acc = accept_greedy_path(proposal.tokens, tree, self._target_choice, policy.depth_cap())
+        elif self.lazy_head == "parents":  # relaxed greedy: the bonus's head runs once the leaf is known
+            acc = accept_greedy(proposal.tokens, buf.p[:, :n1], tree, self.relax, policy.depth_cap(),
+                                bonus_at=lambda best: self._target_choice(best, tree.depth[best]))
         else:
             acc = self.accept_rule(proposal.tokens, buf.p[:, :n1], proposal.q, tree, policy.accept_uniforms(),
                                    policy.depth_cap())
@@ -690,23 +703,35 @@ class Decoder:
                           law_tvd=law_tvd, law_bound=law_bound, law_steps=int(law_steps))
 
 
-# The head's multiply-adds `_head_on_path` must save before the walk's extra ops (about 25 per
-# depth) pay on the CPU: about 1 ms of one core.
-HEAD_ON_PATH_MIN_MACS = 1 << 25
+# The head's multiply-adds `_lazy_head` must skip before the extra ops it costs (about 25 per
+# depth for the path walk) pay on the CPU: about 1 ms of one core.
+LAZY_HEAD_MIN_MACS = 1 << 25
 
 
-def _head_on_path(given: bool | None, config: DecodeConfig, tree: Any) -> bool:
-    """Whether exact greedy acceptance runs the target's head only along the path it accepts
-    (`accept_greedy_path`: D + 1 one-row matmuls; verify then leaves p alone) instead of over
-    all N + 1 verified nodes at once. given: the caller's choice; None = where it saves
-    compute: on the CPU (compute-bound), when the head work it skips is worth more than the
-    walk's extra ops (a head that is a large part of a small model's verify). Where reading the
-    weights is the cost (a GPU or Gaudi) every extra one-row matmul reads the whole head again
-    (LlamaGen-XL's: 42 MB in bf16), so it stays off there."""
-    if given is not None:
-        return given
-    skipped = config.rows * (tree.size - tree.max_depth - 1) * config.vocab * config.target.config.dim
-    return config.device.type == "cpu" and tree.max_depth > 0 and skipped >= HEAD_ON_PATH_MIN_MACS
+def _lazy_head(given: bool | None, config: DecodeConfig, tree: Any, relaxed: bool, reads_p: bool) -> str | None:
+    """Where greedy acceptance runs the target's head instead of over all N + 1 verified nodes in
+    the verify: "path" (exact: along the path it accepts, D + 1 one-row matmuls,
+    `accept_greedy_path`; verify leaves p alone), "parents" (relaxed, static tree: at the nodes
+    with children, whose distributions the drafts are judged against, in the verify, and at the
+    accepted leaf for the bonus), or None (the head over every node: sampling, a policy that
+    reads p, a relaxed dynamic tree, or not worth it).
+
+    given: the caller's choice (True: wherever one applies); None = where it saves compute: on
+    the CPU (compute-bound), when the head work skipped is worth more than the extra ops (a head
+    that is a large part of a small model's verify). Where reading the weights is the cost (a
+    GPU or Gaudi), every extra small matmul reads the whole head again (LlamaGen-XL's: 42 MB in
+    bf16), so it stays off there.
+    """
+    if not config.params.greedy or reads_p or not tree.max_depth or given is False:
+        return None
+    if not relaxed:
+        mode, kept = "path", tree.max_depth + 1
+    elif not tree.batched and tree.stages is not None:
+        mode, kept = "parents", tree.stages.rows[0] + 1
+    else:
+        return None
+    skipped = config.rows * (tree.size - kept) * config.vocab * config.target.config.dim
+    return mode if given or (config.device.type == "cpu" and skipped >= LAZY_HEAD_MIN_MACS) else None
 
 
 def _check_tree(tree: Any, config: DecodeConfig) -> None:
