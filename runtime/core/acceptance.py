@@ -135,25 +135,28 @@ def relaxed_target(r: torch.Tensor, x: torch.Tensor, relax: Relaxation) -> tuple
     assert relax.neighbours is not None, "an active relaxation has its neighbour table"
     nb = relax.neighbours[x]  # (B, k)
     mass = r.gather(1, nb)  # (B, k)
-    cum = mass.cumsum(1)
     rx = r.gather(1, x[:, None]).squeeze(1)
-    if relax.kind == "delta":
-        bound = relax.delta * (rx > 0)
-    else:
-        bound = (relax.lam - 1.0) * rx
-    inside = cum <= bound[:, None]  # a prefix, since masses are >= 0
+    inside = _proximity_set(mass, rx, relax)
     c = (mass * inside).sum(1)
     r_t = r.scatter(1, nb, torch.where(inside, torch.zeros_like(mass), mass))
     r_t = r_t.scatter_add(1, x[:, None], c[:, None])
     return r_t, c
 
 
-def _parent_dists(p: torch.Tensor, tree: TreeBuffers, rows: torch.Tensor) -> torch.Tensor:
-    """(B, N+1, V): the distribution each node's token is judged against (its parent's);
-    rows: arange(B)."""
-    if not tree.batched:
-        return p[:, tree.parent]
-    return p[rows[:, None], tree.parent]
+def _proximity_set(mass: torch.Tensor, rx: torch.Tensor, relax: Relaxation) -> torch.Tensor:
+    """(..., k) bool: which of x's nearest neighbours (target masses `mass` (..., k), nearest
+    first) the proximity set holds, given x's own mass rx (...): the longest prefix whose
+    cumulative mass stays within the bound."""
+    if relax.kind == "delta":
+        bound = relax.delta * (rx > 0)
+    else:
+        bound = (relax.lam - 1.0) * rx
+    return mass.cumsum(-1) <= bound[..., None]  # a prefix, since masses are >= 0
+
+
+def _proximity_mass(mass: torch.Tensor, rx: torch.Tensor, relax: Relaxation) -> torch.Tensor:
+    """(...): the mass c that `relaxed_target` moves onto x (the proximity set's, `_proximity_set`)."""
+    return (mass * _proximity_set(mass, rx, relax)).sum(-1)
 
 
 def _per_node(weights: torch.Tensor, x: torch.Tensor, tree: TreeBuffers) -> torch.Tensor:
@@ -275,17 +278,20 @@ def accept_greedy(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers,
     rows of nodes with children (the rows acceptance judges drafts against); else p's.
     """
     b, n1 = tokens.shape
+    v = p.size(-1)
     rows = torch.arange(b, device=p.device)
-    par = _parent_dists(p, tree, rows)  # (B, N+1, V)
-    best_tok = par.argmax(-1)
-    ok = tokens == best_tok
+    parent = tree.parent.expand(b, n1)  # each node's parent, whose row of p judges it
+    # per row of p first, then each node reads its parent's: no (B, N+1, V) copy of the parents' rows
+    ok = tokens == p.argmax(-1).gather(1, parent)
     if relax.active:
-        flat = par.reshape(b * n1, -1)
-        x = tokens.reshape(-1)
-        _, c = relaxed_target(flat, x, relax)
-        px = flat.gather(1, x[:, None]).squeeze(1)
-        relaxed_ok = (px + c >= flat.max(-1).values).view(b, n1)
-        mass_used = c.view(b, n1).masked_fill(ok, 0.0)
+        assert relax.neighbours is not None, "an active relaxation has its neighbour table"
+        flat = p.reshape(b, n1 * v)
+        at = parent * v  # where each node's parent row starts in flat
+        px = flat.gather(1, at + tokens)  # (B, N+1)
+        mass = flat.gather(1, (at[..., None] + relax.neighbours[tokens]).view(b, -1)).view(b, n1, -1)
+        c = _proximity_mass(mass, px, relax)  # what relaxed_target moves onto each draft
+        relaxed_ok = px + c >= p.amax(-1).gather(1, parent)
+        mass_used = c.masked_fill(ok, 0.0)
         ok = ok | relaxed_ok
     ok[:, 0] = True
     if cap is not None:  # nothing below an image's own cut (its bonus is the argmax there anyway)
