@@ -263,7 +263,8 @@ def _path_sum(x: torch.Tensor, w: _Walk) -> torch.Tensor:
 
 def accept_greedy(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers,
                   relax: Relaxation = Relaxation(), cap: torch.Tensor | None = None,
-                  bonus_at: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Accepted:
+                  bonus_at: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                  parent_row: torch.Tensor | None = None) -> Accepted:
     """Greedy verification.
 
     Exact: a node is accepted if its token is the target argmax after its parent; the
@@ -274,18 +275,20 @@ def accept_greedy(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers,
     Guarantee (exact): the output equals AR greedy decoding token for token.
     Rule "paper" on a dynamic (batched) tree: among equally deep accepted paths the one the
     reference commits (`reference_row_order`); several siblings can pass only when relaxed.
-    bonus_at(best): the target's argmax (B,) after node best (B,) long, where p holds only the
-    rows of nodes with children (the rows acceptance judges drafts against); else p's.
+    Where p holds only the rows that judge drafts, (B, J, V) for the J nodes with children:
+    parent_row (N+1,) the row of each node's parent in it (`StageLayout.parent_row`), and
+    bonus_at(best) the target's argmax (B,) after node best (B,) long; else p's row best.
     """
     b, n1 = tokens.shape
     v = p.size(-1)
     rows = torch.arange(b, device=p.device)
-    parent = tree.parent.expand(b, n1)  # each node's parent, whose row of p judges it
+    # each node's parent's row of p, which judges it
+    parent = (tree.parent if parent_row is None else parent_row).expand(b, n1)
     # per row of p first, then each node reads its parent's: no (B, N+1, V) copy of the parents' rows
     ok = tokens == p.argmax(-1).gather(1, parent)
     if relax.active:
         assert relax.neighbours is not None, "an active relaxation has its neighbour table"
-        flat = p.reshape(b, n1 * v)
+        flat = p.reshape(b, -1)
         at = parent * v  # where each node's parent row starts in flat
         px = flat.gather(1, at + tokens)  # (B, N+1)
         mass = flat.gather(1, (at[..., None] + relax.neighbours[tokens]).view(b, -1)).view(b, n1, -1)

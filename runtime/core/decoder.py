@@ -42,6 +42,7 @@ from runtime.core.methods import MethodSpec
 from runtime.core.opcount import kernels_generated
 from runtime.core.rng import CounterRNG
 from runtime.core.state import MODEL_PARTS, NO_POSITION, DecodeBuffers, DecodeConfig, DraftProposal, DraftView
+from runtime.core.tree import TreeBuffers
 from runtime.errors import UserError
 
 if TYPE_CHECKING:
@@ -434,13 +435,11 @@ class Decoder:
         buf.hidden[:, :n1].copy_(hidden)
         if self.lazy_head == "path" and tree.max_depth:  # acceptance asks for the target's choices itself
             return
-        if self.lazy_head == "parents" and tree.max_depth:  # only the nodes with children are judged against
-            stages = tree.stages
-            assert stages is not None, "the parents-only head is chosen for static trees alone"
-            judged = stages.order[: stages.rows[0]]
+        if self.lazy_head == "parents" and tree.max_depth:  # only the nodes with children judge drafts
+            judged = _judging_nodes(tree)  # their rows, in this order, are p's first J
             logits = config.target.logits(hidden[:, judged])
             self._note_nonfinite(0, logits, tree.depth[judged])
-            buf.p[:, judged] = self._dist(logits, tree.depth[judged])
+            buf.p[:, : judged.numel()].copy_(self._dist(logits, tree.depth[judged]))
             return
         logits = config.target.logits(hidden)
         self._note_nonfinite(0, logits, tree.depth)
@@ -476,8 +475,11 @@ class Decoder:
         if self.lazy_head == "path":  # exact greedy: the target's head runs only along the accepted path
             acc = accept_greedy_path(proposal.tokens, tree, self._target_choice, policy.depth_cap())
         elif self.lazy_head == "parents":  # relaxed greedy: the bonus's head runs once the leaf is known
-            acc = accept_greedy(proposal.tokens, buf.p[:, :n1], tree, self.relax, policy.depth_cap(),
-                                bonus_at=lambda best: self._target_choice(best, tree.depth[best]))
+            stages = tree.stages
+            assert stages is not None, "the parents-only head is chosen for static trees alone"
+            acc = accept_greedy(proposal.tokens, buf.p[:, : stages.rows[0]], tree, self.relax, policy.depth_cap(),
+                                bonus_at=lambda best: self._target_choice(best, tree.depth[best]),
+                                parent_row=stages.parent_row)
         else:
             acc = self.accept_rule(proposal.tokens, buf.p[:, :n1], proposal.q, tree, policy.accept_uniforms(),
                                    policy.depth_cap())
@@ -701,6 +703,14 @@ class Decoder:
                           depth_reached=reached, relax_mass=float(buf.relax_mass[i]),
                           accepted_drafts=accepted - 1 - iters, drafted_levels=drafted,
                           law_tvd=law_tvd, law_bound=law_bound, law_steps=int(law_steps))
+
+
+def _judging_nodes(tree: TreeBuffers) -> torch.Tensor:
+    """(J,) the nodes of a static tree with children, in `StageLayout.order` (so that
+    `StageLayout.parent_row` is each node's parent's place among them)."""
+    stages = tree.stages
+    assert stages is not None, "the parents-only head is chosen for static trees alone"
+    return stages.order[: stages.rows[0]]
 
 
 # The head's multiply-adds `_lazy_head` must skip before the extra ops it costs (about 25 per

@@ -325,6 +325,10 @@ class StaticTreePolicy(DrafterPolicy):
             self.parent_range.append((lo, hi + 1) if contiguous and all(par[a:b].count(x) == (b - a) // (hi - lo + 1)
                                                                           for x in range(lo, hi + 1)) else None)
         self.forwarded = _forwarded_nodes(self.levels, par, device)
+        # per level: each node's parent among the previous level's forwarded span (`_pick`'s
+        # one-step form reads only those rows of q)
+        span_starts = [0] + [f.nodes.start for f in self.forwarded]
+        self.span_parent = [tree.parent[a:b] - span_starts[d] for d, (a, b) in enumerate(self.levels)]
         # drafted nodes over drafted slots (`tree_mask`: additive, made in `bind`)
         self.tree_seen = tree.ancestor_mask[1:, 1:].contiguous()
         self.level_offsets = torch.arange(tree.max_depth, device=device)
@@ -338,7 +342,7 @@ class StaticTreePolicy(DrafterPolicy):
         noise = None if self.config.params.greedy else self._noise()
         ctx, prev = self._tree_context(), root[:, None]
         for d in range(1, self.tree.max_depth + 1):
-            self._pick(d, noise)
+            self._pick(d, noise, spans=True)
             if d < self.tree.max_depth:
                 prev = self._forward(d, ctx, prev)
 
@@ -382,11 +386,17 @@ class StaticTreePolicy(DrafterPolicy):
     def drafted_levels(self) -> torch.Tensor | None:
         return self.depth_cap()  # an image's drafted levels are its own cut
 
-    def _pick(self, d: int, noise: torch.Tensor | None) -> None:
-        """Level d's tokens: each parent's top-k (greedy) or k samples without replacement."""
+    def _pick(self, d: int, noise: torch.Tensor | None, spans: bool = False) -> None:
+        """Level d's tokens: each parent's top-k (greedy) or k samples without replacement.
+        spans: the parents' q is only that of the previous level's forwarded span (one step)."""
         view, tree = self.view, self.tree
         start, end = self.levels[d - 1]
-        parent_start, parent_end = (0, 1) if d == 1 else self.levels[d - 2]
+        if d == 1:
+            parent_start, parent_end = 0, 1
+        elif spans:
+            parent_start, parent_end = self.forwarded[d - 2].nodes.start, self.forwarded[d - 2].nodes.stop
+        else:
+            parent_start, parent_end = self.levels[d - 2]
         q = self.q[:, parent_start:parent_end]
         k = self.level_grid[d - 1] or tree.max_children
         if noise is None:
@@ -396,7 +406,8 @@ class StaticTreePolicy(DrafterPolicy):
         if self.level_grid[d - 1] is not None:
             view.tokens[:, start:end].view(cand.shape).copy_(cand)
         else:
-            view.tokens[:, start:end] = cand[:, self.level_parent[d - 1], tree.rank[start:end]]
+            parent = self.span_parent[d - 1] if spans else self.level_parent[d - 1]
+            view.tokens[:, start:end] = cand[:, parent, tree.rank[start:end]]
 
     def _forward(self, d: int, ctx: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
                  prev: torch.Tensor | None = None) -> torch.Tensor:
