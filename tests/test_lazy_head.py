@@ -27,6 +27,8 @@ CASES = {
     "ddd": dict(method="ddd", ddd_max_depth=4, ddd_min_depth=1, ddd_check_every=1, ddd_threshold=-2.0),
 }
 RELAXED = {
+    "lantern delta 0.8": dict(method="lantern", lantern_delta=0.8),
+    "lantern delta 0.8 bounded": dict(method="lantern", lantern_delta=0.8, relax_rule="bounded"),
     "lantern++ lambda 3": dict(method="lantern++", lantern_lambda=3.0),
     "lantern++ lambda 3 bounded": dict(method="lantern++", lantern_lambda=3.0, relax_rule="bounded"),
     "lantern++ chain4 lambda 6 --dynamic-depth": dict(method="lantern++", tree="chain4", lantern_lambda=6.0,
@@ -66,7 +68,8 @@ def test_the_lazy_head_gives_the_tokens_of_the_head_on_every_node(case, model_ty
         assert torch.equal(runs[True].tokens, ar.tokens)
 
 
-@pytest.mark.parametrize("case, method", [("eagle2", "eagle2"), ("lantern++ lambda 3", "lantern++")])
+@pytest.mark.parametrize("case, method", [("eagle2", "eagle2"), ("lantern++ lambda 3", "lantern++"),
+                                          ("lantern delta 0.8", "lantern")])
 def test_the_lazy_head_is_captured_once_and_replays_the_eager_tokens(case, method):
     from backends import get_backend
 
@@ -81,14 +84,12 @@ def test_the_lazy_head_is_captured_once_and_replays_the_eager_tokens(case, metho
     assert dict(backend.capture_count) == {f"{method}.draft": 1, f"{method}.verify": 1, f"{method}.accept": 1}
 
 
-def test_sampling_a_relaxed_dynamic_tree_and_pjd_keep_the_head_on_every_node():
+def test_sampling_and_pjd_keep_the_head_on_every_node():
     target, drafter = tiny_pair(vocab=8)
     nb = _neighbours(8)
     sampled = MethodSpec("eagle2", SamplingParams(greedy=False), depth=3, top_k_draft=3, total_tokens=10)
-    relaxed_dynamic = MethodSpec("lantern", SamplingParams(greedy=True), depth=3, top_k_draft=3, total_tokens=10,
-                                 lantern_delta=0.2, lantern_k=4)
     pjd = MethodSpec("pjd", SamplingParams(greedy=True))  # its policy reads p
-    for spec in (sampled, relaxed_dynamic, pjd):
+    for spec in (sampled, pjd):
         assert Decoder(target, drafter, spec, neighbours=nb, lazy_head=True).lazy_head is None, spec.method
 
 
@@ -105,7 +106,7 @@ def test_nan_logits_on_the_path_stop_decoding():
         return out * float("nan") if calls["n"] >= 4 else out
 
     target.logits = logits
-    for case in ("eagle2", "lantern++ lambda 3"):
+    for case in ("eagle2", "lantern++ lambda 3", "lantern delta 0.8"):
         calls["n"] = 0
         decoder = Decoder(target, drafter, _spec(case, 1.0), neighbours=_neighbours(8), lazy_head=True)
         assert decoder.lazy_head is not None
@@ -141,11 +142,13 @@ def test_the_default_runs_the_head_lazily_only_where_it_saves_enough_on_the_cpu(
 
     # exact: D + 1 = 6 of 58 rows kept; relaxed: 25 nodes with children and the leaf
     assert 2 * (tree.size - 26) * 16384 * 128 >= LAZY_HEAD_MIN_MACS
+    policy = SimpleNamespace(reads_p=False, most_parents=25)
+    reads_p = SimpleNamespace(reads_p=True, most_parents=25)
     for relaxed, mode in ((False, "path"), (True, "parents")):
-        assert _lazy_head(None, config(16384, 128), tree, relaxed, False) == mode  # a small model's head
-        assert _lazy_head(None, config(512, 128), tree, relaxed, False) is None  # the demo's: too little
-        assert _lazy_head(None, config(16384, 1280, "meta"), tree, relaxed, False) is None  # weight reads cost
-        assert _lazy_head(True, config(512, 128), tree, relaxed, False) == mode
-        assert _lazy_head(False, config(16384, 128), tree, relaxed, False) is None
-        assert _lazy_head(True, config(16384, 128, greedy=False), tree, relaxed, False) is None
-        assert _lazy_head(True, config(16384, 128), tree, relaxed, True) is None  # the policy reads p
+        assert _lazy_head(None, config(16384, 128), tree, relaxed, policy) == mode  # a small model's head
+        assert _lazy_head(None, config(512, 128), tree, relaxed, policy) is None  # the demo's: too little
+        assert _lazy_head(None, config(16384, 1280, "meta"), tree, relaxed, policy) is None  # weight reads cost
+        assert _lazy_head(True, config(512, 128), tree, relaxed, policy) == mode
+        assert _lazy_head(False, config(16384, 128), tree, relaxed, policy) is None
+        assert _lazy_head(True, config(16384, 128, greedy=False), tree, relaxed, policy) is None
+        assert _lazy_head(True, config(16384, 128), tree, relaxed, reads_p) is None  # the policy reads p

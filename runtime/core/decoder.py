@@ -213,7 +213,7 @@ class Decoder:
         self.policy.bind(DraftView.of(config, self.rng, self.buffers, grouped=self.group is not None), committed)
         self.no_position, self.image_ids = torch.tensor(NO_POSITION, device=dev), torch.arange(b, device=dev)
         self.accept_rule = acceptance_rule(config.params.greedy, self.rng, self.relax, self.group, rows=self.image_ids)
-        self.lazy_head = _lazy_head(lazy_head, config, tree, self.relax.active, self.policy.reads_p)
+        self.lazy_head = _lazy_head(lazy_head, config, tree, self.relax.active, self.policy)
         per_image = config.rows // b
         # model rows of each image, and a condition-sized cache to prefill one image in
         self.image_rows = [i + b * torch.arange(per_image, device=dev) for i in range(b)]
@@ -436,16 +436,33 @@ class Decoder:
         if self.lazy_head == "path" and tree.max_depth:  # acceptance asks for the target's choices itself
             return
         if self.lazy_head == "parents" and tree.max_depth:  # only the nodes with children judge drafts
-            judged = _judging_nodes(tree)  # their rows, in this order, are p's first J
-            logits = config.target.logits(hidden[:, judged])
-            self._note_nonfinite(0, logits, tree.depth[judged])
-            buf.p[:, : judged.numel()].copy_(self._dist(logits, tree.depth[judged]))
+            judged, _ = self._judging(tree)  # their rows, in this order, are p's first J
+            if tree.batched:  # (B, J): each image's own
+                at = config.expand_rows(judged)[..., None].expand(-1, -1, hidden.size(-1))
+                logits, depth = config.target.logits(hidden.gather(1, at)), tree.depth.gather(1, judged)
+            else:
+                logits, depth = config.target.logits(hidden[:, judged]), tree.depth[judged]
+            self._note_nonfinite(0, logits, depth)
+            buf.p[:, : judged.size(-1)].copy_(self._dist(logits, depth))
             return
         logits = config.target.logits(hidden)
         self._note_nonfinite(0, logits, tree.depth)
         if proposal.q is not None:  # sampled drafts: q enters acceptance and the residual
             self._note_nonfinite(1, proposal.q, tree.depth)
         buf.p[:, :n1].copy_(self._dist(logits, tree.depth))
+
+    def _judging(self, tree: TreeBuffers) -> tuple[torch.Tensor, torch.Tensor]:
+        """The J = `policy.most_parents` nodes whose rows of p judge drafts (the nodes with
+        children; a batched tree's other places filled with leaves), and each node's parent's
+        place among them: static trees (J,) and (N+1,) (`StageLayout`), batched (B, J), (B, N+1)."""
+        if not tree.batched:
+            stages = tree.stages
+            assert stages is not None, "a static tree has its stage layout"
+            return stages.order[: stages.rows[0]], stages.parent_row
+        parents = torch.zeros_like(tree.parent, dtype=torch.int8).scatter_(1, tree.parent, 1)
+        order = torch.sort(1 - parents, dim=1, stable=True).indices  # nodes with children first, in id order
+        place = torch.empty_like(order).scatter_(1, order, torch.arange(order.size(1), device=order.device).expand_as(order))
+        return order[:, : self.policy.most_parents], place.gather(1, tree.parent)
 
     def _note_nonfinite(self, part: int, values: torch.Tensor, depth: torch.Tensor | int) -> None:
         """Record in `nonfinite[part]` the first image-token index (count + depth; depth an int, (T,) or
@@ -475,11 +492,12 @@ class Decoder:
         if self.lazy_head == "path":  # exact greedy: the target's head runs only along the accepted path
             acc = accept_greedy_path(proposal.tokens, tree, self._target_choice, policy.depth_cap())
         elif self.lazy_head == "parents":  # relaxed greedy: the bonus's head runs once the leaf is known
-            stages = tree.stages
-            assert stages is not None, "the parents-only head is chosen for static trees alone"
-            acc = accept_greedy(proposal.tokens, buf.p[:, : stages.rows[0]], tree, self.relax, policy.depth_cap(),
-                                bonus_at=lambda best: self._target_choice(best, tree.depth[best]),
-                                parent_row=stages.parent_row)
+            judged, parent_row = self._judging(tree)
+            depth_of = ((lambda best: tree.depth.gather(1, best[:, None])[:, 0]) if tree.batched
+                        else (lambda best: tree.depth[best]))
+            acc = accept_greedy(proposal.tokens, buf.p[:, : judged.size(-1)], tree, self.relax, policy.depth_cap(),
+                                bonus_at=lambda best: self._target_choice(best, depth_of(best)),
+                                parent_row=parent_row)
         else:
             acc = self.accept_rule(proposal.tokens, buf.p[:, :n1], proposal.q, tree, policy.accept_uniforms(),
                                    policy.depth_cap())
@@ -705,26 +723,18 @@ class Decoder:
                           law_tvd=law_tvd, law_bound=law_bound, law_steps=int(law_steps))
 
 
-def _judging_nodes(tree: TreeBuffers) -> torch.Tensor:
-    """(J,) the nodes of a static tree with children, in `StageLayout.order` (so that
-    `StageLayout.parent_row` is each node's parent's place among them)."""
-    stages = tree.stages
-    assert stages is not None, "the parents-only head is chosen for static trees alone"
-    return stages.order[: stages.rows[0]]
-
-
 # The head's multiply-adds `_lazy_head` must skip before the extra ops it costs (about 25 per
 # depth for the path walk) pay on the CPU: about 1 ms of one core.
 LAZY_HEAD_MIN_MACS = 1 << 25
 
 
-def _lazy_head(given: bool | None, config: DecodeConfig, tree: Any, relaxed: bool, reads_p: bool) -> str | None:
+def _lazy_head(given: bool | None, config: DecodeConfig, tree: Any, relaxed: bool, policy: Any) -> str | None:
     """Where greedy acceptance runs the target's head instead of over all N + 1 verified nodes in
     the verify: "path" (exact: along the path it accepts, D + 1 one-row matmuls,
-    `accept_greedy_path`; verify leaves p alone), "parents" (relaxed, static tree: at the nodes
-    with children, whose distributions the drafts are judged against, in the verify, and at the
-    accepted leaf for the bonus), or None (the head over every node: sampling, a policy that
-    reads p, a relaxed dynamic tree, or not worth it).
+    `accept_greedy_path`; verify leaves p alone), "parents" (relaxed: at the nodes with
+    children, whose distributions the drafts are judged against, in the verify, at most
+    `policy.most_parents` of them, and at the accepted leaf for the bonus), or None (the head
+    over every node: sampling, a policy that reads p, or not worth it).
 
     given: the caller's choice (True: wherever one applies); None = where it saves compute: on
     the CPU (compute-bound), when the head work skipped is worth more than the extra ops (a head
@@ -732,14 +742,9 @@ def _lazy_head(given: bool | None, config: DecodeConfig, tree: Any, relaxed: boo
     GPU or Gaudi), every extra small matmul reads the whole head again (LlamaGen-XL's: 42 MB in
     bf16), so it stays off there.
     """
-    if not config.params.greedy or reads_p or not tree.max_depth or given is False:
+    if not config.params.greedy or policy.reads_p or not tree.max_depth or given is False:
         return None
-    if not relaxed:
-        mode, kept = "path", tree.max_depth + 1
-    elif not tree.batched and tree.stages is not None:
-        mode, kept = "parents", tree.stages.rows[0] + 1
-    else:
-        return None
+    mode, kept = ("parents", policy.most_parents + 1) if relaxed else ("path", tree.max_depth + 1)
     skipped = config.rows * (tree.size - kept) * config.vocab * config.target.config.dim
     return mode if given or (config.device.type == "cpu" and skipped >= LAZY_HEAD_MIN_MACS) else None
 

@@ -133,6 +133,12 @@ class DraftPolicy:
         """The nodes verified after the tree (`extra` of them), or None."""
         return None
 
+    @property
+    def most_parents(self) -> int:
+        """The most nodes with children one of its trees can have (the rows of p that judge drafts)."""
+        stages = self.tree.stages
+        return stages.rows[0] if stages is not None else self.tree.size
+
     def start(self, i: int, rows: torch.Tensor, hidden: torch.Tensor, first: torch.Tensor,
               cond_mask: torch.Tensor | None) -> None:
         """Image slot i starts a new image (between steps; the other slots keep their state):
@@ -618,6 +624,11 @@ class DynamicTreePolicy(DrafterPolicy):
     def draft_slots(self) -> int:
         # every level expands all top_k frontier nodes, whatever the tree keeps
         return self.config.spec.expansions * self.config.spec.top_k_draft
+
+    @property
+    def most_parents(self) -> int:  # type: ignore[override]
+        # only the root and the expanded frontier nodes have children
+        return min(self.tree.size, 1 + self.draft_slots())
 
     def bind(self, view: DraftView, committed: int) -> None:
         super().bind(view, committed)
