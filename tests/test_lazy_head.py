@@ -138,7 +138,7 @@ def test_the_default_runs_the_head_lazily_only_where_it_saves_enough_on_the_cpu(
 
     def config(vocab: int, dim: int, device: str = "cpu", greedy: bool = True) -> SimpleNamespace:
         return SimpleNamespace(rows=2, vocab=vocab, target=SimpleNamespace(config=SimpleNamespace(dim=dim)),
-                               device=torch.device(device), params=SamplingParams(greedy=greedy))
+                               lean_head=device == "cpu", params=SamplingParams(greedy=greedy))
 
     # exact: D + 1 = 6 of 58 rows kept; relaxed: 25 nodes with children and the leaf
     assert 2 * (tree.size - 26) * 16384 * 128 >= LAZY_HEAD_MIN_MACS

@@ -746,7 +746,7 @@ def _lazy_head(given: bool | None, config: DecodeConfig, tree: Any, relaxed: boo
         return None
     mode, kept = ("parents", policy.most_parents + 1) if relaxed else ("path", tree.max_depth + 1)
     skipped = config.rows * (tree.size - kept) * config.vocab * config.target.config.dim
-    return mode if given or (config.device.type == "cpu" and skipped >= LAZY_HEAD_MIN_MACS) else None
+    return mode if given or (config.lean_head and skipped >= LAZY_HEAD_MIN_MACS) else None
 
 
 def _check_tree(tree: Any, config: DecodeConfig) -> None:

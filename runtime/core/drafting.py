@@ -424,9 +424,10 @@ class StaticTreePolicy(DrafterPolicy):
         cfg, view, tree = self.config, self.view, self.tree
         start, end = self.levels[d - 1]
         rot, slots, mask = ctx if ctx is not None else self._tree_context()
+        heads = None
         if prev is not None:  # one step: the level's nodes with children, parents among prev's
             level = self.forwarded[d - 1]
-            nodes, at, width = level.nodes, level.slots, level.width
+            nodes, at, width, heads = level.nodes, level.slots, level.width, level.heads
             hid = level.parents_of(prev)
         else:  # a segment of --dynamic-depth: the whole level, parents read from draft_hidden
             nodes, at, width = slice(start, end), slice(start - 1, end - 1), end - start
@@ -441,7 +442,10 @@ class StaticTreePolicy(DrafterPolicy):
                                          slots[:, at], mask[:, :, at], self.dcache)
         if prev is None and d + 1 < tree.max_depth:  # the deepest forwarded level is nobody's parent
             self.draft_hidden[:, start:end] = out
-        self.q[:, nodes] = self._dist(out, d)
+        if heads is None or not self.config.lean_head:
+            self.q[:, nodes] = self._dist(out, d)
+        else:  # the span's leaves propose nothing: the head runs at the nodes with children only
+            self.q[:, heads[1]] = self._dist(out[:, heads[0]], d)
         return out
 
     def bind(self, view: DraftView, committed: int) -> None:
@@ -552,13 +556,16 @@ class ForwardedLevel:
     nodes: their ids; slots: the same rows of the tree context (node i is context row i - 1);
     width: how many; parents: each one's parent as a position among the previous level's
     forwarded nodes, a (first, stop) range when the parents are that range in order with the
-    same number of children each, else a (width,) index.
+    same number of children each, else a (width,) index. heads: where the span holds leaves,
+    the positions in it of the nodes with children and their ids, (n,) each: only they need
+    the output head (a q); None when every node of the span has children.
     """
 
     nodes: slice
     slots: slice
     width: int
     parents: tuple[int, int] | torch.Tensor
+    heads: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def parents_of(self, prev: torch.Tensor) -> torch.Tensor:
         """The parents' drafter outputs (rows, width, dim) from the previous level's (rows, n', dim)."""
@@ -582,8 +589,10 @@ def _forwarded_nodes(levels: list[tuple[int, int]], parent: list[int], device: t
         a, b = pos[0], pos[-1] + 1
         each = len(pos) // (b - a)
         grid = pos == [x for x in range(a, b) for _ in range(each)]
+        heads = None if len(kept) == hi - lo else (torch.tensor([i - lo for i in kept], device=device),
+                                                   torch.tensor(kept, device=device))
         out.append(ForwardedLevel(nodes=slice(lo, hi), slots=slice(lo - 1, hi - 1), width=hi - lo,
-                                  parents=(a, b) if grid else torch.tensor(pos, device=device)))
+                                  parents=(a, b) if grid else torch.tensor(pos, device=device), heads=heads))
         first = lo
     return out
 

@@ -55,6 +55,10 @@ class DecodeConfig:
     num_tokens: int  # S, tokens per image
     # a layout's fixed tokens: constrain(logits (B, T, V), image index (B, T)) -> logits, or None
     constrain: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None
+    # Output-head rows nobody reads are worth skipping at the price of an index op or a few
+    # small matmuls: on the CPU, where a matmul costs its multiply-adds. On a GPU or Gaudi the
+    # head costs its weight reads whatever the rows, so the plain form stays (`_lazy_head`).
+    lean_head: bool = False
     @classmethod
     def for_models(cls, target: Target, drafter: DrafterModel | None, spec: MethodSpec, batch: int) -> DecodeConfig:
         """The settings of `spec` on `target` (its device and dtype) at batch size `batch`; refuses
@@ -67,7 +71,8 @@ class DecodeConfig:
         return cls(spec=spec, target=target, drafter=drafter, device=weight.device, dtype=weight.dtype,
                    batch=batch, rows=(2 if spec.sampling.uses_cfg else 1) * batch,
                    cls=target.config.cls_token_num, vocab=target.config.vocab_size,
-                   num_tokens=target.config.block_size, constrain=target.constrain)
+                   num_tokens=target.config.block_size, constrain=target.constrain,
+                   lean_head=weight.device.type == "cpu")
 
     @property
     def params(self) -> SamplingParams:
