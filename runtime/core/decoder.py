@@ -308,7 +308,6 @@ class Decoder:
         the distributions."""
         return self.config.params.greedy and not self.relax.active and not self.policy.reads_p
 
-
     def _target_choice(self, node: torch.Tensor, depth: torch.Tensor | int) -> torch.Tensor:
         """The target's greedy token (B,) after node (B,) long of the verified tree at `depth`
         (an int for every image, or (B,)): its head over that node's verified hidden state."""
@@ -433,23 +432,44 @@ class Decoder:
             extra.p.copy_(self._dist(ahead, extra.offset))
             hidden = hidden[:, :n1]
         buf.hidden[:, :n1].copy_(hidden)
-        if self.lazy_head == "path" and tree.max_depth:  # acceptance asks for the target's choices itself
-            return
-        if self.lazy_head == "parents" and tree.max_depth:  # only the nodes with children judge drafts
-            judged, _ = self._judging(tree)  # their rows, in this order, are p's first J
-            if tree.batched:  # (B, J): each image's own
-                at = config.expand_rows(judged)[..., None].expand(-1, -1, hidden.size(-1))
-                logits, depth = config.target.logits(hidden.gather(1, at)), tree.depth.gather(1, judged)
-            else:
-                logits, depth = config.target.logits(hidden[:, judged]), tree.depth[judged]
-            self._note_nonfinite(0, logits, depth)
-            buf.p[:, : judged.size(-1)].copy_(self._dist(logits, depth))
+        if self.lazy_head is not None and tree.max_depth:
+            self._lazy_verify(tree, hidden)
             return
         logits = config.target.logits(hidden)
         self._note_nonfinite(0, logits, tree.depth)
         if proposal.q is not None:  # sampled drafts: q enters acceptance and the residual
             self._note_nonfinite(1, proposal.q, tree.depth)
         buf.p[:, :n1].copy_(self._dist(logits, tree.depth))
+
+    def _lazy_verify(self, tree: TreeBuffers, hidden: torch.Tensor) -> None:
+        """The verify's head under `lazy_head`: none on the path (acceptance asks for the
+        target's choices itself), else at the nodes with children only, into p's first J rows."""
+        if self.lazy_head == "path":
+            return
+        config = self.config
+        judged, _ = self._judging(tree)
+        if tree.batched:  # (B, J): each image's own
+            at = config.expand_rows(judged)[..., None].expand(-1, -1, hidden.size(-1))
+            logits, depth = config.target.logits(hidden.gather(1, at)), tree.depth.gather(1, judged)
+        else:
+            logits, depth = config.target.logits(hidden[:, judged]), tree.depth[judged]
+        self._note_nonfinite(0, logits, depth)
+        self.buffers.p[:, : judged.size(-1)].copy_(self._dist(logits, depth))
+
+    def _lazy_accept(self, proposal: DraftProposal) -> Accepted:
+        """Greedy acceptance under `lazy_head`: exact along the path, asking for the target's
+        choices as it goes (`accept_greedy_path`); relaxed over p's J judging rows, the bonus's
+        head run once the accepted leaf is known."""
+        tree, cap = proposal.tree, self.policy.depth_cap()
+        if self.lazy_head == "path":
+            return accept_greedy_path(proposal.tokens, tree, self._target_choice, cap)
+        judged, parent_row = self._judging(tree)
+
+        def depth_of(best: torch.Tensor) -> torch.Tensor:
+            return tree.depth.gather(1, best[:, None])[:, 0] if tree.batched else tree.depth[best]
+
+        return accept_greedy(proposal.tokens, self.buffers.p[:, : judged.size(-1)], tree, self.relax, cap,
+                             bonus_at=lambda best: self._target_choice(best, depth_of(best)), parent_row=parent_row)
 
     def _judging(self, tree: TreeBuffers) -> tuple[torch.Tensor, torch.Tensor]:
         """The J = `policy.most_parents` nodes whose rows of p judge drafts (the nodes with
@@ -461,13 +481,15 @@ class Decoder:
             return stages.order[: stages.rows[0]], stages.parent_row
         parents = torch.zeros_like(tree.parent, dtype=torch.int8).scatter_(1, tree.parent, 1)
         order = torch.sort(1 - parents, dim=1, stable=True).indices  # nodes with children first, in id order
-        place = torch.empty_like(order).scatter_(1, order, torch.arange(order.size(1), device=order.device).expand_as(order))
+        ids = torch.arange(order.size(1), device=order.device).expand_as(order)
+        place = torch.empty_like(order).scatter_(1, order, ids)
         return order[:, : self.policy.most_parents], place.gather(1, tree.parent)
 
     def _note_nonfinite(self, part: int, values: torch.Tensor, depth: torch.Tensor | int) -> None:
-        """Record in `nonfinite[part]` the first image-token index (count + depth; depth an int, (T,) or
-        per image (B, T)) whose row of values (rows or B, T, V) holds NaN or inf. A done image's slot may record more; nobody
-        reads it (the image was collected, and `start_image` resets the slot)."""
+        """Record in `nonfinite[part]` the first image-token index (count + depth; depth an int,
+        (T,) or per image (B, T)) whose row of values (rows or B, T, V) holds NaN or inf. A done
+        image's slot may record more; nobody reads it (the image was collected, and
+        `start_image` resets the slot)."""
         buf, b = self.buffers, self.config.batch
         # x - x is 0 for a finite x and NaN for NaN or inf; a sum of exact zeros is exactly 0
         spread = (values - values).sum(-1)  # (rows or B, T)
@@ -488,19 +510,8 @@ class Decoder:
         proposal = proposal or self._deepest()
         tree = proposal.tree
         n1 = tree.size
-        acc: Accepted
-        if self.lazy_head == "path":  # exact greedy: the target's head runs only along the accepted path
-            acc = accept_greedy_path(proposal.tokens, tree, self._target_choice, policy.depth_cap())
-        elif self.lazy_head == "parents":  # relaxed greedy: the bonus's head runs once the leaf is known
-            judged, parent_row = self._judging(tree)
-            depth_of = ((lambda best: tree.depth.gather(1, best[:, None])[:, 0]) if tree.batched
-                        else (lambda best: tree.depth[best]))
-            acc = accept_greedy(proposal.tokens, buf.p[:, : judged.size(-1)], tree, self.relax, policy.depth_cap(),
-                                bonus_at=lambda best: self._target_choice(best, depth_of(best)),
-                                parent_row=parent_row)
-        else:
-            acc = self.accept_rule(proposal.tokens, buf.p[:, :n1], proposal.q, tree, policy.accept_uniforms(),
-                                   policy.depth_cap())
+        acc: Accepted = self._lazy_accept(proposal) if self.lazy_head is not None else self.accept_rule(
+            proposal.tokens, buf.p[:, :n1], proposal.q, tree, policy.accept_uniforms(), policy.depth_cap())
         path, bonus = acc.path, acc.bonus  # (B, M), (B,)
         if path.size(1) < max_depth + 1:  # a prefix tree: pad as path_table does (repeat the last)
             path = torch.cat([path, path[:, -1:].expand(-1, max_depth + 1 - path.size(1))], 1)
