@@ -56,6 +56,7 @@ def test_the_lazy_head_gives_the_tokens_of_the_head_on_every_node(case, model_ty
     for lazy in (False, True):
         dec = Decoder(target, drafter, spec, neighbours=nb, batch_size=batch, lazy_head=lazy)
         assert dec.lazy_head == ((("parents" if case in RELAXED else "path")) if lazy else None)
+        assert dec.config.lean_head is lazy  # False: the accelerators' form, the draft's included
         runs[lazy] = generate(target, drafter, spec, conds, cond_masks=masks, seed=3, decoder=dec)
     assert torch.equal(runs[True].tokens, runs[False].tokens)
     for key in ("target_forwards", "mean_accepted_length", "mean_relaxation_mass"):
@@ -152,3 +153,26 @@ def test_the_default_runs_the_head_lazily_only_where_it_saves_enough_on_the_cpu(
         assert _lazy_head(False, config(16384, 128), tree, relaxed, policy) is None
         assert _lazy_head(True, config(16384, 128, greedy=False), tree, relaxed, policy) is None
         assert _lazy_head(True, config(16384, 128), tree, relaxed, reads_p) is None  # the policy reads p
+
+
+def test_a_one_step_static_draft_forwards_the_spans_of_nodes_with_children():
+    from runtime.core.drafting import _forwarded_nodes
+
+    tree = static_buffers(load_tree("naive_extend_57"))
+    levels = [tree.level(d) for d in range(1, tree.max_depth + 1)]
+    parent = tree.parent.tolist()
+    fwd = _forwarded_nodes(levels, parent, torch.device("cpu"))
+    # levels 1-4 hold 5, 13, 16 and 14 nodes, of which 5, 7, 7 and 5 have children
+    assert [f.width for f in fwd] == [5, 8, 8, 8]
+    assert [f.heads is None for f in fwd] == [True, False, False, False]
+    assert [len(f.heads[1]) for f in fwd[1:]] == [7, 7, 5]
+    kids = set(parent[1:])
+    for f, (a, b) in zip(fwd, levels):
+        span = range(f.nodes.start, f.nodes.stop)
+        assert set(range(a, b)) & kids <= set(span) and span.start >= a and span.stop <= b
+        if f.heads is not None:
+            assert f.heads[1].tolist() == [i for i in span if i in kids]
+            assert (f.heads[1] - f.nodes.start).tolist() == f.heads[0].tolist()
+    chain = static_buffers(load_tree("chain4"))
+    fwd = _forwarded_nodes([chain.level(d) for d in range(1, 5)], chain.parent.tolist(), torch.device("cpu"))
+    assert [(f.width, f.heads, f.parents) for f in fwd] == [(1, None, (0, 1))] * 3

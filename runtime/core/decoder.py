@@ -163,8 +163,9 @@ class Decoder:
     steps run eagerly. Set `timer` (an object with `.phase(name)`, e.g. `backend.timer()`)
     to time the phases prefill / draft / verify / accept. `track_nodes`: count in
     `buffers.node_hits` (B, N+1) how often each tree node was accepted (runtime tune's
-    calibration). `lazy_head`: greedy acceptance runs the target's head only where it reads it
-    rather than over every verified node (`_lazy_head`; None = where that saves work).
+    calibration). `lazy_head`: the output heads run only where they are read (greedy acceptance,
+    `_lazy_head`; a static tree's draft, `DecodeConfig.lean_head`) rather than over every node;
+    None = where that saves work (the CPU), False = the accelerators' form everywhere.
     Set `measure_law` (every `law_every`-th iteration) to measure what the
     acceptance rule does to the law: between verify and accept, the output law at the root's
     children (the first drafted position) is computed (`runtime.core.law`) and its TV distance
@@ -192,7 +193,7 @@ class Decoder:
     def __init__(self, target: Target, drafter: DrafterModel | None, spec: MethodSpec, *,
                  neighbours: torch.Tensor | None = None, backend: Backend | None = None, batch_size: int = 1,
                  track_nodes: bool = False, lazy_head: bool | None = None) -> None:
-        self.config = config = DecodeConfig.for_models(target, drafter, spec, batch_size)
+        self.config = config = DecodeConfig.for_models(target, drafter, spec, batch_size, lean_head=lazy_head)
         self.backend = backend
         self.timer: Any = None
         b, dev = config.batch, config.device

@@ -60,9 +60,11 @@ class DecodeConfig:
     # head costs its weight reads whatever the rows, so the plain form stays (`_lazy_head`).
     lean_head: bool = False
     @classmethod
-    def for_models(cls, target: Target, drafter: DrafterModel | None, spec: MethodSpec, batch: int) -> DecodeConfig:
+    def for_models(cls, target: Target, drafter: DrafterModel | None, spec: MethodSpec, batch: int,
+                   lean_head: bool | None = None) -> DecodeConfig:
         """The settings of `spec` on `target` (its device and dtype) at batch size `batch`; refuses
-        a batch below 1 and a drafted method without its drafter."""
+        a batch below 1 and a drafted method without its drafter. lean_head: None = the device's
+        (the CPU's)."""
         if batch < 1:
             raise UserError(f"--batch-size must be >= 1, got {batch}")
         if spec.needs_drafter and drafter is None:
@@ -72,7 +74,7 @@ class DecodeConfig:
                    batch=batch, rows=(2 if spec.sampling.uses_cfg else 1) * batch,
                    cls=target.config.cls_token_num, vocab=target.config.vocab_size,
                    num_tokens=target.config.block_size, constrain=target.constrain,
-                   lean_head=weight.device.type == "cpu")
+                   lean_head=weight.device.type == "cpu" if lean_head is None else lean_head)
 
     @property
     def params(self) -> SamplingParams:
