@@ -312,29 +312,22 @@ class StaticTreePolicy(DrafterPolicy):
         self.static = load_tree(self.config.spec.tree_spec)
         tree = static_buffers(self.static).to(device)
         self.levels = [tree.level(d) for d in range(1, tree.max_depth + 1)]
-        # per level: each node's parent as an index into the previous level's rows
-        starts = [0] + [start for start, _ in self.levels]
-        self.level_parent = [tree.parent[a:b] - starts[d] for d, (a, b) in enumerate(self.levels)]
         # Known on the host, so a level whose nodes are "every parent's ranks 0..r-1" (chains,
-        # most of a preset's levels) picks its tokens with a view instead of an index op, and
-        # a level whose parents are one contiguous range reads their hidden states as a slice.
+        # most of a preset's levels) picks its tokens with a view instead of an index op.
         par, rank = tree.parent.tolist(), tree.rank.tolist()
+        starts = [0] + [start for start, _ in self.levels]
         self.level_grid: list[int | None] = []
-        self.parent_range: list[tuple[int, int] | None] = []
         for d, (a, b) in enumerate(self.levels):
             n_par = (1 if d == 0 else self.levels[d - 1][1] - self.levels[d - 1][0])
             r = (b - a) // n_par
             grid = [(starts[d] + p, k) for p in range(n_par) for k in range(r)]
             self.level_grid.append(r if r * n_par == b - a and list(zip(par[a:b], rank[a:b])) == grid else None)
-            lo, hi = min(par[a:b]), max(par[a:b])
-            contiguous = par[a:b] == sorted(par[a:b]) and len(set(par[a:b])) == hi - lo + 1
-            self.parent_range.append((lo, hi + 1) if contiguous and all(par[a:b].count(x) == (b - a) // (hi - lo + 1)
-                                                                          for x in range(lo, hi + 1)) else None)
-        self.forwarded = _forwarded_nodes(self.levels, par, device)
-        # per level: each node's parent among the previous level's forwarded span (`_pick`'s
-        # one-step form reads only those rows of q)
-        span_starts = [0] + [f.nodes.start for f in self.forwarded]
-        self.span_parent = [tree.parent[a:b] - span_starts[d] for d, (a, b) in enumerate(self.levels)]
+        # the rows each level runs through the drafter: a one-step draft's spans of nodes with
+        # children (True), --dynamic-depth's segments' whole levels (False)
+        self.forwarded = {one: _forwarded_nodes(self.levels, par, device, whole=not one) for one in (True, False)}
+        # per level: each node's parent as a position among the previous level's forwarded rows
+        self.pick_parent = {one: [tree.parent[a:b] - ([0] + [f.nodes.start for f in fwd])[d]
+                                  for d, (a, b) in enumerate(self.levels)] for one, fwd in self.forwarded.items()}
         # drafted nodes over drafted slots (`tree_mask`: additive, made in `bind`)
         self.tree_seen = tree.ancestor_mask[1:, 1:].contiguous()
         self.level_offsets = torch.arange(tree.max_depth, device=device)
@@ -348,7 +341,7 @@ class StaticTreePolicy(DrafterPolicy):
         noise = None if self.config.params.greedy else self._noise()
         ctx, prev = self._tree_context(), root[:, None]
         for d in range(1, self.tree.max_depth + 1):
-            self._pick(d, noise, spans=True)
+            self._pick(d, noise, one_step=True)
             if d < self.tree.max_depth:
                 prev = self._forward(d, ctx, prev)
 
@@ -392,17 +385,13 @@ class StaticTreePolicy(DrafterPolicy):
     def drafted_levels(self) -> torch.Tensor | None:
         return self.depth_cap()  # an image's drafted levels are its own cut
 
-    def _pick(self, d: int, noise: torch.Tensor | None, spans: bool = False) -> None:
-        """Level d's tokens: each parent's top-k (greedy) or k samples without replacement.
-        spans: the parents' q is only that of the previous level's forwarded span (one step)."""
+    def _pick(self, d: int, noise: torch.Tensor | None, one_step: bool) -> None:
+        """Level d's tokens: each parent's top-k (greedy) or k samples without replacement, from
+        the q of the previous level's forwarded rows (`forwarded[one_step]`)."""
         view, tree = self.view, self.tree
         start, end = self.levels[d - 1]
-        if d == 1:
-            parent_start, parent_end = 0, 1
-        elif spans:
-            parent_start, parent_end = self.forwarded[d - 2].nodes.start, self.forwarded[d - 2].nodes.stop
-        else:
-            parent_start, parent_end = self.levels[d - 2]
+        parents = slice(0, 1) if d == 1 else self.forwarded[one_step][d - 2].nodes
+        parent_start, parent_end = parents.start, parents.stop
         q = self.q[:, parent_start:parent_end]
         k = self.level_grid[d - 1] or tree.max_children
         if noise is None:
@@ -412,38 +401,31 @@ class StaticTreePolicy(DrafterPolicy):
         if self.level_grid[d - 1] is not None:
             view.tokens[:, start:end].view(cand.shape).copy_(cand)
         else:
-            parent = self.span_parent[d - 1] if spans else self.level_parent[d - 1]
-            view.tokens[:, start:end] = cand[:, parent, tree.rank[start:end]]
+            view.tokens[:, start:end] = cand[:, self.pick_parent[one_step][d - 1], tree.rank[start:end]]
 
     def _forward(self, d: int, ctx: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
                  prev: torch.Tensor | None = None) -> torch.Tensor:
-        """Level d's nodes through the drafter: their q (the next level's proposals); returns
-        their drafter outputs (rows, width, dim). `ctx`: `_tree_context()` (built here when a
-        level runs as its own segment); `prev`: the outputs of level d - 1 (the parents), else
-        read from (and this level's written to) `draft_hidden`."""
+        """Level d's forwarded nodes (`forwarded[one step]`) through the drafter: their q (the
+        next level's proposals); returns their drafter outputs (rows, width, dim). `ctx`:
+        `_tree_context()` (built here when a level runs as its own segment); `prev`: the
+        forwarded outputs of level d - 1 (one step), else read from (and this level's written
+        to) `draft_hidden`."""
         cfg, view, tree = self.config, self.view, self.tree
         start, end = self.levels[d - 1]
         rot, slots, mask = ctx if ctx is not None else self._tree_context()
-        heads = None
-        if prev is not None:  # one step: the level's nodes with children, parents among prev's
-            level = self.forwarded[d - 1]
-            nodes, at, width, heads = level.nodes, level.slots, level.width, level.heads
-            hid = level.parents_of(prev)
-        else:  # a segment of --dynamic-depth: the whole level, parents read from draft_hidden
-            nodes, at, width = slice(start, end), slice(start - 1, end - 1), end - start
-            span = self.parent_range[d - 1]
-            if span is None:
-                hid = self.draft_hidden[:, tree.parent[start:end]]
-            else:  # parents a..b-1, each with the same number of children, in order
-                a, b = span
-                hid = self.draft_hidden[:, a:b, None].expand(-1, -1, width // (b - a), -1).flatten(1, 2)
-        out = self.drafter.forward_block(cfg.expand_rows(view.tokens[:, nodes]), hid,
-                                         rot[:, d - 1:d].expand(-1, width, *rot.shape[2:]),
-                                         slots[:, at], mask[:, :, at], self.dcache)
-        if prev is None and d + 1 < tree.max_depth:  # the deepest forwarded level is nobody's parent
+        one_step = prev is not None
+        level = self.forwarded[one_step][d - 1]
+        if prev is None:  # a segment of --dynamic-depth: the previous level's outputs are kept
+            a, b = (0, 1) if d == 1 else self.levels[d - 2]
+            prev = self.draft_hidden[:, a:b]
+        out = self.drafter.forward_block(cfg.expand_rows(view.tokens[:, level.nodes]), level.parents_of(prev),
+                                         rot[:, d - 1:d].expand(-1, level.width, *rot.shape[2:]),
+                                         slots[:, level.slots], mask[:, :, level.slots], self.dcache)
+        if not one_step and d + 1 < tree.max_depth:  # the deepest forwarded level is nobody's parent
             self.draft_hidden[:, start:end] = out
+        heads = level.heads
         if heads is None or not self.config.lean_head:
-            self.q[:, nodes] = self._dist(out, d)
+            self.q[:, level.nodes] = self._dist(out, d)
         else:  # the span's leaves propose nothing: the head runs at the nodes with children only
             self.q[:, heads[1]] = self._dist(out[:, heads[0]], d)
         return out
@@ -529,7 +511,7 @@ class StaticTreePolicy(DrafterPolicy):
     def _pick_scored(self, d: int) -> None:
         """Pick level d and its nodes' path probabilities (the product of q along the path)."""
         view, tree = self.view, self.tree
-        self._pick(d, self.noise)
+        self._pick(d, self.noise, one_step=False)
         start, end = self.levels[d - 1]
         par = tree.parent[start:end]
         q_tok = self.q[:, par].gather(2, view.tokens[:, start:end, None]).squeeze(2)  # (B, width)
@@ -575,15 +557,16 @@ class ForwardedLevel:
         return prev[:, a:b, None].expand(-1, -1, self.width // (b - a), -1).flatten(1, 2)
 
 
-def _forwarded_nodes(levels: list[tuple[int, int]], parent: list[int], device: torch.device) -> list[ForwardedLevel]:
+def _forwarded_nodes(levels: list[tuple[int, int]], parent: list[int], device: torch.device,
+                     whole: bool = False) -> list[ForwardedLevel]:
     """`ForwardedLevel` of levels 1 .. D-1 of a static tree (levels: each level's (start, end)
-    node ids; parent: every node's parent id, on the host). A node's parent has children, so
-    it lies in the previous level's span."""
+    node ids; parent: every node's parent id, on the host); `whole`: every node of each level.
+    A node's parent has children, so it lies in the previous level's span."""
     has_children = set(parent[1:])
     first = 0  # level 0: the root
     out = []
     for start, end in levels[:-1]:
-        kept = [i for i in range(start, end) if i in has_children]
+        kept = [i for i in range(start, end) if whole or i in has_children]
         lo, hi = kept[0], kept[-1] + 1
         pos = [parent[i] - first for i in range(lo, hi)]
         a, b = pos[0], pos[-1] + 1

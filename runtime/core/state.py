@@ -59,6 +59,7 @@ class DecodeConfig:
     # small matmuls: on the CPU, where a matmul costs its multiply-adds. On a GPU or Gaudi the
     # head costs its weight reads whatever the rows, so the plain form stays (`_lazy_head`).
     lean_head: bool = False
+
     @classmethod
     def for_models(cls, target: Target, drafter: DrafterModel | None, spec: MethodSpec, batch: int,
                    lean_head: bool | None = None) -> DecodeConfig:
