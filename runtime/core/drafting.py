@@ -273,8 +273,9 @@ class DrafterPolicy(DraftPolicy):
 
     def _dist(self, out: torch.Tensor, depth: torch.Tensor | int, log: bool = False) -> torch.Tensor:
         """The drafts' distribution (its log with `log`) after drafter outputs `out` (rows, T, dim);
-        with `ranks_q`, the guided logits instead (`DecodeConfig.dist(rank=True)`)."""
-        return self.view.dist(self.config.target.logits(out), depth, draft=True, log=log, rank=self.ranks_q)
+        with `ranks_q`, the guided logits instead (`DecodeConfig.dist(rank=True)`). Guidance mixes
+        the outputs before the head (`DecodeConfig.dist(head=)`): B rows of head, not 2B."""
+        return self.view.dist(out, depth, draft=True, log=log, rank=self.ranks_q, head=self.config.target.logits)
 
     @property
     def ranks_q(self) -> bool:

@@ -87,7 +87,8 @@ class DecodeConfig:
         return t[None].expand(2, *t.shape).flatten(0, 1) if self.params.uses_cfg else t
 
     def dist(self, logits: torch.Tensor, count: torch.Tensor, depth: torch.Tensor | int | None = None, *,
-             draft: bool = False, log: bool = False, rank: bool = False) -> torch.Tensor:
+             draft: bool = False, log: bool = False, rank: bool = False,
+             head: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
         """(R, T, V) logits -> (B, T, V) processed distribution (CFG, temperature, top-k/p).
 
         count: (B,) tokens known per image. depth: tree depth of the T nodes these logits follow
@@ -96,7 +97,10 @@ class DecodeConfig:
         None = the prefill (guidance always on). draft: the drafter's logits, mixed by the
         fused CFG (`apply_cfg`); log: the log of the distribution (`probabilities`). rank (greedy
         only): the guided, constrained logits, unnormalised; they order the tokens as the
-        distribution does, which is all a greedy top-k reads.
+        distribution does, which is all a greedy top-k reads. head (drafts only): `logits` are
+        the (R, T, D) hidden states before the model's output head, a linear map (`Target.logits`),
+        so guidance mixes them before it: (s h_c + (1 - s) h_u) W is s h_c W + (1 - s) h_u W in
+        half the head's multiply-adds (B rows instead of 2B), rounded differently.
         """
         params = self.params
         assert not rank or params.greedy, "rank is the greedy distribution's order; sampling needs the distribution"
@@ -105,6 +109,8 @@ class DecodeConfig:
             index = (count[:, None] + depth).expand(self.batch, logits.size(1))
             off = cfg_off_mask(index, params.cfg_interval)
         mixed = apply_cfg(logits, params.cfg, off, fused=draft)
+        if head is not None:
+            mixed = head(mixed)
         if self.constrain is not None:  # tokens the model's layout fixes or forbids at an image index
             index = count[:, None] + depth if depth is not None else torch.zeros_like(count)[:, None]
             mixed = self.constrain(mixed, index.expand(mixed.size(0), mixed.size(1)))
@@ -223,9 +229,10 @@ class DraftView:
                    b.block_ids, b.live_now)
 
     def dist(self, logits: torch.Tensor, depth: torch.Tensor | int | None = None, *, draft: bool = False,
-             log: bool = False, rank: bool = False) -> torch.Tensor:
+             log: bool = False, rank: bool = False,
+             head: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
         """`DecodeConfig.dist` at the images' current counts."""
-        return self.config.dist(logits, self.count, depth, draft=draft, log=log, rank=rank)
+        return self.config.dist(logits, self.count, depth, draft=draft, log=log, rank=rank, head=head)
 
     def live(self) -> torch.Tensor:
         """(B,) long, 1 for images still generating (`DecodeBuffers.live`, into the same tensor)."""
