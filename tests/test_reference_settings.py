@@ -11,6 +11,7 @@ import torch
 
 from conftest import TINY_VQ_CONFIG
 from runtime.core import MethodSpec, SamplingParams, generate
+from runtime.core.state import DecodeConfig
 from runtime.errors import UserError
 from runtime.models import layers
 from runtime.models.configs import gpt_config
@@ -173,6 +174,29 @@ def test_cfg_interval_switches_guidance_off_after_its_step(method, sampling):
     # guidance never switches off when the interval outlasts the 16 tokens
     assert torch.equal(tokens_with(method, 16, **sampling), always)
     assert torch.equal(tokens_with(method, 1000, **sampling), always)
+
+
+@pytest.mark.parametrize("cfg_interval, greedy", [(-1, True), (1, False)])
+def test_drafts_mix_guidance_before_the_head_at_half_its_rows(cfg_interval, greedy):
+    """The head is linear, so the drafts' guided distribution from the hidden states mixed first
+    (B head rows) is the one from the mixed logits (2B rows), cfg_interval's switch included."""
+    target, drafter = tiny_pair(vocab=8, grid=4, sharpness=1.0)
+    spec = MethodSpec("sd", SamplingParams(cfg=4.0, cfg_interval=cfg_interval, greedy=greedy), depth=3)
+    config = DecodeConfig.for_models(target, drafter, spec, batch=3)
+    hidden = torch.randn(6, 5, target.config.dim, generator=torch.Generator().manual_seed(0))
+    count, depth = torch.tensor([0, 1, 2]), torch.arange(5)
+    rows: list[int] = []
+
+    def head(h: torch.Tensor) -> torch.Tensor:
+        rows.append(h.size(0))
+        return target.logits(h)
+
+    mixed_first = config.dist(hidden, count, depth, draft=True, head=head)
+    torch.testing.assert_close(mixed_first, config.dist(target.logits(hidden), count, depth, draft=True),
+                               rtol=1e-5, atol=1e-6)
+    assert rows == [3]
+    if cfg_interval >= 0:  # the switch took effect: some positions are the conditional row's alone
+        assert not torch.allclose(mixed_first, config.dist(target.logits(hidden), count, None, draft=True))
 
 
 def test_cfg_interval_without_guidance_is_refused_naming_its_source():

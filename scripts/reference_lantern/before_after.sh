@@ -39,4 +39,5 @@ for M in ${MODELS:-models}; do
       --out "$OUT/compare_${side}_$M.json" > "$OUT/compare_${side}_$M.md"
   done
 done
+$REF "$HERE/phases.py" "$OUT"
 date -u +"%F %T done" | tee -a "$OUT/timeline.log"
