@@ -128,3 +128,23 @@ def test_two_gloo_ranks_shard_five_items_and_gather_on_rank_0(tmp_path: Path) ->
     # rank 0 holds items 0, 2, 4 and rank 1 holds 1, 3, in rank order
     assert [[pair[0] for pair in part] for part in record["parts"]] == [[0, 2, 4], [1, 3]]
     assert record["merged"] == [{"square": i * i, "rank": i % 2} for i in range(5)]
+
+
+@pytest.mark.parametrize("argv, code, stream, text", [
+    (["--version"], 0, "stdout", "lantern-runtime"),
+    (["run", "--device", "cpu", "--num-images", "1"], 2, "stderr", "error: MASTER_ADDR and MASTER_PORT not set"),
+])
+def test_under_a_launcher_the_process_exits_with_the_commands_code_and_its_output(
+        tmp_path: Path, argv: list[str], code: int, stream: str, text: str) -> None:
+    """`python -m runtime` under WORLD_SIZE > 1 leaves by os._exit (runtime/__main__.py): the
+    command's exit code and its flushed output still come through."""
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "OMP_NUM_THREADS": "1", "WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"}
+    for name in ("MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    proc = subprocess.run([sys.executable, "-m", "runtime", *argv, *(["--out", str(tmp_path / "o")] if argv[0] == "run"
+                                                                   else [])],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == code, proc.stderr[-2000:]
+    assert text in getattr(proc, stream)
+    assert "Traceback" not in proc.stderr
