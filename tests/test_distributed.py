@@ -132,7 +132,8 @@ def test_two_gloo_ranks_shard_five_items_and_gather_on_rank_0(tmp_path: Path) ->
 
 @pytest.mark.parametrize("argv, code, stream, text", [
     (["--version"], 0, "stdout", "lantern-runtime"),
-    (["run", "--device", "cpu", "--num-images", "1"], 2, "stderr", "error: MASTER_ADDR and MASTER_PORT not set"),
+    (["run", "--device", "cpu", "--num-images", "1", "--out", "o"], 2, "stderr",
+     "error: MASTER_ADDR and MASTER_PORT not set"),
 ])
 def test_under_a_launcher_the_process_exits_with_the_commands_code_and_its_output(
         tmp_path: Path, argv: list[str], code: int, stream: str, text: str) -> None:
@@ -142,9 +143,8 @@ def test_under_a_launcher_the_process_exits_with_the_commands_code_and_its_outpu
            "OMP_NUM_THREADS": "1", "WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"}
     for name in ("MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
-    proc = subprocess.run([sys.executable, "-m", "runtime", *argv, *(["--out", str(tmp_path / "o")] if argv[0] == "run"
-                                                                   else [])],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "runtime", *argv], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)
     assert proc.returncode == code, proc.stderr[-2000:]
     assert text in getattr(proc, stream)
     assert "Traceback" not in proc.stderr
