@@ -25,7 +25,7 @@ from typing import Any
 RELAX_RULES: tuple[str, ...] = ("paper", "bounded")
 JACOBI_INITS: tuple[str, ...] = ("uniform", "repeat-h", "repeat-v")
 COUPLINGS: tuple[str, ...] = ("none", "maximal", "gumbel")
-ACCEPT_RULES: tuple[str, ...] = ("exact", "grouped")
+ACCEPT_RULES: tuple[str, ...] = ("exact", "grouped", "published")
 # the largest trees a captured step holds (nodes after the root, levels)
 MAX_TREE_NODES = 1024
 MAX_TREE_DEPTH = 32
@@ -81,9 +81,9 @@ METHOD_DECLS: tuple[MethodDecl, ...] = (
     MethodDecl("sjd", "jacobi", "none", "Jacobi window, no drafter; exact, relaxed (--relax) or grouped",
                accepts=("exact", "grouped"), chooses_relaxation=True,
                records=("window", "init", "coupling", "proactive", "accept", "relax")),
-    MethodDecl("pjd", "pjd", "none", "Jacobi windows over several image rows in one forward, no drafter; exact",
-               accept_note="the released code's rule commits later rows ahead of the raster frontier, which this "
-               "core does not build", records=("pjd_window", "pjd_rows", "init", "accept")),
+    MethodDecl("pjd", "pjd", "none", "Jacobi windows over several image rows in one forward, no drafter; exact, "
+               "or the released code's loop (--accept published, lossy)", accepts=("exact", "published"),
+               records=("pjd_window", "pjd_rows", "init", "accept")),
 )
 DECLS_BY_NAME: dict[str, MethodDecl] = {d.name: d for d in METHOD_DECLS}
 METHOD_ORDER: tuple[str, ...] = tuple(d.name for d in METHOD_DECLS)
@@ -214,7 +214,8 @@ METHOD_OPTIONS: tuple[MethodOption, ...] = (
     MethodOption("proactive", str, "sjd: K,D = a K-ary tree of depth D drafted at the start of the window "
                  "(SJD-PAC style).", SJD_PANEL, _only("sjd"), profile=False),
     MethodOption("accept", str, "sjd: exact or grouped (GSD-style, lossy; its TVD bound is reported); pjd: "
-                 "exact (the released code's rule is not built, see docs/methods.md).",
+                 "exact, or published (the released code's loop: every row commits, ahead of the raster "
+                 "frontier; lossy, see docs/methods.md).",
                  SJD_PANEL, _only("sjd", "pjd"), default="exact", choices=ACCEPT_RULES, profile=False),
     MethodOption("group_window", int, "--accept grouped: rank window on each side of the draft.",
                  SJD_PANEL, _only("sjd"), default=7, low=1, profile=False),
@@ -226,8 +227,9 @@ METHOD_OPTIONS: tuple[MethodOption, ...] = (
     MethodOption("pjd_window", int, "pjd: tokens verified per row (the released code's window_size), the row's "
                  "leading token included: the frontier row drafts W - 1.", PJD_PANEL, _only("pjd"), default=8,
                  low=2, high=MAX_WINDOW, profile=False),
-    MethodOption("pjd_rows", int, "pjd: rows verified per forward: the frontier and R - 1 lookahead rows below it "
-                 "(the released code runs every started row; a captured step needs a fixed number).", PJD_PANEL,
+    MethodOption("pjd_rows", int, "pjd: rows verified per forward: the frontier and R - 1 lookahead rows below it; "
+                 "--accept published: the most rows in flight (the released code has no cap: 16 never binds at "
+                 "768 px).", PJD_PANEL,
                  _only("pjd"), default=4, low=1, high=MAX_PJD_ROWS, profile=False),
     # -- ddd -------------------------------------------------------------------------------------
     MethodOption("ddd_threshold", float, "ddd: stop drafting when log(sum of the beam's path probabilities) falls "

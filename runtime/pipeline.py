@@ -14,6 +14,8 @@ import numpy as np
 import torch
 
 from runtime.core import Decoder, MethodSpec, generate, neighbours_for
+from runtime.core.generate import new_decoder
+from runtime.core.pjd_published import PublishedPJD
 from runtime.core.law import WATCH_EVERY, watches_law
 from runtime.errors import UserError
 from runtime.loading import LoadedModel
@@ -58,7 +60,7 @@ class RunOutput:
 
 def run_generation(loaded: LoadedModel, spec: MethodSpec, conditions: Sequence[int] | torch.Tensor, *,
                    seed: int, backend: Any, indices: Sequence[int] | None = None,
-                   cond_masks: torch.Tensor | None = None, decoder: Decoder | None = None,
+                   cond_masks: torch.Tensor | None = None, decoder: Decoder | PublishedPJD | None = None,
                    on_image: Callable[[int, torch.Tensor], None] | None = None) -> RunOutput:
     """Generate and decode, timing the phases prefill/draft/verify/accept/decode on the device."""
     if decoder is None:
@@ -104,7 +106,7 @@ def image_shares(done_at: dict[int, float], start: float, end: float) -> list[fl
 
 
 def make_decoder(loaded: LoadedModel, spec: MethodSpec, backend: Any, batch_size: int = 1,
-                 watch_law: bool = True) -> Decoder:
+                 watch_law: bool = True) -> Decoder | PublishedPJD:
     """A decoder of `spec` at `batch_size`. `watch_law`: a relaxed method under sampling measures its
     law at one iteration in WATCH_EVERY (`runtime.core.law.bound_warning`); tools that time decoders
     against each other turn it off."""
@@ -113,14 +115,14 @@ def make_decoder(loaded: LoadedModel, spec: MethodSpec, backend: Any, batch_size
                         "folder), use --method sjd (no drafter needed) or --method ar")
     neighbours = neighbours_for(loaded.vq, spec, loaded.config.vocab_size)
     with out_of_memory_as_user_error(None, backend, batch_size):
-        decoder = Decoder(loaded.target, loaded.drafter, spec, neighbours=neighbours, backend=backend,
-                          batch_size=batch_size)
+        decoder = new_decoder(loaded.target, loaded.drafter, spec, neighbours=neighbours, backend=backend,
+                              batch_size=batch_size)
     if watch_law and watches_law(spec):
         decoder.measure_law, decoder.law_every = True, WATCH_EVERY
     return decoder
 
 
-def timed_many(decoder: Decoder, work: list[tuple[torch.Tensor, torch.Tensor | None, int]], backend: Any
+def timed_many(decoder: Decoder | PublishedPJD, work: list[tuple[torch.Tensor, torch.Tensor | None, int]], backend: Any
                ) -> tuple[list[torch.Tensor], float]:
     """Decode `work` (`Decoder.generate_many`'s items) after an untimed pass over its first batch
     (captures and warms the steps); (tokens per image, synchronised wall seconds of the timed pass)."""
@@ -133,7 +135,7 @@ def timed_many(decoder: Decoder, work: list[tuple[torch.Tensor, torch.Tensor | N
 
 
 @contextlib.contextmanager
-def out_of_memory_as_user_error(decoder: Decoder | None, backend: Any, batch_size: int | None = None):
+def out_of_memory_as_user_error(decoder: Decoder | PublishedPJD | None, backend: Any, batch_size: int | None = None):
     """Turn the device's out-of-memory error into one line naming a batch size that should fit.
 
     The decode state (KV caches, p/q buffers) grows linearly with the batch; the suggestion is

@@ -75,7 +75,7 @@ def test_pjd_steps_compile_whole_and_match_eager():
     (dict(pjd_rows=0), "--pjd-rows must be an integer in"),
     (dict(pjd_rows=17), "--pjd-rows must be an integer in"),
     (dict(pjd_window=1), "--pjd-window must be an integer in"),
-    (dict(accept="grouped"), r"--method pjd takes --accept exact \(got 'grouped'\); the released code"),
+    (dict(accept="grouped"), r"--method pjd takes --accept exact or published \(got 'grouped'\)"),
     (dict(coupling="maximal"), "sjd only"),
     (dict(proactive=(2, 1)), "sjd only"),
 ])

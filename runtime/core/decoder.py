@@ -193,6 +193,10 @@ class Decoder:
     def __init__(self, target: Target, drafter: DrafterModel | None, spec: MethodSpec, *,
                  neighbours: torch.Tensor | None = None, backend: Backend | None = None, batch_size: int = 1,
                  track_nodes: bool = False, lazy_head: bool | None = None) -> None:
+        if spec.out_of_order:
+            raise UserError("--method pjd --accept published commits tokens out of raster order in its own loop, "
+                            "which this tool does not drive; runtime run, bench, sample, eval and serve do "
+                            "(or use --accept exact)")
         self.config = config = DecodeConfig.for_models(target, drafter, spec, batch_size, lean_head=lazy_head)
         self.backend = backend
         self.timer: Any = None

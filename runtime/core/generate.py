@@ -20,6 +20,7 @@ import torch
 
 from runtime.core.decoder import Decoder, RunStats
 from runtime.core.methods import MethodSpec
+from runtime.core.pjd_published import PublishedPJD
 from runtime.core.proximity import neighbour_table
 from runtime.core.rng import derive_seed
 
@@ -58,11 +59,21 @@ def neighbours_for(vq: Any, spec: MethodSpec, vocab_size: int) -> torch.Tensor |
     return table
 
 
+def new_decoder(target: Target, drafter: DrafterModel | None, spec: MethodSpec, *,
+                neighbours: torch.Tensor | None = None, backend: Backend | None = None,
+                batch_size: int = 1) -> Decoder | PublishedPJD:
+    """The loop that runs `spec`: the shared decoder, or the published pjd loop for a method that
+    commits tokens out of raster order (`MethodSpec.out_of_order`); both offer the slot API."""
+    if spec.out_of_order:
+        return PublishedPJD(target, spec, backend=backend, batch_size=batch_size)
+    return Decoder(target, drafter, spec, neighbours=neighbours, backend=backend, batch_size=batch_size)
+
+
 def generate(target: Target, drafter: DrafterModel | None, spec: MethodSpec,
              conditions: Sequence[int] | torch.Tensor, *, cond_masks: torch.Tensor | None = None,
              seed: int = 0, indices: Sequence[int] | None = None, vq: Any = None,
              neighbours: torch.Tensor | None = None, backend: Backend | None = None,
-             decoder: Decoder | None = None, batch_size: int = 1,
+             decoder: Decoder | PublishedPJD | None = None, batch_size: int = 1,
              on_image: Callable[[int, torch.Tensor], None] | None = None) -> GenerationResult:
     """Generate one image per condition, `batch_size` images per decode.
 
@@ -78,7 +89,7 @@ def generate(target: Target, drafter: DrafterModel | None, spec: MethodSpec,
     if decoder is None:
         if neighbours is None and vq is not None:
             neighbours = neighbours_for(vq, spec, target.config.vocab_size)
-        decoder = Decoder(target, drafter, spec, neighbours=neighbours, backend=backend, batch_size=batch_size)
+        decoder = new_decoder(target, drafter, spec, neighbours=neighbours, backend=backend, batch_size=batch_size)
     n = len(conditions)
     indices = list(range(n)) if indices is None else list(indices)
     seeds = [derive_seed(seed, i) for i in indices]

@@ -9,8 +9,9 @@
     lantern++  static tree (`tree`)              relaxed, multiplicative bound lambda
     sjd        Jacobi window of `window` future  exact (default), relaxed (`relax` delta or
                positions, no drafter (jacobi.py) lambda), or grouped (`accept`, GSD-style)
-    pjd        sjd's window plus `pjd_rows` - 1  exact (the released code's rule needs a
-               lookahead rows (pjd.py)           cache out of raster order; not built)
+    pjd        sjd's window plus `pjd_rows` - 1  exact; or `accept` published: the released
+               lookahead rows (pjd.py)           code's loop, every row committing ahead of the
+                                                 raster frontier (pjd_published.py, lossy)
 
 With lantern_delta = 0 / lantern_lambda = 1 the relaxed methods are exact.
 
@@ -184,6 +185,12 @@ class MethodSpec:
         if not self.decl.checks:
             return ()
         return tuple(range(self.ddd_min_depth, self.ddd_max_depth, self.ddd_check_every))
+
+    @property
+    def out_of_order(self) -> bool:
+        """Whether tokens are committed out of raster order (pjd --accept published): the loop is
+        `runtime.core.pjd_published.PublishedPJD`, not the shared decoder."""
+        return self.accept == "published"
 
     @property
     def needs_drafter(self) -> bool:

@@ -58,6 +58,12 @@ class Target(Protocol):
         """A block of T inputs (B, T, D) through the cache without committing; hidden (B, T, D)."""
         ...
 
+    def forward_at(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor,
+                   cache: StaticKVCache) -> torch.Tensor:
+        """T inputs (B, T, D) written at the caller's slots (B, T), attending under an additive
+        mask (B, 1, T, capacity); hidden (B, T, D)."""
+        ...
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(..., D) -> (..., V) fp32; linear in hidden (no bias): drafts mix guidance before it."""
         ...
@@ -134,9 +140,17 @@ class CachedDecoding:
         tree ancestors). Returns post-norm hidden states (B, T, D). The caller commits with
         `cache.commit`.
         """
+        return self.forward_at(x, positions, cache.block_slots(x.size(1), offset),
+                               cache.additive_mask(block_mask, offset), cache)
+
+    def forward_at(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor,
+                   cache: StaticKVCache) -> torch.Tensor:
+        """Run T new inputs x (B, T, D) with their KV written at the caller's `slots` (B, T) (distinct
+        within a row) and attention over the whole cache under `mask` (B, 1, T, capacity), additive
+        in the cache dtype. positions: (B, T) rotary rows. Returns post-norm hidden (B, T, D); the
+        cache's `length` is not read or moved (a caller keeping tokens out of raster order, the
+        published pjd loop, tracks validity itself)."""
         rotation = self.rotary(positions)  # type: ignore[attr-defined]
-        slots = cache.block_slots(x.size(1), offset)
-        mask = cache.additive_mask(block_mask, offset)
         for i, layer in enumerate(self.layers):  # type: ignore[attr-defined]
             x = layer(x, rotation, layer=i, cache=cache, slots=slots, mask=mask)
         return self.norm(x)  # type: ignore[attr-defined]

@@ -1,0 +1,584 @@
+"""Parallel Jacobi decoding as the released code runs it (`--method pjd --accept published`).
+
+The released PJD loop (boyaliao/PJD e7b93ad, `scheduler/jacobi_iteration_lumina_mgpt.py`; the
+rules are set out in docs/methods.md) gives every started, unfinished image row ("ongoing row")
+its own Jacobi window and verifies all of them in one target forward. Later rows commit tokens
+ahead of the raster frontier, so the cache holds tokens out of raster order: here each image
+index has its own cache slot (slot = cls + index), and a query at index i sees
+
+    the condition,
+    every slot j < i whose KV is valid (a committed token's KV, computed once),
+    the committed leading tokens (and KV-only nodes) of this forward at j < i,
+    its own window's nodes up to itself,
+
+which is the released code's row-layout cache with its row-causal mask (earlier rows' drafts
+hidden, their leading tokens visible), written by index instead of by row.
+
+Rows (C = row width, K = codes per row: C - 1 with a row-end token (Lumina-mGPT), else C):
+
+    window      the row's leading token (its last committed code, re-input so its KV is computed,
+                or before its first code the row's lead: the row-end token above it) plus drafts.
+                The first ongoing row verifies min(K - codes, W) nodes, a later row
+                min(codes of the row above - its codes, W): it never passes the row above.
+    acceptance  every row walks its drafts with u < min(1, p/q). The first ongoing row samples
+                norm(max(p - q, 0)) at its first rejection (the bonus from p when all pass) and
+                commits accepted drafts + that token; a later row commits its accepted drafts
+                only. After a row's first rejection, a later draft of the row with
+                min(1, p/q) > 0.5 is carried into the next forward with its old q; every other
+                position takes the target's sample of p there (q = that p). Fresh positions get
+                the `init` prior with a one-hot q (the released code: uniform tokens).
+    KV          a committed token's KV is the one computed when it was verified, except a row's
+                last committed token, re-input as the leading node of the row's next window; a
+                finished row's last code is run once more as a KV-only node.
+    rows        row r + 1 starts once row r has W codes (or is complete); with a row-end token,
+                row r's row-end is committed then (the forced token, row r + 1's lead).
+
+What differs from the released code, each on purpose (docs/methods.md lists them): the first
+image token comes from the prefill's distribution (the runtime's prompt holds the image header,
+which the released code generates); acceptance is per image (the released code commits each
+row's minimum over the batch); `pjd_rows` caps the rows in flight (the released code has no cap:
+at 768 px it runs up to 7); the forward after a finished row is not shifted by one (a bug of the
+released code: the finished row's last token is dropped from the logits but not from the drafts);
+a layout without row-end tokens (LlamaGen, whose released loop is not public) gives a row whose
+lead slot is not committed yet a stand-in leading token (the last committed code of the row
+above), written at a scratch slot that no other row sees.
+
+Shapes are fixed (B images x T = R * W + R nodes, R = `pjd_rows`), so the verify forward is
+captured like the other methods' steps; the row scheduling and the acceptance walk run on the
+host: two device reads per forward (the acceptance numbers, then the first row's sampled
+token). Lossy in law (later rows condition on a partly generated row above) and not equal to AR
+under greedy decoding; with `pjd_rows` 1 and greedy decoding it is AR token for token.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+import torch
+
+from runtime.core.decoder import Finished, ImageStats, NonFiniteError, SlotRequest
+from runtime.core.methods import MethodSpec
+from runtime.core.rng import CounterRNG, token_from_uniform
+from runtime.core.state import DecodeConfig
+
+if TYPE_CHECKING:
+    from backends import Backend
+    from runtime.models.target import Target
+
+# keyed-noise stream of the uniform prior (jacobi.py uses 1 and 2, pjd.py 3)
+PRIOR_STREAM = 4
+
+
+@dataclass
+class _Image:
+    """One slot's image on the host: tokens by image index and the rows' progress.
+
+    tok (S,) committed token or current draft; committed / drafted / kv_ok (S,) bool; prior (S,)
+    the uniform prior's token per index; codes[r] committed codes of row r (a prefix of the row);
+    started[r]; pending: finished rows' last codes whose KV is still to be computed."""
+
+    request: SlotRequest
+    tok: np.ndarray
+    committed: np.ndarray
+    drafted: np.ndarray
+    kv_ok: np.ndarray
+    prior: np.ndarray
+    codes: list[int]
+    started: list[bool]
+    pending: list[int] = field(default_factory=list)
+    forwards: int = 0  # target forwards after the prefill
+    accepted_drafts: int = 0
+    done: bool = False
+    row_ended: bool = False  # a row finished in the last forward
+    trace: list[dict[str, Any]] = field(default_factory=list)  # per forward: rows, windows, committed
+
+
+@dataclass
+class _Node:
+    """A node of the next forward: its token, image index (position - cls), cache slot, window id,
+    whether its token is committed (its KV is visible to later rows in this forward), and its
+    q key (the ring entry of a draft's q) or -1."""
+
+    token: int
+    index: int
+    slot: int
+    window: int
+    fresh: bool
+    qkey: int = -1
+    kv_only: bool = False
+
+
+class PublishedPJD:
+    """The released PJD loop over the slot API (`admit` -> `step` -> `finished` -> `release`), as
+    `runtime.core.decoder.Decoder` offers it. See the module docstring."""
+
+    def __init__(self, target: Target, spec: MethodSpec, *, backend: Backend | None = None,
+                 batch_size: int = 1) -> None:
+        self.config = config = DecodeConfig.for_models(target, None, spec, batch_size, lean_head=False)
+        self.backend = backend
+        self.timer: Any = None
+        self.measure_law, self.law_every = False, 1  # the slot API's fields; no law is measured here
+        self.kernels_per_step: dict[str, int] = {}
+        b, dev, s = config.batch, config.device, config.num_tokens
+        tcfg = target.config
+        self.width = int(getattr(tcfg, "row_width", 0) or round(s ** 0.5))  # C
+        self.row_end = int(getattr(tcfg, "newline", -1)) if getattr(tcfg, "row_width", 0) else -1
+        self.codes_per_row = self.width - 1 if self.row_end >= 0 else self.width  # K
+        self.grid_rows = s // self.width  # G
+        if self.grid_rows * self.width != s:
+            from runtime.errors import UserError
+            raise UserError(f"--accept published needs an image of whole rows: {s} tokens are not rows of {self.width}")
+        self.window, self.rows = spec.pjd_window, spec.pjd_rows  # W, R
+        self.nodes = self.rows * self.window + self.rows  # T: R windows and R KV-only nodes
+        t, v = self.nodes, config.vocab
+        self.scratch = config.cls + s  # first scratch slot: cls + S + node
+        self.cache = target.new_cache(config.rows, self.scratch + t, dev)
+        self.start_cache = target.new_cache(config.rows // b, config.cls, dev)
+        self.slot_ids = torch.arange(self.cache.capacity, device=dev)
+        longs = lambda *shape: torch.zeros(*shape, dtype=torch.long, device=dev)  # noqa: E731
+        self.node_tok, self.node_pos, self.node_slot, self.node_win = longs(b, t), longs(b, t), longs(b, t), longs(b, t)
+        self.fresh = torch.zeros(b, self.cache.capacity, dtype=torch.bool, device=dev)
+        self.p = torch.zeros(b, t, v, device=dev)
+        self.q_nodes = torch.zeros(b, t, v, device=dev)
+        self.q_ring = torch.zeros(b, self.rows * self.window, v, device=dev)  # a draft's q by (row % R, col % W)
+        self.tril = torch.ones(t, t, dtype=torch.bool, device=dev).tril()
+        self.image_ids = torch.arange(b, device=dev)
+        self.rng = CounterRNG(dev, streams=b)
+        self.verify: Callable[[], None] = self.verify_step
+        self.captured = backend is None or not backend.graph_mode
+        self.images: list[_Image | None] = [None] * b
+        self._pad_nodes()
+
+    # -- the fixed-shape step -------------------------------------------------------------------
+    def verify_step(self) -> None:
+        """One target forward over the nodes in `node_*` (B, T): KV written at `node_slot`, the
+        mask built from `fresh` and the windows; fills p (B, T, V) after each node."""
+        config, cache = self.config, self.cache
+        b, t = config.batch, self.nodes
+        # by index (slot = cls + index on image slots; a stand-in's scratch slot is never fresh)
+        ahead = self.slot_ids[None, None, :] < self.node_pos[:, :, None]  # (B, T, cap)
+        seen = self.fresh[:, None, :] & ahead
+        same = (self.node_win[:, :, None] == self.node_win[:, None, :]) & self.tril  # (B, T, T)
+        own = torch.zeros_like(seen).scatter_(2, self.node_slot[:, None, :].expand(b, t, t), same)
+        prefix = cache.prefix_valid & (self.slot_ids < config.cls)  # (rows, cap)
+        mask = config.expand_rows(seen | own) | prefix[:, None, :]
+        x = config.target.tok_embeddings(config.expand_rows(self.node_tok))
+        hidden = config.target.forward_at(x, config.expand_rows(self.node_pos), config.expand_rows(self.node_slot),
+                                          cache.additive(mask)[:, None], cache)
+        logits = config.target.logits(hidden)
+        index = self.node_pos - config.cls + 1  # the image index each node's p is for
+        zero = torch.zeros(b, dtype=torch.long, device=config.device)
+        if config.params.greedy:  # a one-hot p: the released code's most greedy setting (top-k 1)
+            best = config.dist(logits, zero, index, rank=True).argmax(-1)
+            self.p.copy_(torch.nn.functional.one_hot(best, config.vocab).to(self.p.dtype))
+        else:
+            self.p.copy_(config.dist(logits, zero, index))
+
+    # -- capture ----------------------------------------------------------------------------------
+    @torch.no_grad()
+    def capture_steps(self, cond: torch.Tensor | None = None, cond_mask: torch.Tensor | None = None) -> None:
+        """Capture the verify forward once (graph mode); any state does (padding nodes)."""
+        backend = self.backend
+        assert backend is not None, "steps are captured only with a backend in graph mode"
+        suffix = f".b{self.config.batch}" if self.config.batch > 1 else ""
+        with backend.compile_cache(self.compile_key):
+            self.verify = backend.capture(self.verify_step, name=f"pjd-published.verify{suffix}")
+        self.captured = True
+
+    @property
+    def compile_key(self) -> str:
+        import hashlib
+        import json
+        from dataclasses import asdict
+        knobs = {"spec": asdict(self.config.spec), "batch": self.config.batch, "target": self.config.target.config,
+                 "dtype": str(self.config.dtype), "device": self.config.device.type, "torch": torch.__version__}
+        digest = hashlib.sha256(json.dumps(knobs, sort_keys=True, default=repr).encode()).hexdigest()[:16]
+        return f"pjd-published-b{self.config.batch}-{digest}"
+
+    def state_bytes(self) -> int:
+        """Bytes of the decode state: the KV cache and the p / q buffers."""
+        return sum(x.numel() * x.element_size() for x in (self.cache.kv_all, self.p, self.q_nodes, self.q_ring))
+
+    # -- the slot API -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def admit(self, slot: int, request: SlotRequest) -> None:
+        """Start `request` in the free `slot`: its prefill now (one image at a time)."""
+        held = self.images[slot]
+        if held is not None:
+            raise ValueError(f"slot {slot} is busy (holds {held.request.key!r})")
+        if not self.captured:
+            self.capture_steps()
+        with self._phase("prefill"):
+            self.images[slot] = self._start(slot, request)
+
+    @property
+    def slots(self) -> list[SlotRequest | None]:
+        """The request each slot holds (None: free), as `Decoder.slots`."""
+        return [None if im is None else im.request for im in self.images]
+
+    def release(self, slot: int) -> None:
+        self.images[slot] = None
+
+    def busy(self) -> list[int]:
+        return [i for i, im in enumerate(self.images) if im is not None]
+
+    def reset_slots(self) -> None:
+        self.images = [None] * self.config.batch
+
+    def progress(self) -> list[tuple[int, Any, int]]:
+        """(slot, key, tokens known) per busy slot: known = the committed raster prefix (later rows'
+        tokens ahead of it are not counted)."""
+        return [(i, im.request.key, _prefix(im.committed)) for i, im in enumerate(self.images) if im is not None]
+
+    def committed(self, slot: int, known: int) -> torch.Tensor:
+        """The first `known` tokens of the image in `slot` (a `progress` count), on the host."""
+        im = self.images[slot]
+        assert im is not None
+        return torch.from_numpy(im.tok[:known].copy())
+
+    def finished(self, progress: bool = False) -> list[Finished]:
+        done = []
+        for i, im in enumerate(self.images):
+            if im is not None and im.done:
+                tokens = torch.from_numpy(im.tok.copy()).to(self.config.device)
+                stats = ImageStats(tokens=self.config.num_tokens, target_forwards=1 + im.forwards,
+                                   accepted_tokens=self.config.num_tokens, depth_accepted=[], depth_reached=[],
+                                   relax_mass=0.0, accepted_drafts=im.accepted_drafts)
+                done.append(Finished(i, im.request.key, tokens, stats))
+        return done
+
+    def trace_of(self, slot: int) -> list[dict[str, Any]]:
+        """Per forward of the image in `slot`: its rows, their windows and committed codes."""
+        im = self.images[slot]
+        return [] if im is None else im.trace
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """One forward for every busy slot's unfinished image, then each image's acceptance."""
+        if not self.busy():
+            raise ValueError("step() before any request was admitted")
+        plans: list[list[list[_Node]] | None] = []
+        with self._phase("draft"):
+            self._pad_nodes()
+            for i, im in enumerate(self.images):
+                plans.append(None if im is None or im.done else self._plan(i, im))
+        with self._phase("verify"):
+            self.verify()
+        with self._phase("accept"):
+            self._accept(plans)
+        if self.backend is not None:
+            self.backend.mark_step()
+
+    @torch.no_grad()
+    def generate_many(self, conds: list[tuple[torch.Tensor, torch.Tensor | None, int]],
+                      on_image: Callable[[int, torch.Tensor, ImageStats], None] | None = None
+                      ) -> tuple[list[torch.Tensor], list[ImageStats]]:
+        """`Decoder.generate_many`: B images at a time, each done slot taking the next."""
+        n = len(conds)
+        tokens: list[Any] = [None] * n
+        stats: list[Any] = [None] * n
+        waiting = iter(range(n))
+        self.reset_slots()
+        for slot in range(self.config.batch):
+            if (j := next(waiting, None)) is not None:
+                self.admit(slot, SlotRequest(j, *conds[j]))
+        while self.busy():
+            self.step()
+            for done in self.finished():
+                tokens[done.key], stats[done.key] = done.tokens, done.stats
+                if on_image is not None:
+                    on_image(done.key, done.tokens, done.stats)
+                self.release(done.slot)
+                if (j := next(waiting, None)) is not None:
+                    self.admit(done.slot, SlotRequest(j, *conds[j]))
+        return tokens, stats
+
+    @torch.no_grad()
+    def generate_one(self, cond: torch.Tensor, cond_mask: torch.Tensor | None = None,
+                     seed: int = 0) -> tuple[torch.Tensor, ImageStats]:
+        tokens, stats = self.generate_many([(cond, cond_mask, seed)])
+        return tokens[0], stats[0]
+
+    # -- host side --------------------------------------------------------------------------------
+    def _phase(self, name: str) -> Any:
+        return self.timer.phase(name) if self.timer is not None else contextlib.nullcontext()
+
+    def _start(self, i: int, request: SlotRequest) -> _Image:
+        """Prefill the image's condition into its slot's rows and commit its first token."""
+        config = self.config
+        cond, cond_mask = request.cond, request.mask
+        if config.params.uses_cfg:
+            if cond_mask is not None:
+                cond_mask = torch.cat([cond_mask, config.target.null_condition_mask(cond_mask)])
+            cond = torch.cat([cond, config.target.null_condition(cond)])
+        self.start_cache.reset()
+        hidden = config.target.prefill(cond, self.start_cache, cond_mask)
+        rows = i + config.batch * torch.arange(config.rows // config.batch, device=config.device)
+        self.cache.load_rows(rows, self.start_cache)
+        img = self.image_ids[i:i + 1]
+        self.rng.reset_streams(img, torch.tensor([request.seed], dtype=torch.long, device=config.device))
+        logits = config.target.logits(hidden[:, -1:])
+        _check_finite(logits, request, 0, config)
+        zero = torch.zeros(1, dtype=torch.long, device=config.device)
+        probs = config.dist(logits, zero)
+        first = int(probs.argmax(-1) if config.params.greedy else self.rng.race(probs, streams=img))
+        s = config.num_tokens
+        index = torch.arange(s, device=config.device)[None].expand(config.batch, s)
+        prior = token_from_uniform(self.rng.keyed_uniform(index, stream=PRIOR_STREAM)[i], config.vocab).cpu().numpy()
+        im = _Image(request=request, tok=np.zeros(s, dtype=np.int64), committed=np.zeros(s, dtype=bool),
+                    drafted=np.zeros(s, dtype=bool), kv_ok=np.zeros(s, dtype=bool), prior=prior,
+                    codes=[0] * self.grid_rows, started=[False] * self.grid_rows)
+        im.started[0] = True
+        self._commit(im, 0, first)
+        im.codes[0] = 1
+        self._start_rows(im)
+        return im
+
+    def _commit(self, im: _Image, index: int, token: int) -> None:
+        im.tok[index] = token
+        im.committed[index] = True
+
+    def _row_of(self, index: int) -> int:
+        return index // self.width
+
+    def _ongoing(self, im: _Image) -> list[int]:
+        return [r for r in range(self.grid_rows) if im.started[r] and im.codes[r] < self.codes_per_row]
+
+    def _start_rows(self, im: _Image) -> None:
+        """Start the row after the last started one once that has W codes (or is complete), while
+        fewer than R rows are ongoing; commit its lead (the row-end above it) where the layout has one."""
+        last = max(r for r in range(self.grid_rows) if im.started[r])
+        if last + 1 >= self.grid_rows or len(self._ongoing(im)) >= self.rows:
+            return
+        if im.codes[last] >= min(self.window, self.codes_per_row):
+            im.started[last + 1] = True
+            if self.row_end >= 0:
+                self._commit(im, (last + 1) * self.width - 1, self.row_end)
+
+    def _prior_token(self, im: _Image, index: int) -> int:
+        """A fresh position's draft: the `init` prior (uniform; repeat-h: the token to the left;
+        repeat-v: the one above, where they exist)."""
+        init = self.config.spec.init
+        if init == "repeat-h" and index % self.width > 0:
+            return int(im.tok[index - 1])
+        if init == "repeat-v" and index >= self.width:
+            return int(im.tok[index - self.width])
+        return int(im.prior[index])
+
+    def _qkey(self, index: int) -> int:
+        return (self._row_of(index) % self.rows) * self.window + (index % self.width) % self.window
+
+    def _plan(self, i: int, im: _Image) -> list[list[_Node]]:
+        """Fill slot i's nodes for the next forward; returns its windows (lists of nodes, leading
+        node first; KV-only nodes last, as windows of one)."""
+        windows: list[list[_Node]] = []
+        ongoing = self._ongoing(im)
+        t = 0
+        one_hot: list[tuple[int, int]] = []  # (q key, token) of fresh drafts
+        leads: set[int] = set()
+        for k, r in enumerate(ongoing):
+            base = r * self.width
+            if k == 0:
+                n = min(self.codes_per_row - im.codes[r], self.window)
+            else:
+                n = min(im.codes[ongoing[k - 1]] - im.codes[r], self.window)
+            lead = base + im.codes[r] - 1  # the last committed code, or the lead before the row
+            nodes = []
+            if im.committed[lead]:
+                nodes.append(_Node(int(im.tok[lead]), lead, self.config.cls + lead, k, True))
+                leads.add(lead)
+            else:  # no row-end token and the row above not done: a stand-in at a scratch slot
+                stand_in = int(im.tok[(r - 1) * self.width + im.codes[r - 1] - 1])
+                nodes.append(_Node(stand_in, lead, self.scratch + t, k, False))
+            for j in range(1, n):
+                idx = lead + j
+                if not im.drafted[idx]:
+                    im.tok[idx] = self._prior_token(im, idx)
+                    im.drafted[idx] = True
+                    one_hot.append((self._qkey(idx), int(im.tok[idx])))
+                nodes.append(_Node(int(im.tok[idx]), idx, self.config.cls + idx, k, False, self._qkey(idx)))
+            windows.append(nodes)
+            t += len(nodes)
+        im.pending = [idx for idx in im.pending if not im.kv_ok[idx]]
+        for idx in im.pending:
+            if idx not in leads:
+                windows.append([_Node(int(im.tok[idx]), idx, self.config.cls + idx, len(windows), True, kv_only=True)])
+        flat = [node for w in windows for node in w]
+        assert len(flat) <= self.nodes, f"{len(flat)} nodes > {self.nodes}"
+        cols = range(len(flat))
+        self.node_tok[i, :len(flat)] = torch.tensor([nd.token for nd in flat])
+        self.node_pos[i, :len(flat)] = torch.tensor([self.config.cls + nd.index for nd in flat])
+        slots = [nd.slot if nd.slot < self.scratch else self.scratch + c for nd, c in zip(flat, cols)]
+        self.node_slot[i, :len(flat)] = torch.tensor(slots)
+        self.node_win[i, :len(flat)] = torch.tensor([nd.window for nd in flat])
+        fresh = im.kv_ok.copy()
+        for nd in flat:
+            if nd.fresh:
+                fresh[nd.index] = True
+        self.fresh[i].zero_()
+        self.fresh[i, self.config.cls:self.scratch] = torch.from_numpy(fresh).to(self.config.device)
+        if one_hot:
+            keys = torch.tensor([k for k, _ in one_hot], device=self.config.device)
+            toks = torch.tensor([tk for _, tk in one_hot], device=self.config.device)
+            self.q_ring[i, keys] = torch.nn.functional.one_hot(toks, self.config.vocab).to(self.q_ring.dtype)
+        qkeys = [nd.qkey if nd.qkey >= 0 else 0 for nd in flat]
+        self.q_nodes[i, :len(flat)] = self.q_ring[i, torch.tensor(qkeys, device=self.config.device)]
+        return windows
+
+    def _pad_nodes(self) -> None:
+        """Every node a padding node: its own window and scratch slot, position cls."""
+        b, t = self.config.batch, self.nodes
+        ids = torch.arange(t, device=self.config.device)
+        self.node_tok.zero_()
+        self.node_pos.fill_(self.config.cls)
+        self.node_slot.copy_((self.scratch + ids).expand(b, t))
+        self.node_win.copy_((t + ids).expand(b, t))  # window ids no planned node uses
+        self.fresh.zero_()
+
+    def _accept(self, plans: list[list[list[_Node]] | None]) -> None:
+        config, b, t = self.config, self.config.batch, self.nodes
+        prev = torch.arange(t, device=config.device).sub(1).clamp(min=0)
+        draft = self.node_tok
+        p_prev = self.p[:, prev]  # (B, T, V): p after the node before
+        pd = p_prev.gather(2, draft[..., None])[..., 0]
+        qd = self.q_nodes.gather(2, draft[..., None])[..., 0]
+        ratio = (pd / qd.clamp(min=1e-30)).clamp(max=1.0)
+        u = self.rng.uniform(b, t)
+        sample = self.p.argmax(-1) if config.params.greedy else self.rng.race(self.p)
+        ratio_h, u_h, sample_h = ratio.cpu().numpy(), u.cpu().numpy(), sample.cpu().numpy()
+        self._check_nodes(plans)
+        # the walk: per image, per window; the first ongoing row's final token is sampled after it
+        final_at = torch.zeros(b, dtype=torch.long)  # node whose p (or residual) gives the token
+        residual = torch.zeros(b, dtype=torch.bool)
+        walks: list[Any] = [None] * b
+        for i, windows in enumerate(plans):
+            if windows is None or self.images[i] is None:
+                continue
+            t0, per_window = 0, []
+            for nodes in windows:
+                n = len(nodes)
+                accepted, rejected_at = n - 1, None
+                for j in range(1, n):
+                    if not u_h[i, t0 + j] < ratio_h[i, t0 + j]:
+                        accepted, rejected_at = j - 1, j
+                        break
+                per_window.append((t0, n, accepted, rejected_at))
+                t0 += n
+            t0, n, _, rejected_at = per_window[0]  # the first ongoing row's window
+            final_at[i] = t0 + (rejected_at if rejected_at is not None else n - 1)
+            residual[i] = rejected_at is not None
+            walks[i] = per_window
+        tokens = self._final_tokens(final_at, residual)
+        for i, windows in enumerate(plans):
+            im = self.images[i]
+            if windows is None or im is None:
+                continue
+            self._update(i, im, windows, walks[i], int(tokens[i]), ratio_h[i], sample_h[i])
+
+    def _final_tokens(self, at: torch.Tensor, residual: torch.Tensor) -> np.ndarray:
+        """Per image the first ongoing row's new token: a sample of norm(max(p - q, 0)) at its
+        first rejection (node `at`: p from the node before, q of the rejected draft), else of p
+        after its last node (the bonus)."""
+        config = self.config
+        at, residual = at.to(config.device), residual.to(config.device)
+        rows = self.image_ids
+        p_before = self.p[rows, (at - 1).clamp(min=0)]
+        after = torch.where(residual[:, None], (p_before - self.q_nodes[rows, at]).clamp(min=0), self.p[rows, at])
+        # a residual that rounds to zero mass keeps p (the released code would sample NaN)
+        empty = after.sum(-1, keepdim=True) <= 0
+        after = torch.where(empty, p_before, after)
+        if config.params.greedy:
+            return after.argmax(-1).cpu().numpy()
+        return self.rng.race(after).cpu().numpy()
+
+    def _update(self, i: int, im: _Image, windows: list[list[_Node]], walk: list[tuple[int, int, int, int | None]],
+                final: int, ratio: np.ndarray, sample: np.ndarray) -> None:
+        """Commit what the walk accepted, set the next drafts and their q, start rows."""
+        config = self.config
+        im.forwards += 1
+        # after_row_end: a row finished in the previous forward (where the released code's tests shift)
+        trace: dict[str, Any] = {"rows": [], "window": [], "committed": [], "after_row_end": im.row_ended}
+        im.row_ended = False
+        q_writes: list[tuple[int, int]] = []  # (q key, node whose p is the new q)
+        for nodes, (t0, n, accepted, rejected_at) in zip(windows, walk):
+            lead = nodes[0]
+            if lead.kv_only:
+                im.kv_ok[lead.index] = True
+                continue
+            r = self._row_of(lead.index + 1)
+            first = nodes is windows[0]
+            new = accepted + (1 if first else 0)
+            for j in range(1, accepted + 1):
+                self._commit(im, nodes[j].index, nodes[j].token)
+            if first:
+                self._commit(im, lead.index + accepted + 1, final)
+            im.accepted_drafts += accepted
+            im.codes[r] += new
+            last = r * self.width + im.codes[r] - 1
+            for nd in nodes[: accepted + 1]:  # every committed node but the row's last keeps its KV
+                if nd.slot == config.cls + nd.index and nd.index != last:
+                    im.kv_ok[nd.index] = True
+            # next drafts: the target's sample after each node, or a carried draft
+            for j in range(n):
+                idx = nodes[j].index + 1
+                if idx <= last or idx >= r * self.width + self.codes_per_row:
+                    continue
+                carried = (rejected_at is not None and j + 1 < n and j + 1 > rejected_at
+                           and ratio[t0 + j + 1] > 0.5)
+                if carried:
+                    continue
+                im.tok[idx] = int(sample[t0 + j])
+                im.drafted[idx] = True
+                q_writes.append((self._qkey(idx), t0 + j))
+            trace["rows"].append(r)
+            trace["window"].append(n)
+            trace["committed"].append(new)
+            if im.codes[r] == self.codes_per_row:
+                im.row_ended = True
+                if r + 1 < self.grid_rows and not im.kv_ok[last]:
+                    im.pending.append(last)
+                if r + 1 == self.grid_rows and self.row_end >= 0:
+                    self._commit(im, config.num_tokens - 1, self.row_end)
+        im.trace.append(trace)
+        if q_writes:
+            keys = torch.tensor([k for k, _ in q_writes], device=config.device)
+            at = torch.tensor([j for _, j in q_writes], device=config.device)
+            self.q_ring[i, keys] = self.p[i, at]
+        if all(c == self.codes_per_row for c in im.codes):
+            im.done = True
+            return
+        self._start_rows(im)
+
+    def _check_nodes(self, plans: list[list[list[_Node]] | None]) -> None:
+        """NaN or inf in p stops decoding with the image's name."""
+        bad = ~torch.isfinite(self.p).all(-1)  # (B, T)
+        if not bool(bad.any()):
+            return
+        for i, windows in enumerate(plans):
+            im = self.images[i]
+            if windows is None or im is None:
+                continue
+            used = sum(len(w) for w in windows)
+            hits = bad[i, :used].nonzero()
+            if hits.numel():
+                _raise_nonfinite(im.request, int(self.node_pos[i, int(hits[0])]) - self.config.cls + 1, self.config)
+
+
+def _prefix(committed: np.ndarray) -> int:
+    """Length of the leading run of True."""
+    gaps = np.flatnonzero(~committed)
+    return int(gaps[0]) if gaps.size else int(committed.size)
+
+
+def _check_finite(logits: torch.Tensor, request: SlotRequest, index: int, config: DecodeConfig) -> None:
+    if not bool(torch.isfinite(logits).all()):
+        _raise_nonfinite(request, index, config)
+
+
+def _raise_nonfinite(request: SlotRequest, index: int, config: DecodeConfig) -> None:
+    raise NonFiniteError(f"the target model produced NaN or infinite logits for image {request.key} at image token "
+                         f"{index} ({str(config.dtype).replace('torch.', '')}); decoding stopped. Finite weights "
+                         "overflow in fp16: use --dtype bf16 or fp32")
