@@ -71,7 +71,7 @@ ARG_FIELDS = {"--tree": ("tree", str), "--lantern-lambda": ("lantern_lambda", fl
               "--depth": ("depth", int), "--top-k-draft": ("top_k_draft", int),
               "--total-tokens": ("total_tokens", int), "--coupling": ("coupling", str),
               "--proactive": ("proactive", lambda v: v.replace(",", "x")), "--accept": ("accept", str),
-              "--pjd-rows": ("pjd_rows", int), "--pjd-window": ("pjd_window", int)}
+              "--pjd-rows": ("pjd_rows", int), "--pjd-window": ("pjd_window", int), "--init": ("init", str)}
 
 
 def setting_params(args: list[str]) -> tuple[str, dict]:

@@ -454,6 +454,30 @@ def test_lumina_layout_every_method_reproduces_ar_and_sampling_respects_the_rows
     assert (sampled[:, row_end] == 64).all() and (sampled[:, ~row_end] < 64).all()
 
 
+def test_lumina_layout_published_pjd_commits_rows_in_parallel_with_the_row_ends_in_place(lumina_folder) -> None:
+    """--accept published on the layout the released code was written for: a row's lead is the
+    row-end token above it, committed when the row starts; one row in flight is AR."""
+    from runtime.models.chameleon_folder import load_chameleon_folder
+
+    root, _ = lumina_folder
+    target, _, encoder, _ = load_chameleon_folder(root / "Lumina-mGPT-tiny", None, with_vq=False, image_size=64)
+    assert (target.config.row_width, target.config.block_size) == (5, 20)
+    ids, mask = encoder(["a red cat", "cat"])
+    target.for_prompts(ids.size(1))
+    greedy = SamplingParams(greedy=True, cfg=3.0)
+    ar = generate(target, None, MethodSpec(method="ar", sampling=greedy), ids, cond_masks=mask)
+    one = generate(target, None, MethodSpec(method="pjd", sampling=greedy, accept="published", pjd_rows=1, pjd_window=3),
+                   ids, cond_masks=mask)
+    assert torch.equal(one.tokens, ar.tokens)
+    row_end = (torch.arange(20) + 1) % 5 == 0
+    for params in (greedy, SamplingParams(cfg=3.0, top_k=10)):
+        out = generate(target, None, MethodSpec(method="pjd", sampling=params, accept="published", pjd_rows=4,
+                                                pjd_window=2), ids, cond_masks=mask, seed=2, batch_size=2)
+        assert (out.tokens[:, row_end] == 64).all() and (out.tokens[:, ~row_end] < 64).all()
+        # row ends cost no forward, rows overlap: a code per forward would need 1 + 16 (AR: 20)
+        assert all(f <= 13 for _, f in out.image_counts), out.image_counts
+
+
 def test_runtime_run_on_a_lumina_folder_writes_images_of_the_asked_size(run_cli, lumina_folder, tmp_path) -> None:
     from PIL import Image
 
@@ -464,6 +488,11 @@ def test_runtime_run_on_a_lumina_folder_writes_images_of_the_asked_size(run_cli,
     assert res.exit_code == 0, res.stderr
     pngs = sorted(p for p in (tmp_path / "o").glob("*.png") if p.name != "grid.png")
     assert pngs and Image.open(pngs[0]).size == (64, 64)
+    res = run_cli("run", "--model", str(root / "Lumina-mGPT-tiny"), "--vq-ckpt", str(root / "vqgan.ckpt"), "--prompts",
+                  str(root / "prompts.txt"), "--image-size", "64", "--method", "pjd", "--accept", "published",
+                  "--pjd-window", "2", "--device", "cpu", "--out", str(tmp_path / "p"))
+    assert res.exit_code == 0, res.stderr
+    assert Image.open(next(p for p in (tmp_path / "p").glob("image_*.png"))).size == (64, 64)
     bad = run_cli("run", "--model", str(root / "Lumina-mGPT-tiny"), "--vq-ckpt", str(root / "vqgan.ckpt"), "--prompts",
                   str(root / "prompts.txt"), "--image-size", "100", "--device", "cpu", "--out", str(tmp_path / "b"))
     assert bad.exit_code == 2 and "steps of 32 px" in bad.stderr

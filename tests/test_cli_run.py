@@ -134,5 +134,17 @@ def test_sjd_runs_an_official_checkpoint_without_a_drafter(official_ckpts, tmp_p
     assert np.array_equal(np.load(ar / "tokens.npy"), np.load(pjd / "tokens.npy"))
     result = json.loads((sjd / "result.json").read_text())
     assert result["method"] == "sjd" and result["sampling"]["window"] == 6
+    # the published pjd loop: one row in flight is AR; several rows, captured, at batch 2, commit ahead
+    one = tmp_path / "pjd1"
+    res = run_cli(*base_args(official_ckpts, one), "--method", "pjd", "--accept", "published", "--pjd-rows", "1", *common)
+    assert res.exit_code == 0, res.stderr
+    assert np.array_equal(np.load(ar / "tokens.npy"), np.load(one / "tokens.npy"))
+    rows = tmp_path / "pjd3"
+    res = run_cli(*base_args(official_ckpts, rows), "--method", "pjd", "--accept", "published", "--pjd-rows", "3",
+                  "--pjd-window", "3", "--graph", "--batch-size", "2", *common)
+    assert res.exit_code == 0, res.stderr
+    result = json.loads((rows / "result.json").read_text())
+    assert result["sampling"]["accept"] == "published" and result["sampling"]["pjd_rows"] == 3
+    assert np.load(rows / "tokens.npy").shape == np.load(ar / "tokens.npy").shape
     res = run_cli(*base_args(official_ckpts, tmp_path / "x"), "--method", "lantern++")
     assert res.exit_code != 0 and "--method sjd (no drafter needed)" in res.stderr
