@@ -157,5 +157,27 @@ def test_published_is_pjds_only(kw, match):
 
 def test_the_shared_decoder_refuses_it_with_the_tools_that_drive_it():
     target, _ = tiny_pair(vocab=8, grid=4)
-    with pytest.raises(UserError, match="runtime run, bench, sample, eval and serve do"):
+    with pytest.raises(UserError, match="runtime run, bench, sample and serve do"):
         Decoder(target, None, published(SamplingParams()))
+
+
+def test_the_serve_engine_drives_it_with_each_image_equal_to_its_lone_decode():
+    """The server's engine runs the published loop through the slot API (admissions into freed
+    slots while others decode): every image equals the same seed decoded alone."""
+    from runtime.serve.engine import Engine, Job
+
+    target, _ = tiny_pair(vocab=8, grid=6, sharpness=1.0)
+    spec = published(SamplingParams(cfg=2.0))
+    engine = Engine({"pjd": PublishedPJD(target, spec, batch_size=2)}, torch.device("cpu"))
+    engine.start()
+    assert engine.ready.wait(10)
+    try:
+        jobs = [Job("r", i, label, 40 + i) for i, label in enumerate([0, 1, 2, 3, 1])]
+        engine.submit(jobs)
+        results = [job.future.result(60) for job in jobs]
+    finally:
+        engine.stop(drain=False, timeout=10)
+    alone = PublishedPJD(target, spec)
+    for job, (tokens, _) in zip(jobs, results):
+        want, _ = alone.generate_one(torch.tensor([job.label]), None, job.seed)
+        assert torch.equal(tokens, want.cpu())

@@ -195,7 +195,7 @@ class Decoder:
                  track_nodes: bool = False, lazy_head: bool | None = None) -> None:
         if spec.out_of_order:
             raise UserError("--method pjd --accept published commits tokens out of raster order in its own loop, "
-                            "which this tool does not drive; runtime run, bench, sample, eval and serve do "
+                            "which this tool does not drive; runtime run, bench, sample and serve do "
                             "(or use --accept exact)")
         self.config = config = DecodeConfig.for_models(target, drafter, spec, batch_size, lean_head=lazy_head)
         self.backend = backend

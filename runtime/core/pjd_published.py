@@ -147,35 +147,38 @@ class PublishedPJD:
         self.tril = torch.ones(t, t, dtype=torch.bool, device=dev).tril()
         self.image_ids = torch.arange(b, device=dev)
         self.rng = CounterRNG(dev, streams=b)
-        self.verify: Callable[[], None] = self.verify_step
+        self.verify: Callable[[], None] | None = None  # the captured verify (all T nodes), in graph mode
         self.captured = backend is None or not backend.graph_mode
         self.images: list[_Image | None] = [None] * b
         self._pad_nodes()
 
     # -- the fixed-shape step -------------------------------------------------------------------
-    def verify_step(self) -> None:
-        """One target forward over the nodes in `node_*` (B, T): KV written at `node_slot`, the
-        mask built from `fresh` and the windows; fills p (B, T, V) after each node."""
+    def verify_step(self, used: int | None = None) -> None:
+        """One target forward over the first `used` nodes (all T by default, the captured form)
+        in `node_*` (B, T): KV written at `node_slot`, the mask built from `fresh` and the windows;
+        fills p[:, :used] (B, used, V) after each node. Padding nodes see only themselves and no
+        other node sees them, so `used` changes no planned node's numbers' inputs."""
         config, cache = self.config, self.cache
-        b, t = config.batch, self.nodes
+        b, t = config.batch, used or self.nodes
+        pos, slot, win = self.node_pos[:, :t], self.node_slot[:, :t], self.node_win[:, :t]
         # by index (slot = cls + index on image slots; a stand-in's scratch slot is never fresh)
-        ahead = self.slot_ids[None, None, :] < self.node_pos[:, :, None]  # (B, T, cap)
+        ahead = self.slot_ids[None, None, :] < pos[:, :, None]  # (B, t, cap)
         seen = self.fresh[:, None, :] & ahead
-        same = (self.node_win[:, :, None] == self.node_win[:, None, :]) & self.tril  # (B, T, T)
-        own = torch.zeros_like(seen).scatter_(2, self.node_slot[:, None, :].expand(b, t, t), same)
+        same = (win[:, :, None] == win[:, None, :]) & self.tril[:t, :t]  # (B, t, t)
+        own = torch.zeros_like(seen).scatter_(2, slot[:, None, :].expand(b, t, t), same)
         prefix = cache.prefix_valid & (self.slot_ids < config.cls)  # (rows, cap)
         mask = config.expand_rows(seen | own) | prefix[:, None, :]
-        x = config.target.tok_embeddings(config.expand_rows(self.node_tok))
-        hidden = config.target.forward_at(x, config.expand_rows(self.node_pos), config.expand_rows(self.node_slot),
+        x = config.target.tok_embeddings(config.expand_rows(self.node_tok[:, :t]))
+        hidden = config.target.forward_at(x, config.expand_rows(pos), config.expand_rows(slot),
                                           cache.additive(mask)[:, None], cache)
         logits = config.target.logits(hidden)
-        index = self.node_pos - config.cls + 1  # the image index each node's p is for
+        index = pos - config.cls + 1  # the image index each node's p is for
         zero = torch.zeros(b, dtype=torch.long, device=config.device)
         if config.params.greedy:  # a one-hot p: the released code's most greedy setting (top-k 1)
             best = config.dist(logits, zero, index, rank=True).argmax(-1)
-            self.p.copy_(torch.nn.functional.one_hot(best, config.vocab).to(self.p.dtype))
+            self.p[:, :t].copy_(torch.nn.functional.one_hot(best, config.vocab).to(self.p.dtype))
         else:
-            self.p.copy_(config.dist(logits, zero, index))
+            self.p[:, :t].copy_(config.dist(logits, zero, index))
 
     # -- capture ----------------------------------------------------------------------------------
     @torch.no_grad()
@@ -265,10 +268,15 @@ class PublishedPJD:
             self._pad_nodes()
             for i, im in enumerate(self.images):
                 plans.append(None if im is None or im.done else self._plan(i, im))
+        # eager: the forward over the nodes some image uses; captured: all T (one fixed shape)
+        used = max((sum(len(w) for w in plan) for plan in plans if plan is not None), default=1)
         with self._phase("verify"):
-            self.verify()
+            if self.verify is None:
+                self.verify_step(used)
+            else:
+                self.verify()
         with self._phase("accept"):
-            self._accept(plans)
+            self._accept(plans, used)
         if self.backend is not None:
             self.backend.mark_step()
 
@@ -438,16 +446,22 @@ class PublishedPJD:
         self.node_win.copy_((t + ids).expand(b, t))  # window ids no planned node uses
         self.fresh.zero_()
 
-    def _accept(self, plans: list[list[list[_Node]] | None]) -> None:
-        config, b, t = self.config, self.config.batch, self.nodes
+    def _accept(self, plans: list[list[list[_Node]] | None], used: int) -> None:
+        """Acceptance numbers on the device for the first `used` nodes, then the walk on the host.
+        Each image's random numbers are a function of its own forwards only: every draw advances
+        the streams by the full T, whatever `used` (which depends on the batch-mates)."""
+        config, b, t, v = self.config, self.config.batch, used, self.config.vocab
         prev = torch.arange(t, device=config.device).sub(1).clamp(min=0)
-        draft = self.node_tok
-        p_prev = self.p[:, prev]  # (B, T, V): p after the node before
-        pd = p_prev.gather(2, draft[..., None])[..., 0]
-        qd = self.q_nodes.gather(2, draft[..., None])[..., 0]
+        draft = self.node_tok[:, :t]
+        pd = self.p[:, prev].gather(2, draft[..., None])[..., 0]  # p after the node before, at the draft
+        qd = self.q_nodes[:, :t].gather(2, draft[..., None])[..., 0]
         ratio = (pd / qd.clamp(min=1e-30)).clamp(max=1.0)
-        u = self.rng.uniform(b, t)
-        sample = self.p.argmax(-1) if config.params.greedy else self.rng.race(self.p)
+        u = self.rng.uniform(b, self.nodes)
+        if config.params.greedy:
+            sample = self.p[:, :t].argmax(-1)
+        else:
+            sample = self.rng.race(self.p[:, :t])
+            self.rng.counter.add_((self.nodes - t) * v)
         ratio_h, u_h, sample_h = ratio.cpu().numpy(), u.cpu().numpy(), sample.cpu().numpy()
         self._check_nodes(plans)
         # the walk: per image, per window; the first ongoing row's final token is sampled after it

@@ -51,6 +51,11 @@ def summarise(images: list[dict], skip_after_row_end: bool = False) -> dict:
                 later.append(c)
                 later_by[w].append(c)
 
+    # the first row's codes in the forward right after a row end and the next one, summed: where the
+    # released code's shifted tests move the acceptance of the carried drafts by one forward
+    pairs = [f["committed"][0] + g["committed"][0] for im in images
+             for f, g in zip(im["forwards"], im["forwards"][1:]) if f["after_row_end"] and f["rows"] and g["rows"]]
+
     def by(d: dict) -> dict:
         return {str(w): {"forwards": len(v), "mean_committed": round(statistics.mean(v), 3)} for w, v in sorted(d.items())}
 
@@ -60,7 +65,8 @@ def summarise(images: list[dict], skip_after_row_end: bool = False) -> dict:
             "mean_rows_per_forward": round(statistics.mean(rows), 3), "max_rows_per_forward": max(rows),
             "first_row_committed_per_forward": round(statistics.mean(first), 3),
             "later_row_committed_per_forward": round(statistics.mean(later), 3) if later else None,
-            "first_row_by_window": by(first_by), "later_rows_by_window": by(later_by)}
+            "first_row_by_window": by(first_by), "later_rows_by_window": by(later_by),
+            "first_row_committed_in_the_two_forwards_after_a_row_end": round(statistics.mean(pairs), 3) if pairs else None}
 
 
 def released_images(path: str) -> list[dict]:
@@ -120,7 +126,8 @@ def main() -> int:
             entry[part] = {"runtime": runtime, "released": released}
             print(f"{args.size} px {setting}, {part.replace('_', ' ')}")
             for key in ("image_forwards", "mean_codes_per_image_forward", "mean_rows_per_forward",
-                        "max_rows_per_forward", "first_row_committed_per_forward", "later_row_committed_per_forward"):
+                        "max_rows_per_forward", "first_row_committed_per_forward", "later_row_committed_per_forward",
+                        "first_row_committed_in_the_two_forwards_after_a_row_end"):
                 print(f"  {key:34s} runtime {runtime[key]!s:28s} released {released[key] if released else '-'!s}")
             for key in ("first_row_by_window", "later_rows_by_window"):
                 ours = {w: v["mean_committed"] for w, v in runtime[key].items()}
