@@ -44,7 +44,8 @@ lead slot is not committed yet a stand-in leading token (the last committed code
 above), written at a scratch slot that no other row sees.
 
 Shapes are fixed (B images x T = R * W + R nodes, R = `pjd_rows`), so the verify forward is
-captured like the other methods' steps; the row scheduling and the acceptance walk run on the
+captured like the other methods' steps, once per node-count bucket (1, 2, 4, ... R rows of W + 1
+nodes; a step replays the smallest that holds its nodes, eager steps run just those); the row scheduling and the acceptance walk run on the
 host: two device reads per forward (the acceptance numbers, then the first row's sampled
 token). Lossy in law (later rows condition on a partly generated row above) and not equal to AR
 under greedy decoding; with `pjd_rows` 1 and greedy decoding it is AR token for token.
@@ -53,6 +54,7 @@ under greedy decoding; with `pjd_rows` 1 and greedy decoding it is AR token for 
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -147,7 +149,10 @@ class PublishedPJD:
         self.tril = torch.ones(t, t, dtype=torch.bool, device=dev).tril()
         self.image_ids = torch.arange(b, device=dev)
         self.rng = CounterRNG(dev, streams=b)
-        self.verify: Callable[[], None] | None = None  # the captured verify (all T nodes), in graph mode
+        # node counts a captured verify runs: rows in flight 1, 2, 4, ... R, each with W + 1 nodes
+        # (the last is T); a step replays the smallest that holds its nodes
+        self.buckets = sorted({min(2 ** i, self.rows) * (self.window + 1) for i in range(self.rows.bit_length() + 1)})
+        self.verify_at: dict[int, Callable[[], None]] = {}  # captured verifies by node count (graph mode)
         self.captured = backend is None or not backend.graph_mode
         self.images: list[_Image | None] = [None] * b
         self._pad_nodes()
@@ -183,12 +188,15 @@ class PublishedPJD:
     # -- capture ----------------------------------------------------------------------------------
     @torch.no_grad()
     def capture_steps(self, cond: torch.Tensor | None = None, cond_mask: torch.Tensor | None = None) -> None:
-        """Capture the verify forward once (graph mode); any state does (padding nodes)."""
+        """Capture the verify forward once per node-count bucket (graph mode); any state does
+        (padding nodes)."""
         backend = self.backend
         assert backend is not None, "steps are captured only with a backend in graph mode"
         suffix = f".b{self.config.batch}" if self.config.batch > 1 else ""
         with backend.compile_cache(self.compile_key):
-            self.verify = backend.capture(self.verify_step, name=f"pjd-published.verify{suffix}")
+            for t in self.buckets:
+                step = functools.partial(self.verify_step, t)
+                self.verify_at[t] = backend.capture(step, name=f"pjd-published.verify.t{t}{suffix}")
         self.captured = True
 
     @property
@@ -268,13 +276,13 @@ class PublishedPJD:
             self._pad_nodes()
             for i, im in enumerate(self.images):
                 plans.append(None if im is None or im.done else self._plan(i, im))
-        # eager: the forward over the nodes some image uses; captured: all T (one fixed shape)
+        # eager: the forward over the nodes some image uses; captured: the smallest bucket holding them
         used = max((sum(len(w) for w in plan) for plan in plans if plan is not None), default=1)
         with self._phase("verify"):
-            if self.verify is None:
-                self.verify_step(used)
+            if self.verify_at:
+                self.verify_at[next(t for t in self.buckets if t >= used)]()
             else:
-                self.verify()
+                self.verify_step(used)
         with self._phase("accept"):
             self._accept(plans, used)
         if self.backend is not None:
