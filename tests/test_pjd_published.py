@@ -181,3 +181,19 @@ def test_the_serve_engine_drives_it_with_each_image_equal_to_its_lone_decode():
     for job, (tokens, _) in zip(jobs, results):
         want, _ = alone.generate_one(torch.tensor([job.label]), None, job.seed)
         assert torch.equal(tokens, want.cpu())
+
+
+def test_the_measured_law_is_ars_with_one_row_and_departs_with_several():
+    """`measure_law`: TV between the p each token was judged under and AR's p given the finished
+    image. One row in flight judges every token under AR's own p (0 up to rounding); rows that
+    commit ahead of the frontier condition on a partly generated row above (> 0)."""
+    target, _ = tiny_pair(vocab=8, grid=6, sharpness=1.0)
+    tvd = {}
+    for rows in (1, 3):
+        spec = published(SamplingParams(cfg=2.0), pjd_rows=rows)
+        dec = PublishedPJD(target, spec, batch_size=2)
+        dec.measure_law = True
+        out = generate(target, None, spec, [0, 1, 2], seed=6, decoder=dec)
+        assert out.stats["law_steps"] == 3 * 36 and out.stats["step_tvd_bound"] == 1.0
+        tvd[rows] = out.stats["step_tvd"]
+    assert tvd[1] < 1e-5 and tvd[3] > 1e-3, tvd

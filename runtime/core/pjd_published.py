@@ -54,6 +54,7 @@ under greedy decoding; with `pjd_rows` 1 and greedy decoding it is AR token for 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
@@ -95,6 +96,9 @@ class _Image:
     accepted_drafts: int = 0
     done: bool = False
     row_ended: bool = False  # a row finished in the last forward
+    # `measure_law`: the p (S, V) each token was judged under (index 0: the prefill's), and where set
+    judged: torch.Tensor | None = None
+    judged_mask: np.ndarray | None = None
     trace: list[dict[str, Any]] = field(default_factory=list)  # per forward: rows, windows, committed
 
 
@@ -255,11 +259,42 @@ class PublishedPJD:
         for i, im in enumerate(self.images):
             if im is not None and im.done:
                 tokens = torch.from_numpy(im.tok.copy()).to(self.config.device)
+                tvd, steps = self._law(im) if im.judged is not None else (0.0, 0)
                 stats = ImageStats(tokens=self.config.num_tokens, target_forwards=1 + im.forwards,
                                    accepted_tokens=self.config.num_tokens, depth_accepted=[], depth_reached=[],
-                                   relax_mass=0.0, accepted_drafts=im.accepted_drafts)
+                                   relax_mass=0.0, accepted_drafts=im.accepted_drafts,
+                                   law_tvd=tvd, law_bound=float(steps), law_steps=steps)
                 done.append(Finished(i, im.request.key, tokens, stats))
         return done
+
+    @torch.no_grad()
+    def _law(self, im: _Image) -> tuple[float, int]:
+        """(summed TV distance, tokens) between the p each token was judged under and AR's p at its
+        index given the finished image's tokens before it (one causal forward over the image in a
+        fresh cache): what conditioning on a partly generated row above, and KV computed once, cost
+        each token. Tokens no p judged (forced row ends) are left out. The bound reported beside it
+        is TV's own, 1 per token: the released rule states none."""
+        config = self.config
+        cond, mask = im.request.cond, im.request.mask
+        if config.params.uses_cfg:
+            if mask is not None:
+                mask = torch.cat([mask, config.target.null_condition_mask(mask)])
+            cond = torch.cat([cond, config.target.null_condition(cond)])
+        s = config.num_tokens
+        cache = config.target.new_cache(cond.size(0), config.cls + s, config.device)
+        hidden = config.target.prefill(cond, cache, mask)
+        tokens = torch.from_numpy(im.tok).to(config.device)
+        x = config.target.tok_embeddings(tokens[None, :-1].expand(cond.size(0), -1))
+        causal = torch.ones(s - 1, s - 1, dtype=torch.bool, device=config.device).tril()
+        out = config.target.forward_cached(x, config.cls + torch.arange(s - 1, device=config.device), causal, cache)
+        logits = config.target.logits(torch.cat([hidden[:, -1:], out], 1))  # (rows, S, V): p for 0 .. S-1
+        alone = dataclasses.replace(config, batch=1, rows=cond.size(0))  # this image's rows only
+        zero = torch.zeros(1, dtype=torch.long, device=config.device)
+        ar = alone.dist(logits, zero, torch.arange(s, device=config.device)[None])[0]
+        assert im.judged is not None and im.judged_mask is not None
+        at = torch.from_numpy(im.judged_mask).to(config.device)
+        tv = 0.5 * (im.judged[at] - ar[at]).abs().sum(-1)
+        return float(tv.sum()), int(at.sum())
 
     def trace_of(self, slot: int) -> list[dict[str, Any]]:
         """Per forward of the image in `slot`: its rows, their windows and committed codes."""
@@ -349,6 +384,11 @@ class PublishedPJD:
                     codes=[0] * self.grid_rows, started=[False] * self.grid_rows)
         im.started[0] = True
         self._commit(im, 0, first)
+        if self.measure_law and not config.params.greedy:
+            im.judged = torch.zeros(s, config.vocab, device=config.device)
+            im.judged[0] = probs[0, 0]
+            im.judged_mask = np.zeros(s, dtype=bool)
+            im.judged_mask[0] = True
         im.codes[0] = 1
         self._start_rows(im)
         return im
@@ -525,6 +565,7 @@ class PublishedPJD:
         trace: dict[str, Any] = {"rows": [], "window": [], "committed": [], "after_row_end": im.row_ended}
         im.row_ended = False
         q_writes: list[tuple[int, int]] = []  # (q key, node whose p is the new q)
+        judged: list[tuple[int, int]] = []  # (image index, node whose p judged it), when measuring
         for nodes, (t0, n, accepted, rejected_at) in zip(windows, walk):
             lead = nodes[0]
             if lead.kv_only:
@@ -537,6 +578,8 @@ class PublishedPJD:
                 self._commit(im, nodes[j].index, nodes[j].token)
             if first:
                 self._commit(im, lead.index + accepted + 1, final)
+            if im.judged is not None:  # each new token's p: the target's after the node before it
+                judged.extend((lead.index + 1 + j, t0 + j) for j in range(new))
             im.accepted_drafts += accepted
             im.codes[r] += new
             last = r * self.width + im.codes[r] - 1
@@ -565,6 +608,10 @@ class PublishedPJD:
                 if r + 1 == self.grid_rows and self.row_end >= 0:
                     self._commit(im, config.num_tokens - 1, self.row_end)
         im.trace.append(trace)
+        if judged and im.judged is not None:
+            at = torch.tensor([a for a, _ in judged], device=config.device)
+            im.judged[at] = self.p[i, torch.tensor([t for _, t in judged], device=config.device)]
+            im.judged_mask[at.cpu()] = True
         if q_writes:
             keys = torch.tensor([k for k, _ in q_writes], device=config.device)
             at = torch.tensor([j for _, j in q_writes], device=config.device)
