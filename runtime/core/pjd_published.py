@@ -609,10 +609,10 @@ class PublishedPJD:
                     self._commit(im, config.num_tokens - 1, self.row_end)
         im.trace.append(trace)
         if judged and im.judged is not None and im.judged_mask is not None:
-            at = [a for a, _ in judged]
-            im.judged[torch.tensor(at, device=config.device)] = self.p[i, torch.tensor([t for _, t in judged],
-                                                                                      device=config.device)]
-            im.judged_mask[at] = True
+            places = [a for a, _ in judged]
+            nodes = torch.tensor([t for _, t in judged], device=config.device)
+            im.judged[torch.tensor(places, device=config.device)] = self.p[i, nodes]
+            im.judged_mask[places] = True
         if q_writes:
             keys = torch.tensor([k for k, _ in q_writes], device=config.device)
             at = torch.tensor([j for _, j in q_writes], device=config.device)
