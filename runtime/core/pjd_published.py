@@ -610,8 +610,8 @@ class PublishedPJD:
         im.trace.append(trace)
         if judged and im.judged is not None and im.judged_mask is not None:
             places = [a for a, _ in judged]
-            nodes = torch.tensor([t for _, t in judged], device=config.device)
-            im.judged[torch.tensor(places, device=config.device)] = self.p[i, nodes]
+            judging = torch.tensor([t for _, t in judged], device=config.device)
+            im.judged[torch.tensor(places, device=config.device)] = self.p[i, judging]
             im.judged_mask[places] = True
         if q_writes:
             keys = torch.tensor([k for k, _ in q_writes], device=config.device)
