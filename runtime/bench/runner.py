@@ -247,7 +247,7 @@ def _label(spec: MethodSpec, batch_size: int = 1) -> str:
         keys += ["window", "init", "coupling"] + [k for k, off in (("proactive", None), ("accept", "exact"))
                                                   if d[k] != off]
     if spec.method == "pjd":
-        keys += ["pjd_window", "pjd_rows", "init"]
+        keys += ["pjd_window", "pjd_rows", "init"] + (["accept"] if d["accept"] != "exact" else [])
     extra = " ".join(f"{k}={d[k]}" for k in keys if k in d)
     if batch_size > 1:
         extra += f" batch={batch_size}"
