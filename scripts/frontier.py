@@ -240,7 +240,7 @@ def figure(frontier: dict, path: Path) -> None:
     for row in frontier["settings"]:
         if not row.get("bench"):
             continue
-        rule = row["params"].get("relax_rule", "exact" if row["method"] != "sjd" else row["params"].get("accept", "exact"))
+        rule = row["params"].get("relax_rule", row["params"].get("accept", "exact"))
         lines.setdefault(f"{row['method']} {rule}", []).append(row)
     for ax, m in zip(axes[0], metrics):
         ax.axhspan(-frontier["band"][m], frontier["band"][m], color="0.88", label="AR-vs-AR band")
