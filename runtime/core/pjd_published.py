@@ -66,6 +66,7 @@ from runtime.core.decoder import Finished, ImageStats, NonFiniteError, SlotReque
 from runtime.core.methods import MethodSpec
 from runtime.core.rng import CounterRNG, token_from_uniform
 from runtime.core.state import DecodeConfig
+from runtime.errors import UserError
 
 if TYPE_CHECKING:
     from backends import Backend
@@ -105,8 +106,8 @@ class _Image:
 @dataclass
 class _Node:
     """A node of the next forward: its token, image index (position - cls), cache slot, window id,
-    whether its token is committed (its KV is visible to later rows in this forward), and its
-    q key (the ring entry of a draft's q) or -1."""
+    whether its token is committed (its KV is visible to later rows in this forward), its q key
+    (the ring entry of a draft's q) or -1, and whether it only computes a finished row's last KV."""
 
     token: int
     index: int
@@ -126,7 +127,9 @@ class PublishedPJD:
         self.config = config = DecodeConfig.for_models(target, None, spec, batch_size, lean_head=False)
         self.backend = backend
         self.timer: Any = None
-        self.measure_law, self.law_every = False, 1  # the slot API's fields; no law is measured here
+        # `measure_law`: record each token's p and its TV from AR's at the end (`_law`); law_every
+        # is the slot API's field, unused here (every token is measured)
+        self.measure_law, self.law_every = False, 1
         self.kernels_per_step: dict[str, int] = {}
         b, dev, s = config.batch, config.device, config.num_tokens
         tcfg = target.config
@@ -135,7 +138,6 @@ class PublishedPJD:
         self.codes_per_row = self.width - 1 if self.row_end >= 0 else self.width  # K
         self.grid_rows = s // self.width  # G
         if self.grid_rows * self.width != s:
-            from runtime.errors import UserError
             raise UserError(f"--accept published needs an image of whole rows: {s} tokens are not rows of {self.width}")
         self.window, self.rows = spec.pjd_window, spec.pjd_rows  # W, R
         self.nodes = self.rows * self.window + self.rows  # T: R windows and R KV-only nodes
