@@ -16,7 +16,8 @@
 #     naive_extend_57 and the EAGLE-2 tree, each phase against its floor, and the projected speedup
 #     of naive_extend_57 at the published LlamaGen-XL taus (LANTERN++ 2.67, the lossless static
 #     tree 2.42; Cool-SD's table, ../shared/reference/papers.md);
-#  3. the demo bench of every method (graph, sampling, 24 images, 5 repeats) with its quality;
+#  3. the demo bench of every method (graph, sampling, 24 images, 5 repeats) with its quality,
+#     pjd's lossless form and the released loop (--accept published) included;
 #  4. the serve load test on the demo (served vs offline images/s, every image verified);
 #  5. if the budget allows, the speed-quality frontier of LANTERN++ on the demo, the load test on
 #     a LlamaGen-XL-shaped model and the drain under load (the old serve script's checks);
@@ -35,11 +36,13 @@ STARTED=$SECONDS
 if [ "$QUICK" = 1 ]; then
   BUDGET="${BUDGET:-1200}"; PROFILE="${PROFILE:-cpu}"; GRAPH=--no-graph; XL=--no-xl
   SHAPES="llamagen-b"; BATCHES="1"; ITER=2; IMAGES=2; REPEATS=1; REQUESTS=4; SCALE=4
-  METHODS="ar,lantern++"
+  METHODS="ar,lantern++,pjd:accept=published:pjd_rows=4"
 else
   BUDGET="${BUDGET:-480}"; PROFILE="${PROFILE:-h100}"; GRAPH=--graph; XL=--xl
   SHAPES="llamagen-xl llamagen-l"; BATCHES="1 8"; ITER=10; IMAGES=24; REPEATS=5; REQUESTS=200; SCALE=1
-  METHODS="ar,sd,eagle2,ddd,lantern,lantern++,sjd"
+  # pjd as released (lossy) beside the lossless form: its forward counts project a speedup where a
+  # 36-node forward costs about what AR's one-node forward does; this measures it
+  METHODS="ar,sd,eagle2,ddd,lantern,lantern++,sjd,pjd:pjd_rows=2,pjd:accept=published:pjd_rows=4"
 fi
 # chains and the EAGLE-2 tree at tau 1: their cost only (the summary gives the tau each needs to break even)
 TREES="lantern++:tree=chain3:tau=1,lantern++:tree=chain6:tau=1,lantern++:tree=naive_extend_57:tau=2.67"
