@@ -44,7 +44,7 @@ lead slot is not committed yet a stand-in leading token (the last committed code
 above), written at a scratch slot that no other row sees.
 
 Shapes are fixed (B images x T = R * W + R nodes, R = `pjd_rows`), so the verify forward is
-captured like the other methods' steps, once per node-count bucket (1, 2, 4, ... R rows of W + 1
+captured like the other methods' steps, once per node-count bucket (`ROW_BUCKETS` rows of W + 1
 nodes; a step replays the smallest that holds its nodes, eager steps run just those); the row scheduling and the acceptance walk run on the
 host: two device reads per forward (the acceptance numbers, then the first row's sampled
 token). Lossy in law (later rows condition on a partly generated row above) and not equal to AR
@@ -74,6 +74,9 @@ if TYPE_CHECKING:
 
 # keyed-noise stream of the uniform prior (jacobi.py uses 1 and 2, pjd.py 3)
 PRIOR_STREAM = 4
+# rows in flight a captured verify is sized for (each also capped at pjd_rows): fine where images
+# keep few rows in flight (2-4 at 256 px), coarser beyond (5-7 at 768 px)
+ROW_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16)
 
 
 @dataclass
@@ -155,9 +158,9 @@ class PublishedPJD:
         self.tril = torch.ones(t, t, dtype=torch.bool, device=dev).tril()
         self.image_ids = torch.arange(b, device=dev)
         self.rng = CounterRNG(dev, streams=b)
-        # node counts a captured verify runs: rows in flight 1, 2, 4, ... R, each with W + 1 nodes
-        # (the last is T); a step replays the smallest that holds its nodes
-        self.buckets = sorted({min(2 ** i, self.rows) * (self.window + 1) for i in range(self.rows.bit_length() + 1)})
+        # node counts a captured verify runs: rows in flight 1, 2, 3, 4, 6, 8, 12, 16 up to R, and R,
+        # each with W + 1 nodes (the last is T); a step replays the smallest that holds its nodes
+        self.buckets = sorted({min(k, self.rows) * (self.window + 1) for k in ROW_BUCKETS + (self.rows,)})
         self.verify_at: dict[int, Callable[[], None]] = {}  # captured verifies by node count (graph mode)
         self.captured = backend is None or not backend.graph_mode
         self.images: list[_Image | None] = [None] * b
