@@ -152,6 +152,11 @@ class PublishedPJD:
         longs = lambda *shape: torch.zeros(*shape, dtype=torch.long, device=dev)  # noqa: E731
         self.node_tok, self.node_pos, self.node_slot, self.node_win = longs(b, t), longs(b, t), longs(b, t), longs(b, t)
         self.fresh = torch.zeros(b, self.cache.capacity, dtype=torch.bool, device=dev)
+        # host staging of the node buffers: filled per image by `_plan`, copied up once per step
+        self.host = {name: np.zeros((b, self.nodes), dtype=np.int64) for name in ("tok", "pos", "slot", "win", "qkey")}
+        self.host_fresh = np.zeros((b, self.cache.capacity), dtype=bool)
+        self.one_hot: list[tuple[int, int, int]] = []  # (image, q key, token) of this step's fresh drafts
+        self.q_writes: list[tuple[int, int, int]] = []  # (image, q key, node) of the next drafts' q
         self.p = torch.zeros(b, t, v, device=dev)
         self.q_nodes = torch.zeros(b, t, v, device=dev)
         self.q_ring = torch.zeros(b, self.rows * self.window, v, device=dev)  # a draft's q by (row % R, col % W)
@@ -316,6 +321,7 @@ class PublishedPJD:
             self._pad_nodes()
             for i, im in enumerate(self.images):
                 plans.append(None if im is None or im.done else self._plan(i, im))
+            self._upload()
         # eager: the forward over the nodes some image uses; captured: the smallest bucket holding them
         used = max((sum(len(w) for w in plan) for plan in plans if plan is not None), default=1)
         with self._phase("verify"):
@@ -468,36 +474,44 @@ class PublishedPJD:
             if idx not in leads:
                 windows.append([_Node(int(im.tok[idx]), idx, self.config.cls + idx, len(windows), True, kv_only=True)])
         flat = [node for w in windows for node in w]
-        assert len(flat) <= self.nodes, f"{len(flat)} nodes > {self.nodes}"
-        cols = range(len(flat))
-        self.node_tok[i, :len(flat)] = torch.tensor([nd.token for nd in flat])
-        self.node_pos[i, :len(flat)] = torch.tensor([self.config.cls + nd.index for nd in flat])
-        slots = [nd.slot if nd.slot < self.scratch else self.scratch + c for nd, c in zip(flat, cols)]
-        self.node_slot[i, :len(flat)] = torch.tensor(slots)
-        self.node_win[i, :len(flat)] = torch.tensor([nd.window for nd in flat])
-        fresh = im.kv_ok.copy()
-        for nd in flat:
-            if nd.fresh:
-                fresh[nd.index] = True
-        self.fresh[i].zero_()
-        self.fresh[i, self.config.cls:self.scratch] = torch.from_numpy(fresh).to(self.config.device)
-        if one_hot:
-            keys = torch.tensor([k for k, _ in one_hot], device=self.config.device)
-            toks = torch.tensor([tk for _, tk in one_hot], device=self.config.device)
-            self.q_ring[i, keys] = torch.nn.functional.one_hot(toks, self.config.vocab).to(self.q_ring.dtype)
-        qkeys = [nd.qkey if nd.qkey >= 0 else 0 for nd in flat]
-        self.q_nodes[i, :len(flat)] = self.q_ring[i, torch.tensor(qkeys, device=self.config.device)]
+        n, cls, host = len(flat), self.config.cls, self.host
+        assert n <= self.nodes, f"{n} nodes > {self.nodes}"
+        host["tok"][i, :n] = [nd.token for nd in flat]
+        host["pos"][i, :n] = [cls + nd.index for nd in flat]
+        host["slot"][i, :n] = [nd.slot if nd.slot < self.scratch else self.scratch + c for c, nd in enumerate(flat)]
+        host["win"][i, :n] = [nd.window for nd in flat]
+        host["qkey"][i, :n] = [max(nd.qkey, 0) for nd in flat]
+        fresh = self.host_fresh[i, cls:self.scratch]
+        fresh[:] = im.kv_ok
+        fresh[[nd.index for nd in flat if nd.fresh]] = True
+        self.one_hot += [(i, key, token) for key, token in one_hot]
         return windows
 
+    def _upload(self) -> None:
+        """The staged nodes to the device buffers: one copy each, the fresh drafts' one-hot q into
+        the ring, then every node's q gathered from it."""
+        dev = self.config.device
+        for name, buf in (("tok", self.node_tok), ("pos", self.node_pos), ("slot", self.node_slot),
+                          ("win", self.node_win)):
+            buf.copy_(torch.from_numpy(self.host[name]).to(dev))
+        self.fresh.copy_(torch.from_numpy(self.host_fresh).to(dev))
+        if self.one_hot:
+            i, key, token = (torch.tensor(col, device=dev) for col in zip(*self.one_hot))
+            self.q_ring[i, key] = torch.nn.functional.one_hot(token, self.config.vocab).to(self.q_ring.dtype)
+            self.one_hot = []
+        keys = torch.from_numpy(self.host["qkey"]).to(dev)
+        self.q_nodes.copy_(self.q_ring.gather(1, keys[..., None].expand(-1, -1, self.config.vocab)))
+
     def _pad_nodes(self) -> None:
-        """Every node a padding node: its own window and scratch slot, position cls."""
-        b, t = self.config.batch, self.nodes
-        ids = torch.arange(t, device=self.config.device)
-        self.node_tok.zero_()
-        self.node_pos.fill_(self.config.cls)
-        self.node_slot.copy_((self.scratch + ids).expand(b, t))
-        self.node_win.copy_((t + ids).expand(b, t))  # window ids no planned node uses
-        self.fresh.zero_()
+        """Every staged node a padding node: its own window and scratch slot, position cls; nothing fresh."""
+        t, host = self.nodes, self.host
+        ids = np.arange(t)
+        host["tok"][:] = 0
+        host["pos"][:] = self.config.cls
+        host["slot"][:] = self.scratch + ids
+        host["win"][:] = t + ids  # window ids no planned node uses
+        host["qkey"][:] = 0
+        self.host_fresh[:] = False
 
     def _accept(self, plans: list[list[list[_Node]] | None], used: int) -> None:
         """Acceptance numbers on the device for the first `used` nodes, then the walk on the host.
@@ -539,11 +553,15 @@ class PublishedPJD:
             residual[i] = rejected_at is not None
             walks[i] = per_window
         tokens = self._final_tokens(final_at, residual)
+        self.q_writes = []
         for i, windows in enumerate(plans):
             im = self.images[i]
             if windows is None or im is None:
                 continue
             self._update(i, im, windows, walks[i], int(tokens[i]), ratio_h[i], sample_h[i])
+        if self.q_writes:  # the next drafts' q: the p they were sampled from, one index op
+            img, key, node = (torch.tensor(col, device=config.device) for col in zip(*self.q_writes))
+            self.q_ring[img, key] = self.p[img, node]
 
     def _final_tokens(self, at: torch.Tensor, residual: torch.Tensor) -> np.ndarray:
         """Per image the first ongoing row's new token: a sample of norm(max(p - q, 0)) at its
@@ -618,10 +636,7 @@ class PublishedPJD:
             judging = torch.tensor([t for _, t in judged], device=config.device)
             im.judged[torch.tensor(places, device=config.device)] = self.p[i, judging]
             im.judged_mask[places] = True
-        if q_writes:
-            keys = torch.tensor([k for k, _ in q_writes], device=config.device)
-            at = torch.tensor([j for _, j in q_writes], device=config.device)
-            self.q_ring[i, keys] = self.p[i, at]
+        self.q_writes += [(i, key, node) for key, node in q_writes]
         if all(c == self.codes_per_row for c in im.codes):
             im.done = True
             return
