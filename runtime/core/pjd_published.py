@@ -520,7 +520,7 @@ class PublishedPJD:
         config, b, t, v = self.config, self.config.batch, used, self.config.vocab
         prev = torch.arange(t, device=config.device).sub(1).clamp(min=0)
         draft = self.node_tok[:, :t]
-        pd = self.p[:, prev].gather(2, draft[..., None])[..., 0]  # p after the node before, at the draft
+        pd = self.p[self.image_ids[:, None], prev[None], draft]  # p after the node before, at the draft
         qd = self.q_nodes[:, :t].gather(2, draft[..., None])[..., 0]
         ratio = (pd / qd.clamp(min=1e-30)).clamp(max=1.0)
         u = self.rng.uniform(b, self.nodes)
