@@ -45,9 +45,10 @@ above), written at a scratch slot that no other row sees.
 
 Shapes are fixed (B images x T = R * W + R nodes, R = `pjd_rows`), so the verify forward is
 captured like the other methods' steps, once per node-count bucket (`ROW_BUCKETS` rows of W + 1
-nodes; a step replays the smallest that holds its nodes, eager steps run just those); the row scheduling and the acceptance walk run on the
-host: two device reads per forward (the acceptance numbers, then the first row's sampled
-token). Lossy in law (later rows condition on a partly generated row above) and not equal to AR
+nodes; a step replays the smallest that holds its nodes, eager steps run just those). The row
+scheduling and the acceptance walk run on the host: three device reads per forward (the
+acceptance numbers, the target's samples, then the first row's sampled token). Lossy in law
+(later rows condition on a partly generated row above) and not equal to AR
 under greedy decoding; with `pjd_rows` 1 and greedy decoding it is AR token for token.
 """
 
@@ -529,7 +530,9 @@ class PublishedPJD:
         else:
             sample = self.rng.race(self.p[:, :t])
             self.rng.counter.add_((self.nodes - t) * v)
-        ratio_h, u_h, sample_h = ratio.cpu().numpy(), u.cpu().numpy(), sample.cpu().numpy()
+        # one transfer for the floats (ratio, uniform), one for the sampled tokens
+        both = torch.stack([ratio, u[:, :t]]).cpu().numpy()
+        ratio_h, u_h, sample_h = both[0], both[1], sample.cpu().numpy()
         self._check_nodes(plans)
         # the walk: per image, per window; the first ongoing row's final token is sampled after it
         final_at = torch.zeros(b, dtype=torch.long)  # node whose p (or residual) gives the token
