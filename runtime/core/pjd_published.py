@@ -322,9 +322,9 @@ class PublishedPJD:
             self._pad_nodes()
             for i, im in enumerate(self.images):
                 plans.append(None if im is None or im.done else self._plan(i, im))
-            self._upload()
-        # eager: the forward over the nodes some image uses; captured: the smallest bucket holding them
-        used = max((sum(len(w) for w in plan) for plan in plans if plan is not None), default=1)
+            # eager: the forward over the nodes some image uses; captured: the smallest bucket holding them
+            used = max((sum(len(w) for w in plan) for plan in plans if plan is not None), default=1)
+            self._upload(used)
         with self._phase("verify"):
             if self.verify_at:
                 self.verify_at[next(t for t in self.buckets if t >= used)]()
@@ -488,9 +488,9 @@ class PublishedPJD:
         self.one_hot += [(i, key, token) for key, token in one_hot]
         return windows
 
-    def _upload(self) -> None:
+    def _upload(self, used: int) -> None:
         """The staged nodes to the device buffers: one copy each, the fresh drafts' one-hot q into
-        the ring, then every node's q gathered from it."""
+        the ring, then the q of the first `used` nodes gathered from it."""
         dev = self.config.device
         for name, buf in (("tok", self.node_tok), ("pos", self.node_pos), ("slot", self.node_slot),
                           ("win", self.node_win)):
@@ -500,8 +500,8 @@ class PublishedPJD:
             i, key, token = (torch.tensor(col, device=dev) for col in zip(*self.one_hot))
             self.q_ring[i, key] = torch.nn.functional.one_hot(token, self.config.vocab).to(self.q_ring.dtype)
             self.one_hot = []
-        keys = torch.from_numpy(self.host["qkey"]).to(dev)
-        self.q_nodes.copy_(self.q_ring.gather(1, keys[..., None].expand(-1, -1, self.config.vocab)))
+        keys = torch.from_numpy(self.host["qkey"][:, :used]).to(dev)
+        self.q_nodes[:, :used] = self.q_ring.gather(1, keys[..., None].expand(-1, -1, self.config.vocab))
 
     def _pad_nodes(self) -> None:
         """Every staged node a padding node: its own window and scratch slot, position cls; nothing fresh."""
