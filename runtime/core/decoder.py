@@ -27,6 +27,7 @@ statistics) multiplied by 0, until the last image is done.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import hashlib
 import json
@@ -72,6 +73,26 @@ class Finished:
 
 class NonFiniteError(UserError):
     """A model produced NaN or infinite logits while decoding (named part, first token index)."""
+
+
+def nonfinite_error(part: str, key: Any, index: int, dtype: torch.dtype) -> NonFiniteError:
+    """The one line a NaN or inf in `part`'s logits for image `key` at image token `index` gives."""
+    return NonFiniteError(f"the {part} produced NaN or infinite logits for image {key} at image token {index} "
+                          f"({str(dtype).replace('torch.', '')}); decoding stopped. Finite weights overflow in "
+                          "fp16: use --dtype bf16 or fp32")
+
+
+def compile_key(config: DecodeConfig) -> str:
+    """`{method}-b{batch}-{16 hex}`: names every knob that sets a captured step's graph (each field
+    of the method spec: tree, window, depths, accept, sampling constants; the batch; the target's
+    and drafter's configurations; dtype, device kind, torch version). Equal keys, equal graphs;
+    the backend keys its compile caches on it."""
+    drafter = getattr(config.drafter, "config", None) if config.drafter is not None else None
+    knobs = {"spec": asdict(config.spec), "batch": config.batch, "target": config.target.config,
+             "drafter": drafter, "dtype": str(config.dtype), "device": config.device.type,
+             "torch": torch.__version__}
+    digest = hashlib.sha256(json.dumps(knobs, sort_keys=True, default=repr).encode()).hexdigest()[:16]
+    return f"{config.spec.method}-b{config.batch}-{digest}"
 
 
 @dataclass
@@ -148,13 +169,79 @@ class RunStats:
         }
 
 
+class SlotLoops(abc.ABC):
+    """Loops over the slot API (`admit` -> `step` -> `finished` -> `release`), for any loop that
+    offers it (`Decoder`, `runtime.core.pjd_published.PublishedPJD`)."""
+
+    config: DecodeConfig
+
+    @abc.abstractmethod
+    def reset_slots(self) -> None:
+        """Forget every slot: a new workload."""
+
+    @abc.abstractmethod
+    def admit(self, slot: int, request: SlotRequest) -> None:
+        """Start `request` in the free `slot`."""
+
+    @abc.abstractmethod
+    def busy(self) -> list[int]:
+        """The slots holding a request."""
+
+    @abc.abstractmethod
+    def step(self) -> None:
+        """One iteration for every busy slot."""
+
+    @abc.abstractmethod
+    def finished(self, progress: bool = False) -> list[Finished]:
+        """The busy slots whose image is done (still busy until `release`)."""
+
+    @abc.abstractmethod
+    def release(self, slot: int) -> None:
+        """Free `slot`."""
+
+    @torch.no_grad()
+    def generate_many(self, conds: list[tuple[torch.Tensor, torch.Tensor | None, int]],
+                      on_image: Callable[[int, torch.Tensor, ImageStats], None] | None = None
+                      ) -> tuple[list[torch.Tensor], list[ImageStats]]:
+        """Decode a workload B images at a time: conds[j] = (cond (1,) or (1, cls, caption_dim),
+        mask (1, cls) or None, seed). The first B images fill the slots; each time one is done
+        its slot starts the next. Returns each image's tokens (block_size,) on the device and
+        statistics, in workload order; `on_image(j, tokens, stats)` is called as each is done.
+        With fewer than B images the spare slots decode a copy of the first one, unused."""
+        n = len(conds)
+        tokens: list[torch.Tensor | None] = [None] * n
+        stats: list[ImageStats | None] = [None] * n
+        waiting = iter(range(n))
+        self.reset_slots()
+        for slot in range(self.config.batch):
+            if (j := next(waiting, None)) is not None:
+                self.admit(slot, SlotRequest(j, *conds[j]))
+        while self.busy():
+            self.step()
+            for done in self.finished():
+                tokens[done.key], stats[done.key] = done.tokens, done.stats
+                if on_image is not None:
+                    on_image(done.key, done.tokens, done.stats)
+                self.release(done.slot)
+                if (j := next(waiting, None)) is not None:
+                    self.admit(done.slot, SlotRequest(j, *conds[j]))
+        return tokens, stats  # type: ignore[return-value]
+
+    @torch.no_grad()
+    def generate_one(self, cond: torch.Tensor, cond_mask: torch.Tensor | None = None,
+                     seed: int = 0) -> tuple[torch.Tensor, ImageStats]:
+        """One image: tokens (block_size,) and its statistics."""
+        tokens, stats = self.generate_many([(cond, cond_mask, seed)])
+        return tokens[0], stats[0]
+
+
 class _NullTimer:
     def phase(self, name: str):
         import contextlib
         return contextlib.nullcontext()
 
 
-class Decoder:
+class Decoder(SlotLoops):
     """Generates images with one method; state is allocated once and reused across images.
 
     target: the LlamaGen GPT (eval mode, on its device). drafter: required unless method is
@@ -261,17 +348,8 @@ class Decoder:
 
     @property
     def compile_key(self) -> str:
-        """`{method}-b{batch}-{16 hex}`: names every knob that sets a captured step's graph
-        (each field of the method spec: tree, window, depths, sampling constants; the batch; the
-        target's and drafter's configurations; dtype, device kind, torch version). Equal keys,
-        equal graphs; the backend keys its compile caches on it."""
-        config = self.config
-        drafter = getattr(config.drafter, "config", None) if config.drafter is not None else None
-        knobs = {"spec": asdict(config.spec), "batch": config.batch, "target": config.target.config,
-                 "drafter": drafter, "dtype": str(config.dtype), "device": config.device.type,
-                 "torch": torch.__version__}
-        digest = hashlib.sha256(json.dumps(knobs, sort_keys=True, default=repr).encode()).hexdigest()[:16]
-        return f"{config.spec.method}-b{config.batch}-{digest}"
+        """`compile_key(config)`: equal keys, equal captured graphs."""
+        return compile_key(self.config)
 
     def _capture_each_step(self) -> None:
         suffix = f".b{self.config.batch}" if self.config.batch > 1 else ""
@@ -359,10 +437,7 @@ class Decoder:
         Always one image at a time, so its numbers never depend on the batch."""
         config, buf = self.config, self.buffers
         img, rows = self.image_ids[i:i + 1], self.image_rows[i]
-        if config.params.uses_cfg:
-            if cond_mask is not None:  # the null condition's own padding (the target knows it)
-                cond_mask = torch.cat([cond_mask, config.target.null_condition_mask(cond_mask)])
-            cond = torch.cat([cond, config.target.null_condition(cond)])
+        cond, cond_mask = config.guided(cond, cond_mask)  # the null condition's own padding included
         self.start_cache.reset()
         hidden = config.target.prefill(cond, self.start_cache, cond_mask)  # (rows per image, cls, dim)
         self.cache.load_rows(rows, self.start_cache)
@@ -638,10 +713,7 @@ class Decoder:
                 nonfinite = buf.nonfinite.tolist()
             for part, at in zip(MODEL_PARTS, nonfinite):
                 if at[i] != NO_POSITION:
-                    raise NonFiniteError(
-                        f"the {part} produced NaN or infinite logits for image {request.key} at image token "
-                        f"{at[i]} ({str(self.config.dtype).replace('torch.', '')}); decoding stopped. Finite weights "
-                        "overflow in fp16: use --dtype bf16 or fp32")
+                    raise nonfinite_error(part, request.key, at[i], self.config.dtype)
             done.append(Finished(i, request.key, buf.out[i, :num_tokens].clone(), self._image_stats(i)))
         return done
 
@@ -681,42 +753,6 @@ class Decoder:
         self.slots = [None] * self.config.batch
         self.active.zero_()
         self._running, self._counts = False, None
-
-    # -- loops over the slot API --------------------------------------------------------------
-    @torch.no_grad()
-    def generate_many(self, conds: list[tuple[torch.Tensor, torch.Tensor | None, int]],
-                      on_image: Callable[[int, torch.Tensor, ImageStats], None] | None = None
-                      ) -> tuple[list[torch.Tensor], list[ImageStats]]:
-        """Decode a workload B images at a time: conds[j] = (cond (1,) or (1, cls, caption_dim),
-        mask (1, cls) or None, seed). The first B images fill the slots; each time one is done
-        its slot starts the next. Returns each image's tokens (block_size,) on the device and
-        statistics, in workload order; `on_image(j, tokens, stats)` is called as each is done.
-        With fewer than B images the spare slots decode a copy of the first one, unused."""
-        n = len(conds)
-        tokens: list[torch.Tensor | None] = [None] * n
-        stats: list[ImageStats | None] = [None] * n
-        waiting = iter(range(n))
-        self.reset_slots()
-        for slot in range(self.config.batch):
-            if (j := next(waiting, None)) is not None:
-                self.admit(slot, SlotRequest(j, *conds[j]))
-        while self.busy():
-            self.step()
-            for done in self.finished():
-                tokens[done.key], stats[done.key] = done.tokens, done.stats
-                if on_image is not None:
-                    on_image(done.key, done.tokens, done.stats)
-                self.release(done.slot)
-                if (j := next(waiting, None)) is not None:
-                    self.admit(done.slot, SlotRequest(j, *conds[j]))
-        return tokens, stats  # type: ignore[return-value]
-
-    @torch.no_grad()
-    def generate_one(self, cond: torch.Tensor, cond_mask: torch.Tensor | None = None,
-                     seed: int = 0) -> tuple[torch.Tensor, ImageStats]:
-        """One image: tokens (block_size,) and its statistics."""
-        tokens, stats = self.generate_many([(cond, cond_mask, seed)])
-        return tokens[0], stats[0]
 
     def _image_stats(self, i: int) -> ImageStats:
         """Statistics of the image in slot i, read once it is done. hist[c]: iterations

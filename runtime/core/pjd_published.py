@@ -63,10 +63,10 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 import torch
 
-from runtime.core.decoder import Finished, ImageStats, NonFiniteError, SlotRequest
+from runtime.core.decoder import Finished, ImageStats, SlotLoops, SlotRequest, compile_key, nonfinite_error
 from runtime.core.methods import MethodSpec
 from runtime.core.rng import CounterRNG, token_from_uniform
-from runtime.core.state import DecodeConfig
+from runtime.core.state import MODEL_PARTS, DecodeConfig
 from runtime.errors import UserError
 
 if TYPE_CHECKING:
@@ -122,19 +122,16 @@ class _Node:
     kv_only: bool = False
 
 
-class PublishedPJD:
+class PublishedPJD(SlotLoops):
     """The released PJD loop over the slot API (`admit` -> `step` -> `finished` -> `release`), as
-    `runtime.core.decoder.Decoder` offers it. See the module docstring."""
+    `runtime.core.decoder.Decoder` offers it, and its loops (`SlotLoops`). See the module docstring."""
 
     def __init__(self, target: Target, spec: MethodSpec, *, backend: Backend | None = None,
                  batch_size: int = 1) -> None:
         self.config = config = DecodeConfig.for_models(target, None, spec, batch_size, lean_head=False)
         self.backend = backend
         self.timer: Any = None
-        # `measure_law`: record each token's p and its TV from AR's at the end (`_law`); law_every
-        # is the slot API's field, unused here (every token is measured)
-        self.measure_law, self.law_every = False, 1
-        self.kernels_per_step: dict[str, int] = {}
+        self.measure_law = False  # record each token's p and its TV from AR's at the end (`_law`)
         b, dev, s = config.batch, config.device, config.num_tokens
         tcfg = target.config
         self.width = int(getattr(tcfg, "row_width", 0) or round(s ** 0.5))  # C
@@ -216,13 +213,7 @@ class PublishedPJD:
 
     @property
     def compile_key(self) -> str:
-        import hashlib
-        import json
-        from dataclasses import asdict
-        knobs = {"spec": asdict(self.config.spec), "batch": self.config.batch, "target": self.config.target.config,
-                 "dtype": str(self.config.dtype), "device": self.config.device.type, "torch": torch.__version__}
-        digest = hashlib.sha256(json.dumps(knobs, sort_keys=True, default=repr).encode()).hexdigest()[:16]
-        return f"pjd-published-b{self.config.batch}-{digest}"
+        return compile_key(self.config)
 
     def state_bytes(self) -> int:
         """Bytes of the decode state: the KV cache and the p / q buffers."""
@@ -286,11 +277,7 @@ class PublishedPJD:
         each token. Tokens no p judged (forced row ends) are left out. The bound reported beside it
         is TV's own, 1 per token: the released rule states none."""
         config = self.config
-        cond, mask = im.request.cond, im.request.mask
-        if config.params.uses_cfg:
-            if mask is not None:
-                mask = torch.cat([mask, config.target.null_condition_mask(mask)])
-            cond = torch.cat([cond, config.target.null_condition(cond)])
+        cond, mask = config.guided(im.request.cond, im.request.mask)
         s = config.num_tokens
         cache = config.target.new_cache(cond.size(0), config.cls + s, config.device)
         hidden = config.target.prefill(cond, cache, mask)
@@ -306,11 +293,6 @@ class PublishedPJD:
         at = torch.from_numpy(im.judged_mask).to(config.device)
         tv = 0.5 * (im.judged[at] - ar[at]).abs().sum(-1)
         return float(tv.sum()), int(at.sum())
-
-    def trace_of(self, slot: int) -> list[dict[str, Any]]:
-        """Per forward of the image in `slot`: its rows, their windows and committed codes."""
-        im = self.images[slot]
-        return [] if im is None else im.trace
 
     @torch.no_grad()
     def step(self) -> None:
@@ -335,36 +317,6 @@ class PublishedPJD:
         if self.backend is not None:
             self.backend.mark_step()
 
-    @torch.no_grad()
-    def generate_many(self, conds: list[tuple[torch.Tensor, torch.Tensor | None, int]],
-                      on_image: Callable[[int, torch.Tensor, ImageStats], None] | None = None
-                      ) -> tuple[list[torch.Tensor], list[ImageStats]]:
-        """`Decoder.generate_many`: B images at a time, each done slot taking the next."""
-        n = len(conds)
-        tokens: list[Any] = [None] * n
-        stats: list[Any] = [None] * n
-        waiting = iter(range(n))
-        self.reset_slots()
-        for slot in range(self.config.batch):
-            if (j := next(waiting, None)) is not None:
-                self.admit(slot, SlotRequest(j, *conds[j]))
-        while self.busy():
-            self.step()
-            for done in self.finished():
-                tokens[done.key], stats[done.key] = done.tokens, done.stats
-                if on_image is not None:
-                    on_image(done.key, done.tokens, done.stats)
-                self.release(done.slot)
-                if (j := next(waiting, None)) is not None:
-                    self.admit(done.slot, SlotRequest(j, *conds[j]))
-        return tokens, stats
-
-    @torch.no_grad()
-    def generate_one(self, cond: torch.Tensor, cond_mask: torch.Tensor | None = None,
-                     seed: int = 0) -> tuple[torch.Tensor, ImageStats]:
-        tokens, stats = self.generate_many([(cond, cond_mask, seed)])
-        return tokens[0], stats[0]
-
     # -- host side --------------------------------------------------------------------------------
     def _phase(self, name: str) -> Any:
         return self.timer.phase(name) if self.timer is not None else contextlib.nullcontext()
@@ -372,11 +324,7 @@ class PublishedPJD:
     def _start(self, i: int, request: SlotRequest) -> _Image:
         """Prefill the image's condition into its slot's rows and commit its first token."""
         config = self.config
-        cond, cond_mask = request.cond, request.mask
-        if config.params.uses_cfg:
-            if cond_mask is not None:
-                cond_mask = torch.cat([cond_mask, config.target.null_condition_mask(cond_mask)])
-            cond = torch.cat([cond, config.target.null_condition(cond)])
+        cond, cond_mask = config.guided(request.cond, request.mask)
         self.start_cache.reset()
         hidden = config.target.prefill(cond, self.start_cache, cond_mask)
         rows = i + config.batch * torch.arange(config.rows // config.batch, device=config.device)
@@ -672,6 +620,4 @@ def _check_finite(logits: torch.Tensor, request: SlotRequest, index: int, config
 
 
 def _raise_nonfinite(request: SlotRequest, index: int, config: DecodeConfig) -> None:
-    raise NonFiniteError(f"the target model produced NaN or infinite logits for image {request.key} at image token "
-                         f"{index} ({str(config.dtype).replace('torch.', '')}); decoding stopped. Finite weights "
-                         "overflow in fp16: use --dtype bf16 or fp32")
+    raise nonfinite_error(MODEL_PARTS[0], request.key, index, config.dtype)

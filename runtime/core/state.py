@@ -81,6 +81,16 @@ class DecodeConfig:
     def params(self) -> SamplingParams:
         return self.spec.sampling
 
+    def guided(self, cond: torch.Tensor, cond_mask: torch.Tensor | None
+               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One image's condition (1, ...) and mask (1, cls) or None as its model rows: with
+        classifier-free guidance the target's null condition (and its padding) appended (2, ...)."""
+        if not self.params.uses_cfg:
+            return cond, cond_mask
+        if cond_mask is not None:
+            cond_mask = torch.cat([cond_mask, self.target.null_condition_mask(cond_mask)])
+        return torch.cat([cond, self.target.null_condition(cond)]), cond_mask
+
     def expand_rows(self, t: torch.Tensor) -> torch.Tensor:
         """Per-image (B, ...) -> per model row (R, ...): the cond and uncond rows share it."""
         # a view at B = 1 (the stride-0 dim merges), one copy for larger batches

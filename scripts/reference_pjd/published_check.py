@@ -21,17 +21,12 @@ import argparse
 import collections
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
-
-PROMPTS = ["a red cat on the grass", "a lighthouse at night by the sea"]  # released_run.py's
+from runtime_side import PROMPTS, provenance, write
 
 
 def summarise(images: list[dict], skip_after_row_end: bool = False) -> dict:
@@ -100,9 +95,7 @@ def main() -> int:
     settings = {"sampling": (SamplingParams(cfg=3.0, top_k=2000), "topk2000"),
                 "greedy": (SamplingParams(greedy=True, cfg=3.0), "topk1")}
     out: dict = {"size": args.size, "rows": grid, "cols": grid, "seeds": seeds, "prompts": PROMPTS,
-                 "threads": 1, "torch": torch.__version__, "platform": platform.platform(),
-                 "commit": subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
-                                          text=True).stdout.strip(), "settings": {}}
+                 **provenance(), "settings": {}}
     for setting, (sampling, released_tag) in settings.items():
         spec = MethodSpec("pjd", sampling=sampling, accept="published", init="uniform", pjd_rows=16)
         decoder = PublishedPJD(target, spec)
@@ -135,9 +128,7 @@ def main() -> int:
                 if released:
                     print(f"  {'':34s} released {({w: v['mean_committed'] for w, v in released[key].items()})}")
         out["settings"][setting] = {**entry, "images": images}
-    with open(args.out, "w") as f:
-        json.dump(out, f, indent=1)
-    print(f"written {args.out}")
+    write(out, args.out)
     return 0
 
 

@@ -14,19 +14,13 @@ runtime's random numbers are its own: tokens are not compared, step counts are.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
-
-PROMPTS = ["a red cat on the grass", "a lighthouse at night by the sea"]  # released_run.py's
+from runtime_side import PROMPTS, provenance, write
 METHODS = {  # name: MethodSpec keywords
     "ar": dict(method="ar"),
     "sjd window 7": dict(method="sjd", window=7),
@@ -60,10 +54,7 @@ def main() -> int:
     out: dict = {"model": os.path.join(args.work, "model"), "size": args.size, "rows": grid, "cols": grid,
                  "tokens_per_image": target.config.block_size, "image_codes": grid * grid,
                  "seeds": seeds, "prompts": PROMPTS, "cfg": args.cfg, "image_top_k": args.image_top_k,
-                 "threads": 1, "torch": torch.__version__, "platform": platform.platform(),
-                 "commit": subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
-                                          text=True).stdout.strip(),
-                 "results": {}}
+                 **provenance(), "results": {}}
     for setting, sampling in settings.items():
         for name, kw in METHODS.items():
             forwards = []
@@ -75,9 +66,7 @@ def main() -> int:
                 "target_forwards": forwards, "image_codes_per_image_forward": [round(x, 3) for x in per_fwd],
                 "mean_image_codes_per_image_forward": round(statistics.mean(per_fwd), 3)}
             print(f"{setting:8s} {name:22s} forwards {forwards} codes/fwd {statistics.mean(per_fwd):.2f}", flush=True)
-    with open(args.out, "w") as f:
-        json.dump(out, f, indent=1)
-    print(f"written {args.out}")
+    write(out, args.out)
     return 0
 
 

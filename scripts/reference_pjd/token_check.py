@@ -27,14 +27,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import subprocess
 import sys
 
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
+from runtime_side import provenance, write
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -103,13 +100,9 @@ def main() -> int:
             f"{name} first differs at code {row[name]['first_difference']} of {len(theirs)}" for name in loops)
             + f"; the forwards first differ at {pub['first_differing_forward']} (after a row end: "
               f"{pub['that_forward_follows_a_row_end']})", flush=True)
-    out = {"released_file": os.path.basename(args.released), "size": size, "cfg": cfg, "threads": 1,
-           "torch": torch.__version__, "platform": platform.platform(),
-           "commit": subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
-                                    text=True).stdout.strip(), "images": rows}
-    with open(args.out, "w") as f:
-        json.dump(out, f, indent=1)
-    print(f"written {args.out}")
+    out = {"released_file": os.path.basename(args.released), "size": size, "cfg": cfg, **provenance(),
+           "images": rows}
+    write(out, args.out)
     return 0
 
 
