@@ -197,3 +197,23 @@ def test_the_measured_law_is_ars_with_one_row_and_departs_with_several():
         assert out.stats["law_steps"] == 3 * 36 and out.stats["step_tvd_bound"] == 1.0
         tvd[rows] = out.stats["step_tvd"]
     assert tvd[1] < 1e-5 and tvd[3] > 1e-3, tvd
+
+
+def test_nan_logits_in_a_forward_stop_decoding_with_the_image_named():
+    """The NaN check rides on the acceptance transfer: a non-finite p in any used node raises."""
+    from runtime.core.decoder import NonFiniteError
+
+    target, _ = tiny_pair(vocab=8, grid=6, sharpness=1.0)
+    logits, calls = target.logits, [0]
+
+    def poisoned(hidden):
+        calls[0] += 1
+        out = logits(hidden)
+        return out if calls[0] < 4 else out.clone().fill_(float("nan"))
+
+    target.logits = poisoned
+    try:
+        with pytest.raises(NonFiniteError, match=r"NaN or infinite logits for image x at image token \d+"):
+            _decode_one(target, published(SamplingParams(cfg=2.0)), 1)
+    finally:
+        del target.logits

@@ -160,6 +160,8 @@ class PublishedPJD(SlotLoops):
         self.q_ring = torch.zeros(b, self.rows * self.window, v, device=dev)  # a draft's q by (row % R, col % W)
         self.tril = torch.ones(t, t, dtype=torch.bool, device=dev).tril()
         self.image_ids = torch.arange(b, device=dev)
+        self.prev_ids = torch.arange(t, device=dev).sub(1).clamp(min=0)  # the node before each (itself for 0)
+        self.zero_counts = torch.zeros(b, dtype=torch.long, device=dev)  # dist's counts: nodes carry their index
         self.rng = CounterRNG(dev, streams=b)
         # node counts a captured verify runs: rows in flight 1, 2, 3, 4, 6, 8, 12, 16 up to R, and R,
         # each with W + 1 nodes (the last is T); a step replays the smallest that holds its nodes
@@ -190,7 +192,7 @@ class PublishedPJD(SlotLoops):
                                           cache.additive(mask)[:, None], cache)
         logits = config.target.logits(hidden)
         index = pos - config.cls + 1  # the image index each node's p is for
-        zero = torch.zeros(b, dtype=torch.long, device=config.device)
+        zero = self.zero_counts
         if config.params.greedy:  # a one-hot p: the released code's most greedy setting (top-k 1)
             best = config.dist(logits, zero, index, rank=True).argmax(-1)
             self.p[:, :t].copy_(torch.nn.functional.one_hot(best, config.vocab).to(self.p.dtype))
@@ -467,9 +469,8 @@ class PublishedPJD(SlotLoops):
         Each image's random numbers are a function of its own forwards only: every draw advances
         the streams by the full T, whatever `used` (which depends on the batch-mates)."""
         config, b, t, v = self.config, self.config.batch, used, self.config.vocab
-        prev = torch.arange(t, device=config.device).sub(1).clamp(min=0)
         draft = self.node_tok[:, :t]
-        pd = self.p[self.image_ids[:, None], prev[None], draft]  # p after the node before, at the draft
+        pd = self.p[self.image_ids[:, None], self.prev_ids[None, :t], draft]  # p after the node before, at the draft
         qd = self.q_nodes[:, :t].gather(2, draft[..., None])[..., 0]
         ratio = (pd / qd.clamp(min=1e-30)).clamp(max=1.0)
         u = self.rng.uniform(b, self.nodes)
@@ -478,10 +479,11 @@ class PublishedPJD(SlotLoops):
         else:
             sample = self.rng.race(self.p[:, :t])
             self.rng.counter.add_((self.nodes - t) * v)
-        # one transfer for the floats (ratio, uniform), one for the sampled tokens
-        both = torch.stack([ratio, u[:, :t]]).cpu().numpy()
-        ratio_h, u_h, sample_h = both[0], both[1], sample.cpu().numpy()
-        self._check_nodes(plans)
+        finite = torch.isfinite(self.p[:, :t]).all(-1).to(ratio.dtype)
+        # one transfer for the floats (ratio, uniform, whether p is finite), one for the sampled tokens
+        floats = torch.stack([ratio, u[:, :t], finite]).cpu().numpy()
+        ratio_h, u_h, sample_h = floats[0], floats[1], sample.cpu().numpy()
+        self._check_nodes(plans, floats[2])
         # the walk: per image, per window; the first ongoing row's final token is sampled after it
         final_at = torch.zeros(b, dtype=torch.long)  # node whose p (or residual) gives the token
         residual = torch.zeros(b, dtype=torch.bool)
@@ -593,19 +595,17 @@ class PublishedPJD(SlotLoops):
             return
         self._start_rows(im)
 
-    def _check_nodes(self, plans: list[list[list[_Node]] | None]) -> None:
-        """NaN or inf in p stops decoding with the image's name."""
-        bad = ~torch.isfinite(self.p).all(-1)  # (B, T)
-        if not bool(bad.any()):
+    def _check_nodes(self, plans: list[list[list[_Node]] | None], finite: np.ndarray) -> None:
+        """NaN or inf in p stops decoding with the image's name. finite: (B, used) 1.0 where a node's p is."""
+        if finite.all():
             return
         for i, windows in enumerate(plans):
             im = self.images[i]
             if windows is None or im is None:
                 continue
-            used = sum(len(w) for w in windows)
-            hits = bad[i, :used].nonzero()
-            if hits.numel():
-                _raise_nonfinite(im.request, int(self.node_pos[i, int(hits[0])]) - self.config.cls + 1, self.config)
+            hits = np.flatnonzero(finite[i, :sum(len(w) for w in windows)] == 0)
+            if hits.size:
+                _raise_nonfinite(im.request, int(self.host["pos"][i, hits[0]]) - self.config.cls + 1, self.config)
 
 
 def _prefix(committed: np.ndarray) -> int:
