@@ -75,10 +75,25 @@ def load_model(**kwargs: Any) -> LoadedModel:
 
 def _load_model(*, model: str | None, gpt_model: str | None, gpt_ckpt: str | None, vq_ckpt: str | None,
                 image_size: int | None, drafter: str | None, gpt_type: str, trust: bool,
-                device: torch.device, dtype: torch.dtype) -> LoadedModel:
-    if gpt_ckpt is None and model not in (None, "demo") and _is_chameleon_folder(model):
+                device: torch.device, dtype: torch.dtype, revision: str | None = None) -> LoadedModel:
+    from runtime.models.hub import looks_like_repo_id, resolve_file, resolve_model
+
+    hub_id = model if model is not None and looks_like_repo_id(model) else None
+    if model not in (None, "demo") and gpt_ckpt is None:
+        model = resolve_model(model, revision)
+    elif revision is not None:
+        raise UserError("--model-revision applies to a model named by its Hub id (--model OWNER/NAME); drop it")
+    gpt_ckpt, vq_ckpt = (resolve_file(p) if p else p for p in (gpt_ckpt, vq_ckpt))
+    if drafter:
+        drafter = resolve_model(drafter) if looks_like_repo_id(drafter) else resolve_file(drafter)
+    family = _folder_family(model) if gpt_ckpt is None and model not in (None, "demo") else None
+    if family == "chameleon":
         return _load_chameleon(model, vq_ckpt=vq_ckpt, drafter=drafter, image_size=image_size, trust=trust,
-                               gpt_model=gpt_model, gpt_type=gpt_type, device=device, dtype=dtype)
+                               gpt_model=gpt_model, gpt_type=gpt_type, device=device, dtype=dtype, name=hub_id)
+    if family in ("janus", "emu3"):
+        return _load_hf_family(family, model, vq_ckpt=vq_ckpt, drafter=drafter, image_size=image_size,
+                               trust=trust, gpt_model=gpt_model, gpt_type=gpt_type, device=device, dtype=dtype,
+                               name=hub_id)
     if gpt_ckpt is None:
         given = [flag for flag, value in (("--gpt-model", gpt_model), ("--vq-ckpt", vq_ckpt),
                                           ("--drafter", drafter), ("--trust-checkpoint", trust or None))
@@ -128,14 +143,67 @@ def _load_model(*, model: str | None, gpt_model: str | None, gpt_ckpt: str | Non
                        files=weight_files(bundle.path))
 
 
-def _is_chameleon_folder(path: str) -> bool:
-    from runtime.models.chameleon_folder import read_config
+def _folder_family(path: str) -> str | None:
+    """chameleon / janus / emu3 from a folder's config.json `model_type`; None for anything else
+    (a demo bundle, a LlamaGen folder)."""
+    from runtime.models.hf_folders import read_family
 
-    return Path(path).is_dir() and read_config(Path(path)) is not None
+    return read_family(Path(path)) if Path(path).is_dir() else None
+
+
+def _refuse_llamagen_flags(folder: str, kind: str, gpt_model: str | None, gpt_type: str) -> None:
+    for flag, value in (("--gpt-model", gpt_model), ("--gpt-type", None if gpt_type == "c2i" else gpt_type)):
+        if value is not None:
+            raise UserError(f"{flag} is for LlamaGen checkpoints; {folder} is a {kind} folder (its config.json "
+                            f"defines the model): drop {flag}")
+
+
+def _prompted_drafter(drafter: str | None, target: Any) -> Any:
+    """A drafter folder for a prompted target: LANTERN's Chameleon layout or the runtime's own."""
+    if not drafter:
+        return None
+    from runtime.models.chameleon_drafter import is_lantern_chameleon_drafter, load_chameleon_drafter
+    from runtime.models.loading import build_drafter, read_json
+
+    config_path = Path(drafter) / "config.json"
+    lantern = config_path.is_file() and is_lantern_chameleon_drafter(read_json(config_path))
+    return load_chameleon_drafter(drafter, target) if lantern else build_drafter(drafter, target.config)
+
+
+def _load_hf_family(family: str, folder: str, *, vq_ckpt: str | None, drafter: str | None, image_size: int | None,
+                    trust: bool, gpt_model: str | None, gpt_type: str, device: torch.device, dtype: torch.dtype,
+                    name: str | None = None) -> LoadedModel:
+    """A Janus / Emu3 folder in transformers' layout (target, its own VQ, its own tokenizer)."""
+    from runtime.models.hf_folders import (
+        EMU3_SAMPLING,
+        EMU3_SAMPLING_SOURCE,
+        JANUS_SAMPLING,
+        JANUS_SAMPLING_SOURCE,
+        load_emu3_folder,
+        load_janus_folder,
+    )
+
+    kind = "Janus" if family == "janus" else "Emu3"
+    _refuse_llamagen_flags(folder, kind, gpt_model, gpt_type)
+    for flag, value in (("--vq-ckpt", vq_ckpt), ("--trust-checkpoint", trust or None)):
+        if value is not None:
+            raise UserError(f"{flag} does nothing for a {kind} folder (its VQ model and weights are in the folder): "
+                            f"drop {flag}")
+    load = load_janus_folder if family == "janus" else load_emu3_folder
+    target, vq, encoder, files = load(Path(folder), image_size=image_size)
+    rows = vq.rows
+    draft = _prompted_drafter(drafter, target)
+    sampling, source = (JANUS_SAMPLING, JANUS_SAMPLING_SOURCE) if family == "janus" else (EMU3_SAMPLING,
+                                                                                          EMU3_SAMPLING_SOURCE)
+    return LoadedModel(name or Path(folder).name, target.to(device, dtype).eval(),
+                       draft.to(device, dtype).eval() if draft is not None else None, vq.to(device).eval(),
+                       rows * vq.downsample, recommended=dict(sampling), recommended_source=source,
+                       files=files + weight_files(drafter), prompt_encoder=encoder)
 
 
 def _load_chameleon(folder: str, *, vq_ckpt: str | None, drafter: str | None, image_size: int | None, trust: bool,
-                    gpt_model: str | None, gpt_type: str, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+                    gpt_model: str | None, gpt_type: str, device: torch.device, dtype: torch.dtype,
+                    name: str | None = None) -> LoadedModel:
     """A Chameleon-family folder (Anole, Lumina-mGPT), with Meta's vqgan.ckpt where the folder has no VQ decoder."""
     from runtime.models.chameleon_folder import (
         ANOLE_SAMPLING,
@@ -144,24 +212,12 @@ def _load_chameleon(folder: str, *, vq_ckpt: str | None, drafter: str | None, im
         LUMINA_SAMPLING_SOURCE,
         load_chameleon_folder,
     )
-    from runtime.models.loading import build_drafter
-
-    for flag, value in (("--gpt-model", gpt_model), ("--gpt-type", None if gpt_type == "c2i" else gpt_type)):
-        if value is not None:
-            raise UserError(f"{flag} is for LlamaGen checkpoints; {folder} is a Chameleon folder (its config.json "
-                            f"defines the model): drop {flag}")
+    _refuse_llamagen_flags(folder, "Chameleon", gpt_model, gpt_type)
     target, vq, encoder, files = load_chameleon_folder(folder, vq_ckpt, trust=trust, image_size=image_size)
     cfg = target.config
     size = ((cfg.row_width - 1) if cfg.row_width else int(round(cfg.block_size ** 0.5))) * vq.downsample
-    draft = None
-    if drafter:
-        from runtime.models.chameleon_drafter import is_lantern_chameleon_drafter, load_chameleon_drafter
-        from runtime.models.loading import read_json
-
-        config_path = Path(drafter) / "config.json"
-        lantern = config_path.is_file() and is_lantern_chameleon_drafter(read_json(config_path))
-        draft = load_chameleon_drafter(drafter, target) if lantern else build_drafter(drafter, target.config)
-    return LoadedModel(Path(folder).name, target.to(device, dtype).eval(),
+    draft = _prompted_drafter(drafter, target)
+    return LoadedModel(name or Path(folder).name, target.to(device, dtype).eval(),
                        draft.to(device, dtype).eval() if draft is not None else None, vq.to(device).eval(), size,
                        recommended=dict(LUMINA_SAMPLING if cfg.row_width else ANOLE_SAMPLING),
                        recommended_source=LUMINA_SAMPLING_SOURCE if cfg.row_width else ANOLE_SAMPLING_SOURCE,

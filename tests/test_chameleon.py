@@ -566,4 +566,4 @@ def test_runtime_serve_answers_chameleon_prompts_as_runtime_run_with_that_prompt
     assert [d["tokens"] for d in answer["data"]] == np.load(tmp_path / "run" / "tokens.npy").tolist()
     assert all(d["revised_prompt"] == "a red cat" and "class_id" not in d for d in answer["data"])
     refused = run_cli("run", "--device", "cpu", "--prompt-length", "12", "--out", str(tmp_path / "demo"))
-    assert refused.exit_code == 2 and "--prompt-length is for Chameleon models" in refused.stderr
+    assert refused.exit_code == 2 and "--prompt-length is for prompted models" in refused.stderr

@@ -18,13 +18,14 @@ from runtime.errors import UserError
 from runtime.method_options import METHOD_OPTIONS, METHOD_ORDER, OPTIONS_BY_NAME, MethodFlags
 from runtime.device_setup import open_backend  # noqa: F401 - the commands' backend and profile, re-exported
 
-Model = Annotated[Optional[str], typer.Option("--model", help="'demo' (default) or a bundle directory from 'runtime train demo'.", rich_help_panel='Model')]
+Model = Annotated[Optional[str], typer.Option("--model", help="'demo' (default), a bundle directory from 'runtime train demo', a model folder (Chameleon, Janus, Emu3: its config.json's model_type decides) or a Hugging Face Hub id such as deepseek-community/Janus-Pro-1B (resolved in the HF cache; HF_HOME, HF_HUB_OFFLINE).", rich_help_panel='Model')]
+ModelRevision = Annotated[Optional[str], typer.Option("--model-revision", help="Branch, tag or commit of a --model given by Hub id (default: main).", rich_help_panel='Model')]
 GptModel = Annotated[Optional[str], typer.Option("--gpt-model", help="Official LlamaGen config: GPT-B, GPT-L, GPT-XL, GPT-XXL, GPT-3B.", rich_help_panel='Model')]
-GptCkpt = Annotated[Optional[str], typer.Option("--gpt-ckpt", help="Official GPT checkpoint (.pt/.pth/.safetensors) or an HF LlamaGen folder.", rich_help_panel='Model')]
+GptCkpt = Annotated[Optional[str], typer.Option("--gpt-ckpt", help="Official GPT checkpoint (.pt/.pth/.safetensors), an HF LlamaGen folder, or a Hub file OWNER/NAME:FILE (e.g. FoundationVision/LlamaGen:c2i_XL_384.pt).", rich_help_panel='Model')]
 GptType = Annotated[str, typer.Option("--gpt-type", help="c2i or t2i (for --gpt-ckpt files).", rich_help_panel='Model')]
-VqCkpt = Annotated[Optional[str], typer.Option("--vq-ckpt", help="Official VQ checkpoint, e.g. vq_ds16_c2i.pt.", rich_help_panel='Model')]
+VqCkpt = Annotated[Optional[str], typer.Option("--vq-ckpt", help="Official VQ checkpoint, e.g. vq_ds16_c2i.pt, or a Hub file OWNER/NAME:FILE.", rich_help_panel='Model')]
 ImageSize = Annotated[Optional[int], typer.Option("--image-size", help="Image size the GPT checkpoint was trained for (256, 384, 512); default: the size in the file name (c2i_XL_384.pt).", rich_help_panel='Model')]
-DrafterDir = Annotated[Optional[str], typer.Option("--drafter", help="LANTERN drafter folder (config.json + weights).", rich_help_panel='Model')]
+DrafterDir = Annotated[Optional[str], typer.Option("--drafter", help="LANTERN drafter folder (config.json + weights), or its Hub id.", rich_help_panel='Model')]
 Trust = Annotated[bool, typer.Option("--trust-checkpoint", help="Allow checkpoints that contain pickled Python objects (only for files you trust).", rich_help_panel='Model')]
 Device = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or hpu.", rich_help_panel='Device')]
 ProfileName = Annotated[Optional[str], typer.Option("--profile-name", help="Hardware profile name (cpu, rtx3090, h100, gaudi2) or a TOML file.", rich_help_panel='Device')]
@@ -36,7 +37,7 @@ BatchSize = Annotated[Optional[int], typer.Option("--batch-size", help="Images d
 Classes = Annotated[Optional[str], typer.Option("--classes", help="Comma-separated class ids, cycled over the images (c2i).", rich_help_panel='Workload')]
 Prompts = Annotated[Optional[str], typer.Option("--prompts", help="Text file, one prompt per line (t2i; needs --t5-path).", rich_help_panel='Workload')]
 T5Path = Annotated[Optional[str], typer.Option("--t5-path", help="Local T5 encoder directory (flan-t5-xl for LlamaGen t2i).", rich_help_panel='Workload')]
-PromptLength = Annotated[Optional[int], typer.Option("--prompt-length", help="Chameleon models: pad every prompt to this many tokens (it sets the captured steps' shapes; runtime serve: default 64).", rich_help_panel='Workload')]
+PromptLength = Annotated[Optional[int], typer.Option("--prompt-length", help="Prompted models (Chameleon, Janus, Emu3): pad every prompt to this many tokens (it sets the captured steps' shapes; runtime serve: default 64).", rich_help_panel='Workload')]
 NumImages = Annotated[Optional[int], typer.Option("--num-images", help="Images to generate (default: one per class or prompt).", rich_help_panel='Workload')]
 Seed = Annotated[int, typer.Option("--seed", help="Run seed; image i uses a seed derived from (seed, i).", rich_help_panel='Workload')]
 
@@ -86,7 +87,7 @@ def with_method_options(only: Sequence[str] | None = None) -> Callable[[Callable
 
 # The model options of every command that loads a model, in their command-line order.
 MODEL_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
-    ("model", Model, None), ("gpt_model", GptModel, None), ("gpt_ckpt", GptCkpt, None), ("gpt_type", GptType, "c2i"),
+    ("model", Model, None), ("model_revision", ModelRevision, None), ("gpt_model", GptModel, None), ("gpt_ckpt", GptCkpt, None), ("gpt_type", GptType, "c2i"),
     ("vq_ckpt", VqCkpt, None), ("image_size", ImageSize, None), ("drafter", DrafterDir, None),
     ("trust_checkpoint", Trust, False),
 )
@@ -97,6 +98,7 @@ class ModelSource:
     """Where a command's model comes from: the model options as given (`MODEL_OPTIONS`)."""
 
     model: str | None = None
+    model_revision: str | None = None
     gpt_model: str | None = None
     gpt_ckpt: str | None = None
     gpt_type: str = "c2i"
@@ -116,7 +118,8 @@ class ModelSource:
 
         return load_model(model=self.model, gpt_model=self.gpt_model, gpt_ckpt=self.gpt_ckpt, vq_ckpt=self.vq_ckpt,
                           image_size=self.image_size, drafter=self.drafter, gpt_type=self.gpt_type,
-                          trust=self.trust_checkpoint, device=backend.device, dtype=backend.dtype)
+                          trust=self.trust_checkpoint, device=backend.device, dtype=backend.dtype,
+                          revision=self.model_revision)
 
 
 def with_model_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -132,7 +135,8 @@ def prompt_length(flag: int | None, model_type: str, default: int | None = None)
     """--prompt-length for a model of `model_type`: refused where it does nothing (not Chameleon)
     or below 2 (bos and the image start); `default` where not given."""
     if flag is not None and model_type != "chameleon":
-        raise UserError("--prompt-length is for Chameleon models (their prompts are token prefixes); drop it")
+        raise UserError("--prompt-length is for prompted models (Chameleon, Janus, Emu3: their prompts are token "
+                        "prefixes); drop it")
     length = default if flag is None else flag
     if length is not None and length < 2:
         raise UserError(f"--prompt-length must be >= 2 (bos and the image start), got {length}")

@@ -72,7 +72,10 @@ def train_demo_command(
 def train_drafter_command(
     out: Path = typer.Option(..., "--out", help="Folder to write to: the bundle with the new drafter (--model), or "
                              "the drafter folder (--gpt-ckpt: config.json, model.safetensors, manifest.json)."),
-    model: str = typer.Option("demo", "--model", help="'demo' (the packaged bundle) or a bundle folder."),
+    model: str = typer.Option("demo", "--model", help="'demo' (the packaged bundle), a bundle folder, or a prompted "
+                              "model (Chameleon, Janus, Emu3) by folder or Hugging Face Hub id."),
+    model_revision: Optional[str] = typer.Option(None, "--model-revision", help="Branch, tag or commit of a --model "
+                                                 "given by Hub id."),
     steps: Optional[int] = typer.Option(None, "--steps", help="Drafter steps (default 700 for a bundle, 2000 for "
                                         "--gpt-ckpt)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the drafter's initialisation, data and batches."),
@@ -98,7 +101,7 @@ def train_drafter_command(
     labels_file: Optional[str] = typer.Option(None, "--labels", rich_help_panel="Any target (--gpt-ckpt)",
                                               help="Class of each row of --tokens (.npy, (N,) int)."),
     prompts: Optional[str] = typer.Option(None, "--prompts", rich_help_panel="Any target (--gpt-ckpt)",
-                                          help="Chameleon folder (--model DIR): prompts the target draws its data "
+                                          help="Prompted model (--model: Chameleon, Janus, Emu3): prompts the target draws its data "
                                           "from, one per line, cycled over --num-images."),
     data_cfg: Optional[float] = typer.Option(None, "--data-cfg", rich_help_panel="Any target (--gpt-ckpt)",
                                              help="CFG scale of the generation (default 4.0, LlamaGen's c2i)."),
@@ -126,15 +129,21 @@ def train_drafter_command(
         raise UserError(f"--steps must be >= 1, got {steps}")
     if threads < 1:
         raise UserError(f"--threads must be >= 1, got {threads}")
-    from runtime.models.chameleon_folder import read_config
+    from runtime.models.hf_folders import read_family
+    from runtime.models.hub import resolve_model
 
-    chameleon = model != "demo" and Path(model).is_dir() and read_config(Path(model)) is not None
+    if model != "demo":
+        model = resolve_model(model, model_revision)
+    elif model_revision is not None:
+        raise UserError("--model-revision applies to a --model given by Hub id (OWNER/NAME); drop it")
+    family = read_family(Path(model)) if model != "demo" and Path(model).is_dir() else None
+    chameleon = family is not None  # a prompted target: Chameleon, Janus or Emu3
     if gpt_ckpt is not None or chameleon:
         from runtime.cli.train_drafter_any import train_drafter_for_checkpoint
 
         if gpt_ckpt is not None and model != "demo":
             raise UserError("give either --model (a bundle or Chameleon folder) or --gpt-ckpt (a checkpoint), not both")
-        train_drafter_for_checkpoint({**locals(), "chameleon": chameleon})
+        train_drafter_for_checkpoint({**locals(), "chameleon": chameleon, "family": family})
         return
     given = [f for f, v in (("--gpt-model", gpt_model), ("--image-size", image_size), ("--tokens", tokens_file),
                             ("--labels", labels_file), ("--data", data), ("--classes", classes),
@@ -166,7 +175,10 @@ def train_drafter_command(
 @train_app.command("target")
 def train_target_command(
     out: Path = typer.Option(..., "--out", help="Folder to write the bundle with the new target to."),
-    model: str = typer.Option("demo", "--model", help="'demo' (the packaged bundle) or a bundle folder."),
+    model: str = typer.Option("demo", "--model", help="'demo' (the packaged bundle), a bundle folder, or a prompted "
+                              "model (Chameleon, Janus, Emu3) by folder or Hugging Face Hub id."),
+    model_revision: Optional[str] = typer.Option(None, "--model-revision", help="Branch, tag or commit of a --model "
+                                                 "given by Hub id."),
     layers: int = typer.Option(..., "--gpt-layers", help="Target GPT layers."),
     dim: int = typer.Option(..., "--gpt-dim", help="Target GPT width."),
     heads: int = typer.Option(..., "--gpt-heads", help="Target GPT attention heads."),

@@ -219,14 +219,23 @@ def _chameleon_target(args: dict[str, Any], values: dict[str, Any]):
     from runtime.cli.workload import read_prompts
     from runtime.models.chameleon_folder import load_chameleon_folder
 
+    family = args.get("family") or "chameleon"
+    sized = family == "emu3"  # Emu3's grid follows --image-size; the others' is fixed by their config
     for flag, key in (("--tokens", "tokens_file"), ("--labels", "labels_file"), ("--classes", "classes"),
-                      ("--gpt-model", "gpt_model"), ("--image-size", "image_size")):
+                      ("--gpt-model", "gpt_model"), *(() if sized else (("--image-size", "image_size"),))):
         if args.get(key) is not None:
             raise UserError(f"{flag} does not apply to a Chameleon folder (it draws its data from --prompts); "
                             f"drop {flag}")
     if args["prompts"] is None and not (Path(args["data"] or "") / "index.json").is_file():
         raise UserError("a Chameleon folder needs --prompts FILE (one prompt per line) for its data")
-    target, _, encoder, _ = load_chameleon_folder(args["model"], None, trust=args["trust_checkpoint"], with_vq=False)
+    if family == "chameleon":
+        target, _, encoder, _ = load_chameleon_folder(args["model"], None, trust=args["trust_checkpoint"],
+                                                      with_vq=False)
+    else:
+        from runtime.models.hf_folders import load_emu3_folder, load_janus_folder
+
+        load = load_janus_folder if family == "janus" else load_emu3_folder
+        target, _, encoder, _ = load(Path(args["model"]), image_size=args.get("image_size"), with_vq=False)
     texts = read_prompts(args["prompts"], values["num_images"]) if args["prompts"] else [""]  # data reused
     ids, masks = encoder(texts)
     target.for_prompts(ids.size(1))

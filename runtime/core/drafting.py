@@ -275,7 +275,10 @@ class DrafterPolicy(DraftPolicy):
         """The drafts' distribution (its log with `log`) after drafter outputs `out` (rows, T, dim);
         with `ranks_q`, the guided logits instead (`DecodeConfig.dist(rank=True)`). Guidance mixes
         the outputs before the head (`DecodeConfig.dist(head=)`): B rows of head, not 2B."""
-        return self.view.dist(out, depth, draft=True, log=log, rank=self.ranks_q, head=self.config.target.logits)
+        target = self.config.target
+        if not getattr(target, "linear_head", True):  # a nonlinear head (Janus): every row through it, then mix
+            return self.view.dist(target.logits(out), depth, draft=True, log=log, rank=self.ranks_q)
+        return self.view.dist(out, depth, draft=True, log=log, rank=self.ranks_q, head=target.logits)
 
     @property
     def ranks_q(self) -> bool:

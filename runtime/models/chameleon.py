@@ -66,6 +66,10 @@ class ChameleonConfig:
     newline: int = -1
     # the unconditional prompt (vocabulary ids), left-padded; () = [bos, boi] (Anole)
     null_prompt: tuple[int, ...] = ()
+    # Chameleon's per-head LayerNorm on q and k; False: the Llama layer (Emu3's, Janus's language model)
+    qk_norm: bool = True
+    # the model family, for names and messages: anole, lumina, emu3, janus
+    family: str = "anole"
 
     @property
     def head_dim(self) -> int:
@@ -118,8 +122,8 @@ class ChameleonAttention(nn.Module):
         self.k_proj = nn.Linear(cfg.dim, cfg.kv_heads * cfg.head_dim, bias=False)
         self.v_proj = nn.Linear(cfg.dim, cfg.kv_heads * cfg.head_dim, bias=False)
         self.o_proj = nn.Linear(cfg.dim, cfg.dim, bias=False)
-        self.q_norm = HeadLayerNorm(cfg.n_head, cfg.head_dim)
-        self.k_norm = HeadLayerNorm(cfg.kv_heads, cfg.head_dim)
+        self.q_norm: nn.Module = HeadLayerNorm(cfg.n_head, cfg.head_dim) if cfg.qk_norm else nn.Identity()
+        self.k_norm: nn.Module = HeadLayerNorm(cfg.kv_heads, cfg.head_dim) if cfg.qk_norm else nn.Identity()
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], **attn_kw: Any) -> torch.Tensor:
         b, t, _ = x.shape

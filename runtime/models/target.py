@@ -65,7 +65,8 @@ class Target(Protocol):
         ...
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(..., D) -> (..., V) fp32; linear in hidden (no bias): drafts mix guidance before it."""
+        """(..., D) -> (..., V) fp32. Where it is linear in hidden (no bias) drafts mix guidance
+        before it; a target whose head is not (Janus's MLP) sets `linear_head = False`."""
         ...
 
     def null_condition(self, cond: torch.Tensor) -> torch.Tensor: ...
