@@ -111,7 +111,7 @@ def tiny_emu3(seed: int = 0) -> tuple[Any, Any]:
                          pad_token_id=vocab[special[2]],
                          rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
         vq_config=dict(codebook_size=CODES, embed_dim=4, latent_channels=4, base_channels=32,
-                       channel_multiplier=[1, 2, 2, 4], num_res_blocks=1, attn_resolutions=[], hidden_size=32,
+                       channel_multiplier=[1, 2, 2, 4], num_res_blocks=1, attn_resolutions=[], hidden_size=128,
                        temporal_downsample_factor=4),
         vocabulary_map=vocab)
     model = transformers.Emu3ForConditionalGeneration._from_config(cfg, attn_implementation="sdpa").eval()

@@ -122,7 +122,8 @@ class DecodeConfig:
         if head is not None:
             mixed = head(mixed)
         if self.constrain is not None:  # tokens the model's layout fixes or forbids at an image index
-            index = count[:, None] + depth if depth is not None else torch.zeros_like(count)[:, None]
+            # the prefill (depth None) picks image index 0 for each of its rows, whatever the batch
+            index = count[:, None] + depth if depth is not None else count.new_zeros(mixed.size(0), 1)
             mixed = self.constrain(mixed, index.expand(mixed.size(0), mixed.size(1)))
         return mixed if rank else probabilities(mixed, params, log=log)
 
