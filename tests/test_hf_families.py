@@ -280,3 +280,60 @@ def test_the_original_janus_layout_is_named_with_its_conversion(tmp_path) -> Non
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "multi_modality"}))
     with pytest.raises(UserError, match="deepseek-community/Janus-Pro-1B"):
         read_family(tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", [hf_tiny.JANUS_ID, hf_tiny.EMU3_ID])
+def test_runtime_serve_by_hub_id_answers_the_openai_client(hub, tmp_path, model: str) -> None:
+    """`runtime serve --model OWNER/NAME` in its own process (HF_HUB_OFFLINE=1): /v1/models names
+    the Hub id, the official client gets images for a text prompt, their tokens are `runtime run`'s."""
+    pytest.importorskip("fastapi")
+    openai = pytest.importorskip("openai")
+    import base64
+    import io
+    import os
+
+    from PIL import Image
+    from serve_process import serving
+
+    home, _ = hub
+    size = ["--image-size", str(EMU3_SIZE)] if model == hf_tiny.EMU3_ID else []
+    flags = ["--model", model, *size, "--no-graph", "--method", "sjd", "--batch-size", "2", "--max-queue", "8"]
+    env = {"HF_HOME": os.environ["HF_HOME"], "HF_HUB_OFFLINE": "1"}
+    with serving(flags, tmp_path / "stderr.txt", env=env) as port:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+        assert [m.id for m in client.models.list().data] == [model]
+        answer = client.images.generate(model=model, prompt="a red cat", n=2, response_format="b64_json",
+                                        extra_body={"seed": 5, "return_tokens": True})
+    side = EMU3_SIZE if model == hf_tiny.EMU3_ID else 4 * hf_tiny.JANUS_GRID
+    assert [Image.open(io.BytesIO(base64.b64decode(d.b64_json))).size for d in answer.data] == [(side, side)] * 2
+    served = [d.model_extra["tokens"] for d in answer.data]
+    (tmp_path / "one.txt").write_text("a red cat\n")
+    from runtime.cli.serve_cmd import DEFAULT_PROMPT_LENGTH
+
+    length = max(DEFAULT_PROMPT_LENGTH, _min_length(model))  # serve's prompt length
+    res = subprocess_run(["run", "--model", model, *size, "--prompts", str(tmp_path / "one.txt"), "--num-images", "2",
+                          "--seed", "5", "--method", "sjd", "--no-graph", "--device", "cpu",
+                          "--prompt-length", str(length), "--out", str(tmp_path / "run")],
+                         env)
+    assert res.returncode == 0, res.stderr
+    assert served == np.load(tmp_path / "run" / "tokens.npy").tolist()
+
+
+def _min_length(model: str) -> int:
+    from runtime.models.hub import resolve_model
+
+    if model != hf_tiny.EMU3_ID:
+        return 2
+    from runtime.models.hf_folders import load_emu3_folder
+
+    return load_emu3_folder(Path(resolve_model(model)), image_size=EMU3_SIZE, with_vq=False)[2].min_length
+
+
+def subprocess_run(args: list[str], env: dict[str, str]):
+    import os
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "runtime", *args], env={**os.environ, **env}, capture_output=True,
+                          text=True, timeout=600)

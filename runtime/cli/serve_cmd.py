@@ -211,6 +211,8 @@ def _conditioner(loaded: Any, backend: Any, t5_path: str | None, prompt_length: 
         encoder = T5Encoder(t5_path, device=backend.device, dtype=backend.dtype, max_length=loaded.config.cls_token_num)
         return Captions(encoder, backend.device, backend.dtype)
     if kind == "chameleon":
+        if prompt_length is None:  # the unconditional prompt must fit (Emu3's negative prompt)
+            length = max(length, getattr(loaded.prompt_encoder, "min_length", 2))
         loaded.target.for_prompts(length)
         return TokenPrompts(loaded.prompt_encoder, length, backend.device)
     return None

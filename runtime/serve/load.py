@@ -279,7 +279,8 @@ def _offline(records: list[dict[str, Any]], serve_args: list[str], ready: dict[s
     loaded = load_model(model=flag("--model"), gpt_model=flag("--gpt-model"), gpt_ckpt=flag("--gpt-ckpt"),
                         vq_ckpt=flag("--vq-ckpt"), image_size=int(size) if size is not None else None,
                         drafter=flag("--drafter"), gpt_type=flag("--gpt-type", "c2i"),
-                        trust="--trust-checkpoint" in serve_args, device=backend.device, dtype=backend.dtype)
+                        trust="--trust-checkpoint" in serve_args, device=backend.device, dtype=backend.dtype,
+                        revision=flag("--model-revision"))
     settings = dict(ready.get("settings", {}))  # the server's resolved method, as result files record it
     if settings.get("proactive"):
         settings["proactive"] = "x".join(map(str, settings["proactive"]))
