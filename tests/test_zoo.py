@@ -43,7 +43,7 @@ def test_format_params(n, text):
 def test_every_kind_is_listed_with_checkpoint_files():
     rows = zoo_rows()
     assert {r["kind"] for r in rows} == {"demo", "gpt-c2i", "gpt-t2i", "vq", "drafter", "chameleon",
-                                         "chameleon-drafter"}
+                                         "chameleon-drafter", "janus", "emu3"}
     assert all(r["checkpoints"] and r["token_grid"] for r in rows)
     gpt_b = next(r for r in rows if r["name"] == "GPT-B")
     assert gpt_b["checkpoints"].split("\n") == ["c2i_B_256.pt", "c2i_B_384.pt"]
@@ -69,5 +69,25 @@ def test_runtime_models_lists_the_demo_and_the_chameleon_family_within_80_column
     console.print(zoo_table())
     text = console.export_text()
     assert max(len(line) for line in text.splitlines()) <= 80
-    for name in ("demo", "Anole-7B", "Lumina-mGPT-7B-768", "LANTERN-Anole", "jadohu/anole_drafter", "3.5M"):
+    for name in ("demo", "Anole-7B", "Lumina-mGPT-7B-768", "LANTERN-Anole", "jadohu/anole_drafter", "3.5M",
+                 "Janus-Pro-1B", "Janus-Pro-7B", "BAAI/Emu3-Gen-hf", "lantern++: a drafter"):
         assert name in text, name
+
+
+def test_janus_pro_1b_counts_its_generation_path():
+    """Language model (embed 102400x2048, 24 Llama layers, norm) + generation embedding 16384x8,
+    aligner 8->2048->2048, head 2048->2048->16384 (with biases); the understanding path is not counted."""
+    entry = next(e for e in MODEL_ZOO if e.name == "Janus-Pro-1B")
+    d, f = 2048, 5632
+    layer = 4 * d * d + 3 * d * f + 2 * d
+    expected = (102400 * d + 24 * layer + d + 16384 * 8 + (8 * d + d) + (d * d + d) + (d * d + d)
+                + (d * 16384 + 16384))
+    assert entry.kind == "janus" and entry.parameter_count() == expected
+
+
+def test_runtime_models_json_says_what_each_method_needs(run_cli):
+    import json
+
+    rows = {r["name"]: r for r in json.loads(run_cli("models", "--json").stdout)}
+    assert rows["Emu3-Gen"]["methods"]["sjd"] == "nothing" and rows["Emu3-Gen"]["methods"]["lantern++"] == "a drafter"
+    assert rows["VQ-16"]["methods"] is None

@@ -10,6 +10,10 @@ from rich.table import Table
 
 from runtime.cli.app import app
 
+# what each method needs of a model, whatever its family
+METHOD_NEEDS = ("ar, sjd, pjd: no drafter; sd, eagle2, ddd, lantern, lantern++: a drafter for the target "
+                "(--drafter DIR; `runtime train drafter --model ID --prompts FILE` makes one).")
+
 
 def zoo_table() -> Table:
     """The zoo, each model's checkpoints under its name (fits 80 columns; long names fold)."""
@@ -24,7 +28,9 @@ def zoo_table() -> Table:
         files = "\n".join(f"  [dim]{line}[/]" for line in row["checkpoints"].split("\n"))
         table.add_row(f"[bold]{row['name']}[/]\n{files}", row["kind"], row["params"], row["token_grid"])
     table.caption = ("run an official checkpoint: runtime run --gpt-model GPT-B --gpt-ckpt c2i_B_256.pt "
-                     "--vq-ckpt vq_ds16_c2i.pt --image-size 256")
+                     "--vq-ckpt vq_ds16_c2i.pt --image-size 256; a model by Hub id: runtime run --model "
+                     "deepseek-community/Janus-Pro-1B --prompts FILE (after `hf download` of the id). "
+                     f"{METHOD_NEEDS}")
     return table
 
 
@@ -33,7 +39,17 @@ def zoo_json() -> list[dict[str, object]]:
     from runtime.models.zoo import MODEL_ZOO
 
     return [{"name": e.name, "kind": e.kind, "parameters": e.parameter_count(),
-             "token_grids": e.token_grid.split("\n"), "checkpoints": list(e.checkpoints)} for e in MODEL_ZOO]
+             "token_grids": e.token_grid.split("\n"), "checkpoints": list(e.checkpoints),
+             "methods": _needs(e.kind)} for e in MODEL_ZOO]
+
+
+def _needs(kind: str) -> dict[str, str] | None:
+    """What each method needs to run a target of this kind (None for a VQ or a drafter)."""
+    if kind in ("vq", "drafter", "chameleon-drafter"):
+        return None
+    from runtime.method_options import METHOD_ORDER
+
+    return {m: "nothing" if m in ("ar", "sjd", "pjd") else "a drafter" for m in METHOD_ORDER if m != "auto"}
 
 
 @app.command("models")

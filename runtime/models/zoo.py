@@ -27,7 +27,7 @@ class ZooEntry:
     """
 
     name: str
-    kind: str  # "demo" | "gpt-c2i" | "gpt-t2i" | "vq" | "drafter" | "chameleon" | "chameleon-drafter"
+    kind: str  # "demo" | "gpt-c2i" | "gpt-t2i" | "vq" | "drafter" | "chameleon" | "chameleon-drafter" | "janus" | "emu3"
     token_grid: str
     checkpoints: tuple[str, ...]
     build: Callable[[], nn.Module] | None = None
@@ -122,6 +122,33 @@ def _chameleon_drafter() -> nn.Module:
     return ChameleonDrafter(cfg, torch.arange(8192), block_size=1024, max_position=4096)
 
 
+# Janus-Pro's generation path (language model + generation embedding, aligner and head; the
+# understanding encoder and the VQ model are not counted) and Emu3-Gen's decoder, transformers' layouts
+_JANUS_PRO = {"1B": dict(full_vocab_size=102400, dim=2048, n_layer=24, n_head=16, kv_heads=16, ffn_hidden=5632),
+              "7B": dict(full_vocab_size=102400, dim=4096, n_layer=30, n_head=32, kv_heads=32, ffn_hidden=11008)}
+_EMU3_GEN = dict(full_vocab_size=184622, dim=4096, n_layer=32, n_head=32, kv_heads=8, ffn_hidden=14336)
+
+
+def _janus(size: str) -> Callable[[], nn.Module]:
+    def build() -> nn.Module:
+        from runtime.models.chameleon import ChameleonConfig
+        from runtime.models.janus import JanusTarget
+
+        shape = _JANUS_PRO[size]
+        cfg = ChameleonConfig(**shape, vocab_size=16384, block_size=576, qk_norm=False, family="janus")
+        return JanusTarget(cfg, embed_dim=8, projection=shape["dim"], aligner_layers=2)
+
+    return build
+
+
+def _emu3() -> nn.Module:
+    from runtime.models.chameleon import ChameleonConfig, ChameleonTarget
+
+    cfg = ChameleonConfig(**_EMU3_GEN, vocab_size=32769, block_size=90 * 91, qk_norm=False, family="emu3",
+                          row_width=91, newline=32768)
+    return ChameleonTarget(cfg, torch.arange(cfg.vocab_size))
+
+
 MODEL_ZOO: tuple[ZooEntry, ...] = (
     ZooEntry("demo", "demo", "16x16", ("embedded (the default model)",),
              count=_demo_parameters),
@@ -145,6 +172,9 @@ MODEL_ZOO: tuple[ZooEntry, ...] = (
     ZooEntry("Lumina-mGPT-7B-768", "chameleon", "48x48+eol",
              ("Alpha-VLLM/Lumina-mGPT-7B-768 (HF)",), _chameleon(48 * 49)),
     ZooEntry("LANTERN-Anole", "chameleon-drafter", "32x32", ("jadohu/anole_drafter",), _chameleon_drafter),
+    ZooEntry("Janus-Pro-1B", "janus", "24x24", ("deepseek-community/Janus-Pro-1B (HF)",), _janus("1B")),
+    ZooEntry("Janus-Pro-7B", "janus", "24x24", ("deepseek-community/Janus-Pro-7B (HF)",), _janus("7B")),
+    ZooEntry("Emu3-Gen", "emu3", "90x90+eol", ("BAAI/Emu3-Gen-hf (HF)",), _emu3),
 )
 
 
