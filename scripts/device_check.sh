@@ -40,6 +40,8 @@ if [ "$QUICK" = 1 ]; then
 else
   BUDGET="${BUDGET:-480}"; PROFILE="${PROFILE:-h100}"; GRAPH=--graph; XL=--xl
   SHAPES="llamagen-xl llamagen-l"; BATCHES="1 8"; ITER=10; IMAGES=24; REPEATS=5; REQUESTS=200; SCALE=1
+  # the models people run by Hub id (issue 57), at batch 1: their per-phase floors and projected speedups
+  HUB_SHAPES="janus-pro-1b janus-pro-7b emu3-8b"
   # pjd as released (lossy) beside the lossless form: its forward counts project a speedup where a
   # 36-node forward costs about what AR's one-node forward does; this measures it
   METHODS="ar,sd,eagle2,ddd,lantern,lantern++,sjd,pjd:pjd_rows=2,pjd:accept=published:pjd_rows=4"
@@ -81,6 +83,10 @@ step() {
         --batch-size "$b" --methods "$TREES" --tau 2.67 --iterations "$ITER" --warmup 2 \
         --out "$OUT/shape_${shape}_b$b.json"
     done
+  done
+  for shape in ${HUB_SHAPES:-}; do
+    step "shape_${shape}_b1" 75 runtime bench --shape "$shape" --device "$DEVICE" --profile-name "$PROFILE" $GRAPH \
+      --batch-size 1 --methods "$TREES" --tau 2.67 --iterations "$ITER" --warmup 2 --out "$OUT/shape_${shape}_b1.json"
   done
   step bench_demo 120 runtime bench --device "$DEVICE" --profile-name "$PROFILE" $GRAPH --methods "$METHODS" \
     --num-images "$IMAGES" --repeats "$REPEATS" --warmup 1 --out "$OUT/bench_demo_sampling.json"

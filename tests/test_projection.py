@@ -33,7 +33,12 @@ def test_projection_interval_brackets_the_point_and_shrinks_with_samples():
 
 
 def test_every_named_shape_builds_its_config():
-    assert set(SHAPES) == {"llamagen-b", "llamagen-l", "llamagen-xl", "llamagen-xxl", "chameleon-7b"}
+    assert set(SHAPES) == {"llamagen-b", "llamagen-l", "llamagen-xl", "llamagen-xxl", "chameleon-7b", "janus-pro-1b",
+                           "janus-pro-7b", "emu3-8b"}
+    shapes = {name: model_shape(name).config() for name in ("janus-pro-1b", "janus-pro-7b", "emu3-8b")}
+    assert [(c.n_layer, c.n_head, c.kv_heads, c.dim, c.ffn_hidden, c.block_size, c.vocab_size)
+            for c in shapes.values()] == [(24, 16, 16, 2048, 5632, 576, 16384), (30, 32, 32, 4096, 11008, 576, 16384),
+                                          (32, 32, 8, 4096, 14336, 8100, 32768)]
     xl = model_shape("llamagen-xl").config()
     assert (xl.n_layer, xl.dim, xl.block_size, xl.vocab_size) == (36, 1280, 256, 16384)
     cham = model_shape("chameleon-7b").config()

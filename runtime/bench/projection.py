@@ -41,9 +41,13 @@ class ModelShape:
     # the model family's reference sampling settings (a `--tau` projection runs under them unless
     # flags or the profile say otherwise): LlamaGen sample_c2i.py; Lumina-mGPT / Anole scripts
     sampling: tuple[tuple[str, Any], ...] = (("cfg", 4.0), ("top_k", 2000), ("temperature", 1.0), ("top_p", 1.0))
+    # changes to the named config (layers, heads, KV heads, FFN multiplier) and the VQ's pixels per token
+    overrides: tuple[tuple[str, Any], ...] = ()
+    downsample: int = 16
 
     def config(self) -> GPTConfig:
-        return gpt_config(self.gpt, image_size=self.image_size, vocab_size=self.vocab_size)
+        return gpt_config(self.gpt, image_size=self.image_size, vocab_size=self.vocab_size,
+                          downsample=self.downsample, **dict(self.overrides))
 
 
 SHAPES: dict[str, ModelShape] = {s.name: s for s in (
@@ -57,6 +61,23 @@ SHAPES: dict[str, ModelShape] = {s.name: s for s in (
     ModelShape("chameleon-7b", "GPT-7B", 512, 65536,
                "Chameleon-7B-shaped (Anole, Lumina-mGPT): 32 layers, width 4096, 65,536 tokens, 32x32 image "
                "tokens; LlamaGen blocks", (("cfg", 3.0), ("top_k", 2000), ("temperature", 1.0), ("top_p", 1.0))),
+    # Janus-Pro's language models (Llama: 1B 24 x 2048, 16 heads; 7B 30 x 4096, 32 heads; SwiGLU
+    # 5632 / 11008, which LlamaGen's FFN rule gives), 384 px = 24x24 codes of VQ-16, 16,384 codes; its
+    # image head is an MLP (width x width more per token than LlamaGen's linear head: under 1 %)
+    ModelShape("janus-pro-1b", "GPT-1B", 384, 16384,
+               "Janus-Pro-1B-shaped: 24 Llama layers, width 2048, 24x24 image tokens, 16,384 codes; LlamaGen "
+               "blocks", (("cfg", 5.0), ("top_k", 0), ("temperature", 1.0), ("top_p", 1.0)),
+               overrides=(("n_layer", 24), ("n_head", 16))),
+    ModelShape("janus-pro-7b", "GPT-7B", 384, 16384,
+               "Janus-Pro-7B-shaped: 30 Llama layers, width 4096, 24x24 image tokens, 16,384 codes; LlamaGen "
+               "blocks", (("cfg", 5.0), ("top_k", 0), ("temperature", 1.0), ("top_p", 1.0)),
+               overrides=(("n_layer", 30),)),
+    # Emu3-Gen: 32 Llama layers of width 4096, 8 KV heads, SwiGLU 14336; 720 px = 90x90 codes
+    # (8 px each) of a 32,768-code VQ; its 90 row-end tokens (1 % of the steps) are left out
+    ModelShape("emu3-8b", "GPT-7B", 720, 32768,
+               "Emu3-Gen-shaped: 32 Llama layers, width 4096, 8 KV heads, 90x90 image tokens (row ends left out), "
+               "32,768 codes; LlamaGen blocks", (("cfg", 3.0), ("top_k", 2048), ("temperature", 1.0), ("top_p", 1.0)),
+               overrides=(("n_kv_head", 8), ("ffn_dim_multiplier", 1.3125)), downsample=8),
 )}
 
 
