@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every method on the tests' tiny random Janus-Pro and Emu3 (tests/hf_tiny.py), by Hub id with
 # HF_HUB_OFFLINE=1, as `runtime run` reports it: tau, target forwards, seconds per image. Greedy
-# (tokens compared with AR's) and sampled. A drafter is trained for each target by
+# (tokens compared with AR's; lantern++ runs at the profile's relaxation and exact, lambda 1) and sampled. A drafter is trained for each target by
 # `runtime train drafter` first. Writes OUT/summary.tsv and each run's folder.
 #
 #   bash scripts/hub_models_tiny.sh OUT
@@ -26,11 +26,12 @@ for model in tiny-random/Janus-Pro tiny-random/Emu3-Gen; do
     --batch 8 --eval-images 4 --device cpu --threads 1 --out "$OUT/$tag-drafter" > "$OUT/$tag-train.log" 2>&1
   for mode in greedy sampled; do
     flags=(); [ "$mode" = greedy ] && flags=(--greedy)
-    for method in ar sjd pjd pjd-published lantern++ eagle2; do
+    for method in ar sjd pjd pjd-published lantern++ lantern++-exact eagle2; do
       extra=(--method "$method")
       case $method in
         pjd-published) extra=(--method pjd --accept published) ;;
-        lantern++) extra=(--method lantern++ --tree chain3 --drafter "$OUT/$tag-drafter") ;;
+        lantern++) extra=(--method lantern++ --tree chain3 --drafter "$OUT/$tag-drafter") ;;  # the profile's lambda
+        lantern++-exact) extra=(--method lantern++ --tree chain3 --lantern-lambda 1 --drafter "$OUT/$tag-drafter") ;;
         eagle2) extra=(--method eagle2 --drafter "$OUT/$tag-drafter") ;;
       esac
       dir="$OUT/$tag-$mode-$method"

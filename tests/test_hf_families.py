@@ -67,6 +67,8 @@ def test_a_hub_id_resolves_to_its_cached_snapshot_and_an_uncached_one_is_one_lin
         resolve_model("nobody/Nothing")
     with pytest.raises(UserError, match=r"hf download tiny-random/Janus-Pro --revision v9"):
         resolve_model(hf_tiny.JANUS_ID, revision="v9")
+    with pytest.raises(UserError, match="original release's layout .* --model deepseek-community/Janus-Pro-1B"):
+        resolve_model("deepseek-ai/Janus-Pro-1B")
     with pytest.raises(UserError, match="--model-revision v1: .* is a local folder"):
         resolve_model(str(made["janus"][3]), revision="v1")
 
@@ -254,6 +256,9 @@ def test_runtime_run_by_hub_id_offline(run_cli, hub, tmp_path, model: str) -> No
                "--tree", "chain3", "--lantern-lambda", "1", "--greedy", "--batch-size", "2", "--graph")
     assert lpp.exit_code == 0, lpp.stderr
     assert (np.load(tmp_path / "lpp" / "tokens.npy") == tokens).all()
+    auto = _run(run_cli, home, tmp_path / "auto", model, "--method", "auto", "--profile-name", "cpu-serve",
+                "--drafter", str(drafter), "--no-graph")  # the profile's [auto] table picks the method
+    assert auto.exit_code == 0, auto.stderr
 
 
 def test_an_uncached_hub_id_offline_is_one_line_and_exit_2(run_cli, hub, tmp_path) -> None:
@@ -337,3 +342,20 @@ def subprocess_run(args: list[str], env: dict[str, str]):
 
     return subprocess.run([sys.executable, "-m", "runtime", *args], env={**os.environ, **env}, capture_output=True,
                           text=True, timeout=600)
+
+
+def test_a_checkpoint_file_by_hub_id_and_file_name(hub, tmp_path) -> None:
+    """OWNER/NAME:FILE (official LlamaGen and LANTERN files) resolves to the cached file; a file the
+    cache lacks is one line naming the download."""
+    from runtime.models.hub import resolve_file
+
+    home, _ = hub
+    staged = tmp_path / "repo"
+    staged.mkdir()
+    (staged / "c2i_B_256.pt").write_bytes(b"weights")
+    hf_tiny.cache_snapshot(home, "FoundationVision/LlamaGen", staged)
+    path = resolve_file("FoundationVision/LlamaGen:c2i_B_256.pt")
+    assert Path(path).read_bytes() == b"weights"
+    assert resolve_file(str(staged / "c2i_B_256.pt")) == str(staged / "c2i_B_256.pt")  # a local path stays
+    with pytest.raises(UserError, match="run `hf download FoundationVision/LlamaGen vq_ds16_c2i.pt`"):
+        resolve_file("FoundationVision/LlamaGen:vq_ds16_c2i.pt")

@@ -35,10 +35,6 @@ EMU3_NEGATIVE_PROMPT = ("lowres, bad anatomy, bad hands, text, error, missing fi
                         "username, blurry.")
 EMU3_ROW_END = "<|extra_200|>"
 EMU3_DEFAULT_SIZE = 720
-JANUS_CONVERSION = {"deepseek-ai/Janus-Pro-1B": "deepseek-community/Janus-Pro-1B",
-                    "deepseek-ai/Janus-Pro-7B": "deepseek-community/Janus-Pro-7B",
-                    "deepseek-ai/Janus-1.3B": "deepseek-community/Janus-1.3B",
-                    "BAAI/Emu3-Gen": "BAAI/Emu3-Gen-hf"}
 FAMILIES = ("chameleon", "janus", "emu3")
 
 

@@ -22,6 +22,14 @@ from runtime.errors import UserError
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
 
 
+# original releases in their own code's layout (remote code), and the repository holding the same
+# weights in transformers' layout, which the runtime reads
+CONVERTED = {"deepseek-ai/Janus-Pro-1B": "deepseek-community/Janus-Pro-1B",
+             "deepseek-ai/Janus-Pro-7B": "deepseek-community/Janus-Pro-7B",
+             "deepseek-ai/Janus-1.3B": "deepseek-community/Janus-1.3B",
+             "BAAI/Emu3-Gen": "BAAI/Emu3-Gen-hf"}
+
+
 def looks_like_repo_id(name: str) -> bool:
     """`owner/name` that is not an existing local path."""
     return bool(_REPO_ID.match(name)) and not Path(name).exists()
@@ -48,6 +56,9 @@ def cache_dir() -> str:
 
 def resolve_model(name: str, revision: str | None = None) -> str:
     """A local folder as given; a Hub id `owner/name` -> its snapshot folder in the cache."""
+    if name in CONVERTED and not Path(name).exists():
+        raise UserError(f"--model {name}: that repository holds the original release's layout (remote code); the "
+                        f"runtime reads transformers' layout of the same weights: --model {CONVERTED[name]}")
     if not looks_like_repo_id(name):
         if revision is not None:
             raise UserError(f"--model-revision {revision}: {name} is a local folder, not a Hub id; drop "
