@@ -239,7 +239,7 @@ def test_runtime_run_by_hub_id_offline(run_cli, hub, tmp_path, model: str) -> No
     result = json.loads((tmp_path / "ar" / "result.json").read_text())
     assert result["model"]["name"] == model and len(list((tmp_path / "ar").glob("*.png"))) >= 2
     for name, extra in (("sjd", ["--method", "sjd", "--batch-size", "2", "--graph"]),
-                        ("pjd", ["--method", "pjd", "--batch-size", "2"])):
+                        ("pjd", ["--method", "pjd", "--batch-size", "2", "--graph"])):
         res = _run(run_cli, home, tmp_path / name, model, "--greedy", *extra)
         assert res.exit_code == 0, res.stderr
         assert (np.load(tmp_path / name / "tokens.npy") == tokens).all(), name

@@ -132,6 +132,8 @@ def train_drafter_command(
     from runtime.models.hf_folders import read_family
     from runtime.models.hub import resolve_model
 
+    if gpt_ckpt is not None and model != "demo":
+        raise UserError("give either --model (a bundle or Chameleon folder) or --gpt-ckpt (a checkpoint), not both")
     if model != "demo":
         model = resolve_model(model, model_revision)
     elif model_revision is not None:

@@ -80,7 +80,8 @@ def resolve_model(name: str, revision: str | None = None) -> str:
     except LocalEntryNotFoundError:
         where = cache_dir()
         why = "HF_HUB_OFFLINE is set" if _offline() else "the Hub could not be reached"
-        raise UserError(f"--model {name}{f'@{revision}' if revision else ''}: not in the Hugging Face cache "
+        raise UserError(f"--model {name}{f'@{revision}' if revision else ''}: no such folder here, and not in the "
+                        f"Hugging Face cache "
                         f"({where}) and {why}; run `{hint}` where the Hub is reachable (same HF_HOME), then "
                         "retry") from None
     except GatedRepoError:
