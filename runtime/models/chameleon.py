@@ -171,7 +171,49 @@ class RowHead(RowTable):
         return F.linear(hidden, self.weight)
 
 
-class ChameleonTarget(CachedDecoding, nn.Module):
+class PromptedDecoding(CachedDecoding):
+    """What a target conditioned on token prompts shares (the Chameleon family, Janus): the prompt
+    length, the prompt's embedding, the rotary table and the teacher-forced forward. A subclass
+    provides `config` (a ChameleonConfig), `embed_tokens` (the whole vocabulary), `tok_embeddings`
+    (image tokens), `layers`, `norm`, `rope` and `logits`."""
+
+    def for_prompts(self, length: int) -> Any:
+        """Fix the prompt length L (`config.cls_token_num`) that decoders built next will use."""
+        if length < 2:
+            raise UserError(f"a prompt holds at least bos and the image start (2 tokens), got {length}")
+        self.config = replace(self.config, cls_token_num=length)  # type: ignore[has-type]
+        return self
+
+    @property
+    def max_position(self) -> int:
+        return self.config.max_position  # type: ignore[has-type]
+
+    def embed_prefix(self, cond: torch.Tensor) -> torch.Tensor:
+        """The prompt token ids (B, L) embedded; L must be the decoder's prompt length."""
+        length = self.config.cls_token_num  # type: ignore[has-type]
+        if cond.size(1) != length:
+            raise ValueError(f"prompt length {cond.size(1)} != the decoder's {length} (for_prompts)")
+        return self.embed_tokens(cond)  # type: ignore[attr-defined]
+
+    def rotary(self, positions: torch.Tensor) -> Any:
+        return self.rope(positions)  # type: ignore[attr-defined]
+
+    def forward_train(self, cond: torch.Tensor, idx: torch.Tensor,
+                      cond_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Teacher-forced: prompt (B, L) (+ mask), image tokens idx (B, S) (core ids) -> image
+        logits (B, S, V) fp32 predicting idx, and post-norm hidden (B, L + S - 1, dim)."""
+        length = cond.size(1)
+        x = torch.cat([self.embed_tokens(cond), self.tok_embeddings(idx[:, :-1])], dim=1)  # type: ignore[attr-defined]
+        s = x.size(1)
+        mask = None if cond_mask is None else prefix_mask(cond_mask, s)[:, None]
+        rope = self.rope(torch.arange(s, device=x.device))  # type: ignore[attr-defined]
+        for i, layer in enumerate(self.layers):  # type: ignore[attr-defined]
+            x = layer(x, rope, layer=i, cache=None, slots=None, mask=mask)
+        hidden = self.norm(x)  # type: ignore[attr-defined]
+        return self.logits(hidden)[:, length - 1:], hidden  # type: ignore[attr-defined]
+
+
+class ChameleonTarget(PromptedDecoding, nn.Module):
     """A Chameleon decoder with an image-only output vocabulary; see the module docstring."""
 
     def __init__(self, config: ChameleonConfig, image_token_ids: torch.Tensor) -> None:
@@ -207,13 +249,6 @@ class ChameleonTarget(CachedDecoding, nn.Module):
             self.tok_embeddings.weight = self.embed_tokens.weight[ids].clone()
             self.output.weight = self.lm_head.weight[ids].clone()
 
-    def for_prompts(self, length: int) -> "ChameleonTarget":
-        """Fix the prompt length L (`config.cls_token_num`) that decoders built next will use."""
-        if length < 2:
-            raise UserError(f"a Chameleon prompt holds at least bos and boi (2 tokens), got {length}")
-        self.config = replace(self.config, cls_token_num=length)
-        return self
-
     @classmethod
     def from_hf_state_dict(cls, config: ChameleonConfig, state: Mapping[str, torch.Tensor],
                            image_token_ids: torch.Tensor, source: str = "<state dict>") -> "ChameleonTarget":
@@ -237,10 +272,6 @@ class ChameleonTarget(CachedDecoding, nn.Module):
         return model.eval()
 
     # -- the core's interface ----------------------------------------------------------------
-    @property
-    def max_position(self) -> int:
-        return self.config.max_position
-
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(..., dim) -> (..., vocab_size) fp32 logits of the image tokens."""
         return self.output(hidden).float()
@@ -272,29 +303,8 @@ class ChameleonTarget(CachedDecoding, nn.Module):
         row_end = ((index + 1) % self.config.row_width == 0)[..., None]
         return torch.where(row_end, self._row_rule[0], logits + self._row_rule[1])
 
-    # new_cache / prefill / forward_cached: CachedDecoding (runtime/models/target.py)
-    def embed_prefix(self, cond: torch.Tensor) -> torch.Tensor:
-        """The prompt token ids (B, L) embedded; L must be the decoder's prompt length."""
-        if cond.size(1) != self.config.cls_token_num:
-            raise ValueError(f"prompt length {cond.size(1)} != the decoder's {self.config.cls_token_num} (for_prompts)")
-        return self.embed_tokens(cond)
-
-    def rotary(self, positions: torch.Tensor) -> Any:
-        return self.rope(positions)
-
-    def forward_train(self, cond: torch.Tensor, idx: torch.Tensor,
-                      cond_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Teacher-forced: prompt (B, L) (+ mask), image tokens idx (B, S) (core ids) -> image
-        logits (B, S, V) fp32 predicting idx, and post-norm hidden (B, L + S - 1, dim)."""
-        length = cond.size(1)
-        x = torch.cat([self.embed_tokens(cond), self.tok_embeddings(idx[:, :-1])], dim=1)
-        s = x.size(1)
-        mask = None if cond_mask is None else prefix_mask(cond_mask, s)[:, None]
-        rope = self.rope(torch.arange(s, device=x.device))
-        for i, layer in enumerate(self.layers):
-            x = layer(x, rope, layer=i, cache=None, slots=None, mask=mask)
-        hidden = self.norm(x)
-        return self.logits(hidden)[:, length - 1:], hidden
+    # new_cache / prefill / forward_cached: CachedDecoding (runtime/models/target.py); for_prompts,
+    # embed_prefix, rotary, forward_train: PromptedDecoding
 
 
 def config_from_hf(hf: Any, image_token_ids: torch.Tensor, block_size: int) -> ChameleonConfig:

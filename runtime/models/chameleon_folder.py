@@ -43,6 +43,13 @@ _CODE_NAME = re.compile(r"IMGIMG([A-J]+)Z")
 
 def read_config(folder: Path) -> dict[str, Any] | None:
     """The folder's config.json when it describes a Chameleon model, else None."""
+    config = read_model_config(folder)
+    return config if config is not None and config.get("model_type") == "chameleon" else None
+
+
+def read_model_config(folder: Path) -> dict[str, Any] | None:
+    """The folder's config.json as a dict (any model type); None where the folder has none. Not
+    JSON, or not an object: one line naming the file and the fix."""
     path = folder / "config.json"
     if not path.is_file():
         return None
@@ -56,7 +63,7 @@ def read_config(folder: Path) -> dict[str, Any] | None:
     if not isinstance(config, dict):
         raise UserError(f"{path} must hold a JSON object (a model config), found a JSON {type(config).__name__}; "
                         "fix or re-download the model folder's config.json")
-    return config if config.get("model_type") == "chameleon" else None
+    return config
 
 
 def image_token_ids(vocabulary_map: dict[str, int], source: str) -> torch.Tensor:

@@ -25,6 +25,7 @@ import torch
 
 from runtime.errors import UserError
 from runtime.models.chameleon import ChameleonConfig, ChameleonTarget, config_from_hf
+from runtime.models.chameleon_folder import read_model_config
 
 JANUS_SAMPLING: dict[str, Any] = {"cfg": 5.0, "top_k": 0, "temperature": 1.0, "top_p": 1.0}
 JANUS_SAMPLING_SOURCE = "model default (Janus-Pro's generation: guidance 5, temperature 1)"
@@ -41,16 +42,9 @@ FAMILIES = ("chameleon", "janus", "emu3")
 def read_family(folder: Path) -> str | None:
     """The folder's model family from its config.json `model_type` (chameleon, janus, emu3); None
     where the folder has no config.json; one line for a config this runtime does not run."""
-    path = folder / "config.json"
-    if not path.is_file():
+    config = read_model_config(folder)
+    if config is None:
         return None
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise UserError(f"{path} is not valid JSON ({str(err).splitlines()[0]}); fix or re-download the model "
-                        "folder's config.json") from None
-    if not isinstance(config, dict):
-        raise UserError(f"{path} must hold a JSON object (a model config); fix or re-download it")
     kind = config.get("model_type")
     if kind in FAMILIES:
         return str(kind)
@@ -60,12 +54,8 @@ def read_family(folder: Path) -> str | None:
                         "BAAI/Emu3-Gen-hf (`runtime models` lists them)")
     if kind is None:
         return None
-    raise UserError(f"{folder}: model_type {kind!r} is not a family this runtime runs (chameleon, janus, emu3, or a "
-                    "LlamaGen folder); `runtime models` lists what it runs")
-
-
-def read_config(folder: Path) -> dict[str, Any]:
-    return json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    raise UserError(f"{folder}: model_type {kind!r} is not a family --model runs (chameleon, janus, emu3; a LlamaGen "
+                    "folder goes in --gpt-ckpt); `runtime models` lists what the runtime runs")
 
 
 @dataclass
@@ -99,6 +89,13 @@ class ChatPromptEncoder:
             tokens[i, length - len(row):] = torch.tensor(row)
             mask[i, length - len(row):] = True
         return tokens, mask
+
+
+def _config(folder: Path) -> dict[str, Any]:
+    config = read_model_config(folder)
+    if config is None:
+        raise UserError(f"{folder}: no config.json; give the model's folder (or its Hub id)")
+    return config
 
 
 def _tokenizer(folder: Path) -> Any:
@@ -158,7 +155,7 @@ def load_janus_folder(folder: Path, *, image_size: int | None = None, with_vq: b
     from runtime.models.janus import JanusTarget
     from runtime.models.loading import read_hf_weights
 
-    config = read_config(folder)
+    config = _config(folder)
     text = _text_config(config, folder)
     vq_cfg = config.get("vq_config") or {}
     vision = config.get("vision_config") or {}
@@ -201,7 +198,7 @@ def load_emu3_folder(folder: Path, *, image_size: int | None = None, with_vq: bo
     from runtime.models.hf_vq import build_vq
     from runtime.models.loading import read_hf_weights
 
-    config = read_config(folder)
+    config = _config(folder)
     text = _text_config(config, folder)
     vq_cfg = config.get("vq_config") or {}
     vocab_map = config.get("vocabulary_map") or {}

@@ -16,7 +16,6 @@ from typing import Any, Mapping
 import torch
 from torch import Tensor, nn
 
-from runtime.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -69,15 +68,9 @@ def build_vq(family: str, vq_config: Mapping[str, Any], state: Mapping[str, Tens
     else:
         config = transformers.Emu3VQVAEConfig(**{k: v for k, v in vq_config.items() if k != "model_type"})
         module = transformers.Emu3VQVAE(config)
+    from runtime.models.loading import load_state_dict_strict
+
     parts = {k[len("model.vqmodel."):]: v for k, v in state.items() if k.startswith("model.vqmodel.")}
-    own = module.state_dict()
-    missing = sorted(k for k in own if k not in parts)
-    if missing:
-        raise UserError(f"{source}: the VQ model's weights are missing ({missing[0]} and {len(missing) - 1} more); "
-                        "the folder must hold the whole model (model.vqmodel.*)")
-    for key, value in own.items():
-        if tuple(parts[key].shape) != tuple(value.shape):
-            raise UserError(f"{source}: model.vqmodel.{key} has shape {tuple(parts[key].shape)}, its vq_config says "
-                            f"{tuple(value.shape)}")
-    module.load_state_dict({k: parts[k] for k in own})
+    load_state_dict_strict(module, parts, f"{source} (model.vqmodel.*)",
+                           hint="the folder must hold the whole model, VQ included, as its vq_config describes")
     return TransformersVQ(family, module.eval(), rows, cols, row_width)

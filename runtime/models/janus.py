@@ -19,17 +19,14 @@ Shapes: B rows, L prompt length, S image tokens, D the language model's width, V
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Any, Mapping
+from typing import Mapping
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.errors import UserError
-from runtime.models.chameleon import ChameleonConfig, ChameleonLayer, RotateHalfRope, RowTable
-from runtime.models.layers import RMSNorm, prefix_mask
-from runtime.models.target import CachedDecoding
+from runtime.models.chameleon import ChameleonConfig, ChameleonLayer, PromptedDecoding, RotateHalfRope, RowTable
+from runtime.models.layers import RMSNorm
 
 
 class JanusAligner(nn.Module):
@@ -59,12 +56,12 @@ class JanusHead(nn.Module):
         return self.vision_head(F.gelu(self.proj_out(hidden)))
 
 
-class JanusTarget(CachedDecoding, nn.Module):
-    """Janus's language model with its image embedding and head; see the module docstring."""
+class JanusTarget(PromptedDecoding, nn.Module):
+    """Janus's language model with its image embedding and head; see the module docstring.
+    Prompt length, prompt embedding, rotary table and teacher-forced forward: `PromptedDecoding`."""
 
     # the core mixes a draft's guidance before `logits` only where the head is linear
     linear_head = False
-    constrain = None
 
     def __init__(self, config: ChameleonConfig, *, embed_dim: int, projection: int, aligner_layers: int) -> None:
         super().__init__()
@@ -85,13 +82,6 @@ class JanusTarget(CachedDecoding, nn.Module):
         with torch.no_grad():
             self.tok_embeddings.weight = self.generation_aligner(self.generation_embeddings.weight).detach().clone()
 
-    def for_prompts(self, length: int) -> "JanusTarget":
-        """Fix the prompt length L (`config.cls_token_num`) that decoders built next will use."""
-        if length < 2:
-            raise UserError(f"a Janus prompt holds at least bos and the image start (2 tokens), got {length}")
-        self.config = replace(self.config, cls_token_num=length)
-        return self
-
     @classmethod
     def from_hf_state_dict(cls, config: ChameleonConfig, state: Mapping[str, torch.Tensor], *, embed_dim: int,
                            projection: int, aligner_layers: int, source: str = "<state dict>") -> "JanusTarget":
@@ -100,30 +90,19 @@ class JanusTarget(CachedDecoding, nn.Module):
         model = cls(config, embed_dim=embed_dim, projection=projection, aligner_layers=aligner_layers)
         renames = (("model.language_model.", ""), ("model.generation_embeddings.", "generation_embeddings."),
                    ("model.generation_aligner.", "generation_aligner."), ("model.generation_head.", "output."))
+        from runtime.models.loading import load_state_dict_strict
+
         mine: dict[str, torch.Tensor] = {}
         for key, value in state.items():
             for prefix, new in renames:
                 if key.startswith(prefix):
                     mine[new + key[len(prefix):]] = value
                     break
-        own = model.state_dict()
-        missing, unexpected = sorted(set(own) - set(mine)), sorted(set(mine) - set(own))
-        if missing or unexpected:
-            problem = f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}"
-            raise UserError(f"{source}: not a Janus model of this shape ({problem}); check the model folder")
-        for key, value in mine.items():
-            if tuple(value.shape) != tuple(own[key].shape):
-                raise UserError(f"{source}: {key} has shape {tuple(value.shape)}, the config says "
-                                f"{tuple(own[key].shape)}; check config.json")
-        model.load_state_dict(mine)
+        load_state_dict_strict(model, mine, source, hint="not a Janus model of this config; check the model folder")
         model.refresh_image_rows()
         return model.eval()
 
     # -- the core's interface ----------------------------------------------------------------
-    @property
-    def max_position(self) -> int:
-        return self.config.max_position
-
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(..., D) -> (..., V) fp32 image logits through `generation_head` (not linear)."""
         return self.output(hidden).float()
@@ -137,26 +116,3 @@ class JanusTarget(CachedDecoding, nn.Module):
     def null_condition_mask(self, cond_mask: torch.Tensor) -> torch.Tensor:
         """The prompt's own mask: Janus attends the pad tokens it put in (left padding stays masked)."""
         return cond_mask.clone()
-
-    def embed_prefix(self, cond: torch.Tensor) -> torch.Tensor:
-        """Prompt token ids (B, L) -> (B, L, D); L must be the decoder's prompt length."""
-        if cond.size(1) != self.config.cls_token_num:
-            raise ValueError(f"prompt length {cond.size(1)} != the decoder's {self.config.cls_token_num} (for_prompts)")
-        return self.embed_tokens(cond)
-
-    def rotary(self, positions: torch.Tensor) -> Any:
-        return self.rope(positions)
-
-    def forward_train(self, cond: torch.Tensor, idx: torch.Tensor,
-                      cond_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Teacher-forced: prompt (B, L) (+ mask), image tokens idx (B, S) -> image logits (B, S, V)
-        fp32 predicting idx, and post-norm hidden (B, L + S - 1, D)."""
-        length = cond.size(1)
-        x = torch.cat([self.embed_tokens(cond), self.tok_embeddings(idx[:, :-1])], dim=1)
-        s = x.size(1)
-        mask = None if cond_mask is None else prefix_mask(cond_mask, s)[:, None]
-        rope = self.rope(torch.arange(s, device=x.device))
-        for i, layer in enumerate(self.layers):
-            x = layer(x, rope, layer=i, cache=None, slots=None, mask=mask)
-        hidden = self.norm(x)
-        return self.logits(hidden)[:, length - 1:], hidden

@@ -115,6 +115,8 @@ class CachedDecoding:
     and `rotary(positions)` -> the rotation its layers take."""
 
     constrain: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    # `logits` is linear in the hidden state (no bias), so drafts mix guidance before it (Janus: False)
+    linear_head: bool = True
     # what a padded condition's queries see in the prefill (`run_prefix`); None: nothing but
     # themselves hidden too
     prefix_rule: PrefixRule | None = None
