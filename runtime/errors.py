@@ -7,7 +7,21 @@ problem and the fix. The CLI prints the message alone, without a traceback, and 
 
 from __future__ import annotations
 
+import lzma
+import struct
+import tokenize
+import zipfile
+import zlib
 from collections.abc import Iterable
+
+# What reading a damaged or hostile .npy / .npz can raise: its zip structure (bad headers or
+# checksums; encrypted, patched or unknown compression: RuntimeError / NotImplementedError), its
+# deflate, bzip2 or lzma stream, its .npy header (numpy parses it as Python: ValueError,
+# SyntaxError, tokenize.TokenError), a member that is missing, or a header whose shape asks for
+# more memory than there is. A reader of such a file turns these into one UserError line.
+ARCHIVE_FAULTS: tuple[type[BaseException], ...] = (
+    OSError, EOFError, ValueError, KeyError, SyntaxError, RuntimeError, MemoryError, tokenize.TokenError,
+    zipfile.BadZipFile, zlib.error, lzma.LZMAError, struct.error)
 
 
 class UserError(Exception):

@@ -21,9 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import struct
-import zipfile
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,15 +29,14 @@ from typing import Any
 import numpy as np
 
 from runtime.atomic import atomic_path, atomic_write_text, sweep_stale
-from runtime.errors import UserError
+from runtime.errors import ARCHIVE_FAULTS, UserError
 from runtime.metrics.adm import LABELS, write_npz
 from runtime.metrics.images import SAMPLES_FILE
 
 MANIFEST = "manifest.json"
 CHUNKS = "chunks"
 DAMAGED = "damaged"
-# what reading a damaged .npz can raise: zip structure, deflate stream, .npy header, a missing member
-READ_FAULTS = (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile, zlib.error, struct.error)
+READ_FAULTS = ARCHIVE_FAULTS  # what reading a damaged chunk can raise
 
 
 @dataclass(frozen=True)

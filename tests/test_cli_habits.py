@@ -112,3 +112,51 @@ def test_bench_profile_writes_one_trace_per_run(run_cli, tiny_ckpts: Path, tmp_p
     events = json.loads(gzip.decompress(traces[0].read_bytes()))["traceEvents"]
     assert any("aten::" in str(e.get("name", "")) for e in events)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b.grids", "b.json", "b.traces"]  # no staging left
+
+
+def test_a_log_format_that_is_none_of_the_four_is_refused(run_cli) -> None:
+    result = run_cli("--log-format", "xml", "models")
+    assert result.exit_code == 2
+    assert result.stderr.strip().splitlines() == ["error: --log-format / LANTERN_LOG_FORMAT 'xml': choose auto, rich, "
+                                                  "plain, json"]
+
+
+def test_off_a_terminal_every_record_is_one_line_with_its_utc_time(capsys) -> None:
+    import re
+
+    try:
+        configure_logging(0)  # auto: stderr is captured here, no terminal
+        logging.getLogger("runtime.serve").warning("draining:\n%d requests in flight", 3)
+        logging.getLogger("runtime.serve").error("failed", exc_info=ValueError("bad\nvalue"))
+        lines = capsys.readouterr().err.splitlines()
+        assert len(lines) == 2, lines
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z WARNING runtime\.serve: draining:\\n3 requests "
+                            r"in flight", lines[0]), lines[0]
+        assert "ERROR runtime.serve: failed\\n" in lines[1] and "ValueError: bad\\nvalue" in lines[1]
+    finally:
+        configure_logging(0)
+
+
+def test_json_log_lines_carry_an_access_records_fields(capsys) -> None:
+    pytest.importorskip("fastapi", reason="runtime serve needs the serve extra (in the test extra)")
+    from types import SimpleNamespace
+
+    from fastapi.testclient import TestClient
+
+    from runtime.serve.api import HttpOptions, create_app
+
+    engine = SimpleNamespace(ready=None, decoder=None, stats=None, queue_depth=0, on_done=None)
+    served = SimpleNamespace(version="V", method="-", names=["-"], in_flight=0, draining=False)
+    try:
+        configure_logging(1, "json")
+        answer = TestClient(create_app(engine, served, HttpOptions())).get(  # type: ignore[arg-type]
+            "/health", headers={"X-Request-ID": "rid-7"})
+        assert answer.status_code == 200
+        records = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+        (access,) = [r for r in records if r.get("request_id") == "rid-7"]
+        assert access["logger"] == "runtime.serve.access" and access["level"] == "INFO"
+        assert access["status"] == 200 and access["http_method"] == "GET" and access["path"] == "/health"
+        assert access["client"].startswith("testclient:") and access["time"].endswith("Z")
+        assert access["seconds"] >= 0 and "rid-7" in access["message"]
+    finally:
+        configure_logging(0)

@@ -144,6 +144,26 @@ def _one_error_line(proc, *words: str) -> None:
         assert word in lines[0], (word, lines[0])
 
 
+def test_eval_needs_no_temp_folder(inception_file, tmp_path):
+    """A full temp folder (every temporary file or folder fails with ENOSPC in the process) does not
+    stop eval: the weights reach torch-fidelity in memory, and --out is written beside itself."""
+    import subprocess
+    import sys
+
+    np.savez(tmp_path / "gen.npz", np.ascontiguousarray(make_images(4, np.arange(4))[0]))
+    out = tmp_path / "q.json"
+    patch = ("import errno, os, tempfile\n"
+             "def full(*a, **k):\n"
+             "    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), tempfile.tempdir or '/tmp')\n"
+             "tempfile.gettempdir = tempfile.TemporaryDirectory = tempfile.NamedTemporaryFile = full\n")
+    argv = ["eval", str(tmp_path / "gen.npz"), "--inception-weights", str(inception_file), "--bootstrap", "0",
+            "--out", str(out)]
+    done = subprocess.run([sys.executable, "-c", f"{patch}from runtime.cli.app import main\nmain({argv!r})"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "inception_score" in json.loads(out.read_text())["metrics"]
+
+
 def test_features_that_overflow_are_refused_and_nothing_is_written(inception_file, tmp_path):
     """Finite weights scaled past float32's range: every feature is inf or NaN, so is every figure."""
     from safetensors.torch import load_file

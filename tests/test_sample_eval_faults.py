@@ -25,6 +25,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+import hostile_files as hostile
+
 RUNTIME = [sys.executable, "-m", "runtime"]
 SAMPLE = ["sample", "--num-images", "4", "--chunk", "2", "--device", "cpu", "--method", "ar", "--seed", "3"]
 ENV = dict(os.environ, OMP_NUM_THREADS="1", COLUMNS="200")
@@ -161,6 +163,9 @@ def _other_size(path: Path) -> None:
     (_object_array, "object array"),
     (_fewer_images, "holds 1 images, the manifest gives it 2"),
     (_other_size, "uint8 32x32x3, this run makes uint8 64x64x3"),
+    (hostile.encrypted, "not a readable .npz: RuntimeError"),
+    (hostile.unknown_compression, "not a readable .npz: NotImplementedError"),
+    (hostile.huge_shape, "not a readable .npz"),
 ])
 def test_a_damaged_chunk_is_named_set_aside_and_made_again(whole, tmp_path, damage, reason):
     out = partial_copy(whole, tmp_path / "s")
@@ -221,6 +226,19 @@ def weights(tmp_path) -> Path:
     return path
 
 
+def _damaged(path: Path, damage) -> Path:
+    damage(path)
+    return path
+
+
+def _png_folder(folder: Path, damage) -> Path:
+    """A reference folder of two images, the first one (read first) hostile."""
+    folder.mkdir()
+    damage(folder / "a.png")
+    (folder / "b.png").write_bytes(hostile.png_bytes(64, 64))
+    return folder
+
+
 def _npz(path: Path, n: int = 4, size: int = 64, **extra: np.ndarray) -> Path:
     np.savez(path, np.zeros((n, size, size, 3), np.uint8), **extra)
     return path
@@ -232,6 +250,11 @@ def _npz(path: Path, n: int = 4, size: int = 64, **extra: np.ndarray) -> Path:
     (lambda d: _npz(d / "g.npz", arr_1=np.array([None] * 4, dtype=object)), ("'arr_1' is an object array",
                                                                               "never loaded")),
     (lambda d: _npz(d / "g.npz", arr_1=np.arange(3)), ("'arr_1' is int64 (3,)", "one integer label per image")),
+    (lambda d: _damaged(_npz(d / "g.npz"), hostile.encrypted), ("g.npz: 'arr_0' cannot be read (RuntimeError",
+                                                                "damaged")),
+    (lambda d: _damaged(_npz(d / "g.npz"), hostile.patched_data), ("NotImplementedError", "damaged")),
+    (lambda d: _damaged(_npz(d / "g.npz"), hostile.bad_checksum), ("BadZipFile", "damaged")),
+    (lambda d: _damaged(_npz(d / "g.npz"), hostile.npy_header_cut), ("g.npz", "arr_0")),
 ])
 def test_eval_refuses_a_generated_npz_that_cannot_be_measured(tmp_path, weights, build, words):
     generated = build(tmp_path)
@@ -246,6 +269,10 @@ def test_eval_refuses_a_generated_npz_that_cannot_be_measured(tmp_path, weights,
     (lambda d: _npz(d / "r.npz", n=1), ("needs at least 2 images",)),
     (lambda d: _npz(d / "r.npz", mu=np.full(3, np.nan), sigma=np.eye(3)), ("'mu' or 'sigma' holds NaN",)),
     (lambda d: _npz(d / "r.npz", mu=np.zeros(3), sigma=np.eye(4)), ("are not a Gaussian",)),
+    (lambda d: _damaged(_npz(d / "r.npz", mu=np.zeros(3), sigma=np.eye(3)), hostile.unknown_compression),
+     ("r.npz", "NotImplementedError", "damaged")),
+    (lambda d: _png_folder(d / "ref", hostile.png_huge_dimensions), ("a.png", "decompression-bomb limit")),
+    (lambda d: _png_folder(d / "ref", hostile.png_text_bomb), ("a.png", "not a readable image")),
 ])
 def test_eval_refuses_a_reference_that_cannot_be_right(tmp_path, weights, build, words):
     generated, reference = _npz(tmp_path / "g.npz"), build(tmp_path)

@@ -101,6 +101,7 @@ def test_the_openai_client_reads_a_stream_with_openais_completed_fields(client):
         assert event.size == "64x64" and event.output_format == "jpeg" and event.created_at > 0
         assert event.usage.output_tokens == 256 and event.usage.input_tokens == 1  # 64 px: 16 x 16 tokens
         assert event.usage.total_tokens == 257 and event.model_extra["seed"] == 9
+        assert event.quality == "auto"  # OpenAI's field: one quality is made here, whatever is asked
     assert all(e.type in ("image_generation.completed", "image_generation.progress") for e in events)  # none asked
 
 
@@ -259,8 +260,21 @@ def test_a_clients_request_id_is_kept_and_logged_with_the_access_line(server):
     deadline = time.time() + 10
     while "trace-42" not in log.read_text() and time.time() < deadline:
         time.sleep(0.1)
-    line = " ".join(next(line for line in log.read_text().splitlines() if "trace-42" in line).split())
-    assert re.search(r"trace-42 POST /v1/images/generations 200 images=2 method=ar \d+\.\d+s", line), line
+    # off a terminal: one record per line, its UTC time first, then id, client, status, images, method, seconds
+    (line,) = [line for line in log.read_text().splitlines() if "trace-42" in line]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z INFO runtime\.serve\.access: trace-42 "
+                        r"127\.0\.0\.1:\d+ POST /v1/images/generations 200 images=2 method=ar \d+\.\d{3}s", line), line
+
+
+@pytest.mark.parametrize("field, value", [("cfg", "NaN"), ("temperature", "Infinity"), ("cfg", "-Infinity")])
+def test_a_non_finite_number_is_refused_naming_its_field(server, field, value):
+    """Python's JSON reader takes NaN and Infinity; the server refuses them in every field, in one line."""
+    base, _ = server
+    status, _, body = _http(base + "/v1/images/generations", method="POST",
+                            body=f'{{"prompt": "3", "{field}": {value}}}'.encode())
+    error = json.loads(body)["error"]
+    assert status == 400 and error["param"] == field and error["message"].startswith(f"{field}: ")
+    assert "finite" in error["message"] and "restart" not in error["message"], error
 
 
 def test_cors_answers_the_allowed_origin_only(server):
@@ -273,6 +287,13 @@ def test_cors_answers_the_allowed_origin_only(server):
     assert "access-control-allow-origin" not in other
     allowed = _http(base + "/v1/models", headers={"Origin": "https://app.example.com"})[1]
     assert allowed["access-control-allow-origin"] == "https://app.example.com"
+    # a refused preflight is an error like every other: OpenAI's JSON body, one line naming the fix
+    status, headers, body = _http(base + "/v1/images/generations", method="OPTIONS", key=None,
+                                  headers={**preflight, "Origin": "https://evil.example.com"})
+    assert status == 400 and headers["content-type"] == "application/json" and "x-request-id" in headers
+    error = json.loads(body)["error"]
+    assert set(error) == ERROR_FIELDS and error["code"] == "cors_refused"
+    assert "https://evil.example.com" in error["message"] and "--allowed-origins" in error["message"]
 
 
 def test_metrics_count_requests_by_status_and_type_counters_as_counters(server):

@@ -334,6 +334,11 @@ def test_the_page_in_chromium_generates_the_image_runtime_run_makes_with_preview
         assert "method lantern++" in page.evaluate("document.getElementById('about').textContent")
         assert page.evaluate("document.getElementById('key-row').hidden") is False  # the server asks for a key
         assert page.evaluate("document.getElementById('class').options[3].textContent") == "3: cross"
+        # a card waiting for its first preview shows gray, not a broken-image icon
+        page.evaluate("window.probe = makeCard(9); document.body.append(window.probe)")
+        page.wait_for("window.probe.querySelector('img').complete", 5)
+        assert page.evaluate("window.probe.querySelector('img').naturalWidth") > 0
+        page.evaluate("window.probe.remove()")
 
         # a wrong key: the server's 401 message, shown on the page
         refused = _generate(page, key="not-the-key", label=3, n=1, seed="7")

@@ -23,19 +23,20 @@ app = typer.Typer(
 LOG_LEVELS = {-1: logging.ERROR, 0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG}
 
 
-def configure_logging(verbosity: int) -> None:
-    """Route the standard `logging` records of `runtime`, `backends` and `profiles` to stderr
-    through rich: -q (verbosity -1) errors only, default warnings, -v info (device, profile, model
-    loaded), -vv debug (resolved method settings, ...). Idempotent."""
-    from rich.console import Console
-    from rich.logging import RichHandler
+def configure_logging(verbosity: int, log_format: str = "auto") -> None:
+    """Route the standard `logging` records of `runtime`, `backends` and `profiles` (and uvicorn's,
+    at warnings and above) to stderr: -q (verbosity -1) errors only, default warnings, -v info
+    (device, profile, model loaded; the server's access log), -vv debug (resolved method settings,
+    ...). `log_format` (runtime.log_format): rich on a terminal, else one line per record, plain or
+    JSON. Idempotent."""
+    from runtime.log_format import make_handler
 
-    handler = RichHandler(console=Console(stderr=True), show_path=verbosity > 1, show_time=verbosity > 1,
-                          markup=False, rich_tracebacks=False)
-    for name in ("runtime", "backends", "profiles"):
+    handler = make_handler(log_format, verbosity)
+    level = LOG_LEVELS[max(-1, min(2, verbosity))]
+    for name in ("runtime", "backends", "profiles", "uvicorn"):
         logger = logging.getLogger(name)
         logger.handlers[:] = [handler]
-        logger.setLevel(LOG_LEVELS[max(-1, min(2, verbosity))])
+        logger.setLevel(max(level, logging.WARNING) if name == "uvicorn" else level)
         logger.propagate = False
 
 
@@ -54,6 +55,10 @@ def _root(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Errors only (no warnings)."),
     version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
                                  help="Print the lantern-runtime version and exit."),
+    log_format: str = typer.Option("auto", "--log-format", envvar="LANTERN_LOG_FORMAT", show_envvar=True,
+                                   help="How log lines are written to stderr: rich (a terminal's), plain (one "
+                                   "line per record, UTC time first), json (one object per line, for a log "
+                                   "collector), or auto (rich on a terminal, plain elsewhere)."),
     commit: str = typer.Option(None, "--commit", help="The git commit to record in result files (default: "
                                "$LANTERN_COMMIT, else the checkout's HEAD where one is found)."),
 ) -> None:
@@ -63,13 +68,17 @@ def _root(
 
     from runtime.errors import UserError
 
+    from runtime.log_format import LOG_FORMATS
+
     if verbose and quiet:
         raise UserError("-v/--verbose and -q/--quiet contradict each other; give one")
+    if log_format not in LOG_FORMATS:
+        raise UserError(f"--log-format / LANTERN_LOG_FORMAT {log_format!r}: choose {', '.join(LOG_FORMATS)}")
     if commit is not None:
         if not re.fullmatch(r"[0-9a-f]{7,40}(-dirty)?", commit):
             raise UserError(f"--commit {commit!r}: expected a git commit hash (7 to 40 hex digits)")
         os.environ["LANTERN_COMMIT"] = commit  # runtime.bench.environment.COMMIT_ENV
-    configure_logging(-1 if quiet else verbose)
+    configure_logging(-1 if quiet else verbose, log_format)
 
 
 # Sub-command modules, imported for their side effect of registering on `app`.

@@ -77,6 +77,10 @@ def serve(
     http = _http_options(shutdown_timeout, max_request_bytes, api_key, allowed_origins, root_path, disable_docs,
                          disable_ui)
     _check_address(host, port)  # before minutes of loading and capture
+    if http.api_key is None and host not in ("127.0.0.1", "localhost", "::1"):
+        logging.getLogger("runtime.serve").warning(
+            "serving on %s without an API key: whoever reaches this address can generate; set LANTERN_API_KEY "
+            "(or put the server behind a proxy that authenticates)", host)
     names = _split(served_model_name)
     if any(not n.strip() or len(n) > 256 for n in names):
         raise UserError("--served-model-name: each name must be 1 to 256 characters (no empty name between commas)")
@@ -93,9 +97,10 @@ def serve(
     auto = None
     if method == AUTO:  # one decoder per method of the profile's [auto] table, picked by occupancy
         auto_method(prof, batch, given)  # refuses a profile without the table, and relaxation flags
-        names = prof.auto.methods
-        specs = {m: resolve_spec(m, given, prof, loaded.recommended, run_methods=names, lossless=True) for m in names}
-        spec, auto = specs[names[0]], (specs, prof.auto)
+        methods = prof.auto.methods
+        specs = {m: resolve_spec(m, given, prof, loaded.recommended, run_methods=methods, lossless=True)
+                 for m in methods}
+        spec, auto = specs[methods[0]], (specs, prof.auto)
     else:
         spec = resolve_spec(method, given, prof, loaded.recommended)
     web, engine, served = build_server(loaded, spec, backend, batch_size=batch, max_queue=max_queue,
@@ -172,12 +177,17 @@ def _http_options(shutdown_timeout: float, max_request_bytes: int, api_key: str 
                   allowed_origins: List[str] | None, root_path: str, disable_docs: bool,
                   disable_ui: bool) -> Any:
     """The HTTP flags checked (one line naming the flag and the fix) and gathered."""
+    import os
+
     from runtime.serve.api import HttpOptions
 
     if not 0 < shutdown_timeout <= 3600:
         raise UserError(f"--shutdown-timeout must be in (0, 3600] seconds, got {shutdown_timeout:g}")
     if max_request_bytes < 1024:
         raise UserError(f"--max-request-bytes must be at least 1024, got {max_request_bytes}")
+    if api_key is None and os.environ.get("LANTERN_API_KEY") is not None:  # set but empty: click reads no value
+        raise UserError("LANTERN_API_KEY is set but empty (a Secret mounted empty?), which would serve the API "
+                        "to anyone; put the key in it, or unset it to serve without a key")
     if api_key is not None and (not api_key.strip() or api_key != api_key.strip()):
         raise UserError("--api-key / LANTERN_API_KEY is empty or has surrounding spaces; give the key itself")
     origins = _split(allowed_origins)

@@ -88,6 +88,9 @@ def tune_cmd(
     loaded = source.load(backend)
     if loaded.config.model_type != "c2i":
         raise UserError("runtime tune calibrates on class conditions; text-to-image models are not supported yet")
+    if search is not None and search["inception"] is not None and loaded.bundle is not None:
+        raise UserError(f"--inception-weights does nothing for the {loaded.name} bundle: --quality-budget judges it "
+                        "with the bundle's own classifier; drop the flag")
     spec = resolve_spec(method, full, prof, loaded.recommended)
     conditions = parse_classes(classes, num_images, loaded)
     batch = opt.batch_size(batch_size, prof)

@@ -234,3 +234,43 @@ class MethodSpec:
         if self.accept == "grouped":
             out.update(group_window=self.group_window, group_gap=self.group_gap, group_dist=self.group_dist)
         return out
+
+    @property
+    def tree_is_file(self) -> bool:
+        """Whether `tree` names a TOML file (a profile's tree, or a --tree path), not a preset or chainN."""
+        from runtime.core.tree import preset_names
+
+        return not (self.tree in preset_names() or (self.tree[:5] == "chain" and self.tree[5:].isdigit()))
+
+    def cli_args(self) -> list[str]:
+        """The `runtime run` flags that pin every setting this spec decodes with, whatever a
+        profile or the model recommends: `--method`, the sampling flags, the declared records
+        (a dynamic tree's expansions under their own option), --dynamic-depth when on, and a
+        chosen relaxation's or grouped acceptance's settings when in effect. A static tree read
+        from a file is left out (no path of this machine is given away): it comes from the same
+        profile or --tree the spec was resolved with."""
+        names = ["greedy", "temperature", "top_k", "top_p", "cfg", "cfg_interval"]
+        names += [n for n in self.decl.records if n != "relax"]
+        if self.drafting == "dynamic":
+            names.append(self.decl.expansions or "depth")
+        if self.dynamic_depth is not None:
+            names.append("dynamic_depth")
+        if self.decl.chooses_relaxation and self.relaxation_kind != "none":
+            bound = "lantern_delta" if self.relaxation_kind == "delta" else "lantern_lambda"
+            names += ["lantern_k", bound, "relax_rule"]
+        if self.accept == "grouped":
+            names += ["group_window", "group_gap", "group_dist"]
+        args = ["--method", self.method]
+        for name in dict.fromkeys(names):
+            value = getattr(self.sampling, name) if hasattr(self.sampling, name) else getattr(self, name)
+            if value is None:
+                continue
+            if name == "greedy":
+                args.append("--greedy" if value else "--sample")
+                continue
+            if name == "tree" and self.tree_is_file:
+                continue
+            text = f"{value[0]},{value[1]}" if name == "proactive" else repr(value) if isinstance(value, float) \
+                else str(value)
+            args += [OPTIONS_BY_NAME[name].cli_flag, text]
+        return args

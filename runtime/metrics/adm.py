@@ -11,15 +11,22 @@ both directions stream: `write_npz` writes each array's `.npy` member chunk by c
 from __future__ import annotations
 
 import zipfile
-import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
 
-from runtime.errors import UserError
+from runtime.errors import ARCHIVE_FAULTS, UserError
 
 IMAGES, LABELS = "arr_0", "arr_1"
+
+
+def damaged(path: Path, err: BaseException, member: str | None = None) -> UserError:
+    """One line naming a damaged archive (and member) with what the reader met."""
+    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    where = f"{path}: '{member}'" if member else str(path)
+    return UserError(f"{where} cannot be read ({type(err).__name__}{': ' + text[:120] if text else ''}); the file "
+                     "is damaged or not an uncompressed/deflated .npz: write it again (np.savez) or regenerate it")
 
 
 def write_npz(path: Path, shape: tuple[int, ...], chunks: Iterable[np.ndarray],
@@ -59,14 +66,17 @@ class NpzImages:
         self.prompts: list[str] | None = None
         try:
             self._zip = zipfile.ZipFile(self.path)
-        except (zipfile.BadZipFile, OSError) as err:
+        except ARCHIVE_FAULTS as err:
             raise UserError(f"{self.path} is not a readable .npz file ({err})") from None
         names = set(self._zip.namelist())
         if f"{IMAGES}.npy" not in names:
             raise UserError(f"{self.path} has no '{IMAGES}' array; an ADM-layout .npz holds the images "
                             f"(N, H, W, 3) uint8 in '{IMAGES}'")
-        with self._zip.open(f"{IMAGES}.npy") as member:
-            self.shape, dtype = _read_header(member, self.path)
+        try:
+            with self._zip.open(f"{IMAGES}.npy") as member:
+                self.shape, dtype = _read_header(member, self.path)
+        except ARCHIVE_FAULTS as err:
+            raise damaged(self.path, err, IMAGES) from None
         if dtype != np.uint8 or len(self.shape) != 4 or self.shape[3] != 3:
             raise UserError(f"{self.path}: '{IMAGES}' is {dtype} {self.shape}; expected uint8 images (N, H, W, 3)")
         if self.shape[0] == 0:
@@ -89,8 +99,8 @@ class NpzImages:
                 raise UserError(f"{self.path}: '{name}' is an object array (pickled Python objects), which is "
                                 "never loaded; write it as a numeric array (np.savez does for numbers)") from None
             raise UserError(f"{self.path}: '{name}' is not a .npy array ({err})") from None
-        except (zipfile.BadZipFile, OSError, EOFError, zlib.error) as err:
-            raise UserError(f"{self.path}: '{name}' cannot be read ({err}); the file is damaged") from None
+        except ARCHIVE_FAULTS as err:
+            raise damaged(self.path, err, name) from None
 
     def __len__(self) -> int:
         return int(self.shape[0])
@@ -98,14 +108,17 @@ class NpzImages:
     def batches(self, size: int) -> Iterator[np.ndarray]:
         """Consecutive (<= size, H, W, 3) uint8 batches covering all images in order."""
         per_image = int(np.prod(self.shape[1:]))
-        with self._zip.open(f"{IMAGES}.npy") as member:
-            _read_header(member, self.path)
-            for start in range(0, len(self), size):
-                n = min(size, len(self) - start)
-                raw = member.read(n * per_image)
-                if len(raw) != n * per_image:
-                    raise UserError(f"{self.path}: '{IMAGES}' ends after {start} images; the file is truncated")
-                yield np.frombuffer(bytearray(raw), dtype=np.uint8).reshape((n, *self.shape[1:]))
+        try:
+            with self._zip.open(f"{IMAGES}.npy") as member:
+                _read_header(member, self.path)
+                for start in range(0, len(self), size):
+                    n = min(size, len(self) - start)
+                    raw = member.read(n * per_image)
+                    if len(raw) != n * per_image:
+                        raise UserError(f"{self.path}: '{IMAGES}' ends after {start} images; the file is truncated")
+                    yield np.frombuffer(bytearray(raw), dtype=np.uint8).reshape((n, *self.shape[1:]))
+        except ARCHIVE_FAULTS as err:
+            raise damaged(self.path, err, IMAGES) from None
 
 
 def _gaussian(path: Path, mu: np.ndarray, sigma: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -18,8 +18,9 @@ Needs the `eval` extra (`torch-fidelity`, which needs a `torchvision` matching t
 
 from __future__ import annotations
 
+import io
+
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -101,17 +102,24 @@ def load_inception(path: Path, *, trust: bool = False, device: torch.device | st
     require_torch_fidelity()
     from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
 
-    with tempfile.TemporaryDirectory(prefix="lantern-inception-") as tmp:
-        plain = Path(tmp) / "inception.pth"
-        torch.save({k: v.contiguous() for k, v in state.items()}, plain)
-        try:
-            model = FeatureExtractorInceptionV3("inception-v3-compat", list(FEATURES),
-                                                feature_extractor_weights_path=str(plain))
-        except RuntimeError as err:  # load_state_dict: missing / unexpected keys, wrong shapes
-            first = str(err).strip().splitlines()[0]
-            raise UserError(f"{path} is not torch-fidelity InceptionV3 weights ({first}); use {INCEPTION_FILE} "
-                            f"from {INCEPTION_URL}") from None
+    try:
+        model = FeatureExtractorInceptionV3("inception-v3-compat", list(FEATURES),
+                                            feature_extractor_weights_path=_in_memory(state))
+    except RuntimeError as err:  # load_state_dict: missing / unexpected keys, wrong shapes
+        first = str(err).strip().splitlines()[0]
+        raise UserError(f"{path} is not torch-fidelity InceptionV3 weights ({first}); use {INCEPTION_FILE} "
+                        f"from {INCEPTION_URL}") from None
     return model.to(device)
+
+
+def _in_memory(state: dict[str, torch.Tensor]) -> Any:
+    """`state` as a torch.save file in memory: torch-fidelity hands its weights path to
+    torch.load, which reads a file object as well, so nothing is written to the temp folder (a
+    full one would fail inside torch's writer)."""
+    buffer = io.BytesIO()
+    torch.save({k: v.contiguous() for k, v in state.items()}, buffer)
+    buffer.seek(0)
+    return buffer
 
 
 @dataclass
@@ -247,13 +255,11 @@ def save_random_inception(path: str | Path, seed: int = 0) -> Path:
         def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:  # noqa: ARG002
             return None  # built without weights; they are drawn below
 
-    with tempfile.TemporaryDirectory(prefix="lantern-inception-") as tmp:
-        torch.save({}, Path(tmp) / "empty.pth")
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            model = Skeleton("inception-v3-compat", ["2048"], feature_extractor_weights_path=str(Path(tmp) / "empty.pth"))
-            for module in model.modules():
-                if isinstance(module, torch.nn.Conv2d):
-                    torch.nn.init.kaiming_normal_(module.weight, nonlinearity="relu")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Skeleton("inception-v3-compat", ["2048"], feature_extractor_weights_path=_in_memory({}))
+        for module in model.modules():
+            if isinstance(module, torch.nn.Conv2d):
+                torch.nn.init.kaiming_normal_(module.weight, nonlinearity="relu")
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
     return Path(path)

@@ -9,6 +9,8 @@ intervals rely on). `labels` / `prompts` are the conditions where the set record
 from __future__ import annotations
 
 import json
+import struct
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
@@ -19,6 +21,9 @@ from runtime.errors import UserError
 from runtime.metrics.adm import NpzImages
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
+# what decoding a damaged image file can raise in PIL (UnidentifiedImageError is an OSError; a
+# text chunk past PngImagePlugin.MAX_TEXT_CHUNK is a ValueError; "broken PNG file" a SyntaxError)
+IMAGE_FAULTS = (OSError, ValueError, SyntaxError, EOFError, MemoryError, struct.error, zlib.error)
 SAMPLES_FILE = "samples.npz"
 
 
@@ -63,20 +68,35 @@ class FileImages:
             yield np.stack(batch)
 
     def _read(self, file: Path) -> np.ndarray:
-        from PIL import Image, UnidentifiedImageError
+        """One image as uint8 (H, W, 3). A damaged or hostile file (a decompression bomb: more
+        pixels than PIL's limit, or a text / profile chunk that inflates past its own) is one line."""
+        import warnings
+
+        from PIL import Image
 
         try:
-            with Image.open(file) as im:
-                im = im.convert("RGB")
-                if self.size is not None:
-                    w, h = im.size
-                    side = min(w, h)
-                    left, top = (w - side) // 2, (h - side) // 2
-                    im = im.crop((left, top, left + side, top + side)).resize((self.size, self.size),
-                                                                              Image.Resampling.BICUBIC)
-                return np.asarray(im, dtype=np.uint8)
-        except (UnidentifiedImageError, OSError) as err:
-            raise UserError(f"{file} is not a readable image ({err})") from None
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", Image.DecompressionBombWarning)
+                return self._decode(file)
+        except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+            raise UserError(f"{file} has more pixels than PIL's decompression-bomb limit ({Image.MAX_IMAGE_PIXELS} "
+                            "pixels), which could exhaust memory; give images of at most that size") from None
+        except IMAGE_FAULTS as err:
+            text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise UserError(f"{file} is not a readable image ({text[:160]}); replace or remove it") from None
+
+    def _decode(self, file: Path) -> np.ndarray:
+        from PIL import Image
+
+        with Image.open(file) as im:
+            im = im.convert("RGB")
+            if self.size is not None:
+                w, h = im.size
+                side = min(w, h)
+                left, top = (w - side) // 2, (h - side) // 2
+                im = im.crop((left, top, left + side, top + side)).resize((self.size, self.size),
+                                                                          Image.Resampling.BICUBIC)
+            return np.asarray(im, dtype=np.uint8)
 
 
 def open_images(path: str | Path, *, size: int | None = None) -> ImageSet:

@@ -37,7 +37,7 @@ def build_server(loaded: Any, spec: Any, backend: Any, *, batch_size: int, max_q
                     capture_count=backend.capture_count)
     served = Served(loaded, spec, batch_size=batch_size, timeout_s=timeout_s, version=__version__,
                     method="auto" if auto is not None else spec.method, conditioner=conditioner, max_queue=max_queue,
-                    names=names)
+                    names=names, specs=methods)
     app = create_app(engine, served, http)
     first = None
     if warm_up:

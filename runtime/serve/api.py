@@ -37,7 +37,7 @@ from fastapi.responses import PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from runtime.serve.edge import (DEFAULT_MAX_REQUEST_BYTES, BearerAuth, BodyLimit, RequestContext, cut,
+from runtime.serve.edge import (DEFAULT_MAX_REQUEST_BYTES, BearerAuth, BodyLimit, JsonCors, RequestContext, cut,
                                 error_body, error_response, route_path)
 from runtime.serve.engine import Engine, Job, QueueFull
 from runtime.serve.metrics import ServeMetrics
@@ -66,7 +66,7 @@ class ImageRequest(BaseModel):
     """OpenAI's images request, and this server's extensions (`seed`, `return_tokens`, ...).
     Strict: `"n": "2"` or `"n": true` is refused, as OpenAI refuses it."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
     prompt: str = Field(..., min_length=1, description="Class-conditional models: a class id ('3') or class "
                         "name ('stripes'). Text-to-image models: the caption.")
@@ -119,6 +119,9 @@ class ImageData(BaseModel):
                       "`image_seed`.")
     image_seed: int = Field(description="This image's own stream, derived from (seed, index).")
     method: str = Field(description="The method that made this image (with --method auto, chosen by load).")
+    reproduce: str = Field(description="The `runtime run` command that makes this image's tokens again offline "
+                           "(image `index` of its run), to be given the server's model, device and profile flags "
+                           "too: it pins the method and every setting the image was made with.")
     class_id: int | None = None
     revised_prompt: str | None = None
     tokens: list[int] | None = None
@@ -240,9 +243,7 @@ def create_app(engine: Engine, served: "Served", http: HttpOptions | None = None
     if http.api_key:
         app.add_middleware(BearerAuth, api_key=http.api_key)
     if http.allowed_origins:
-        from fastapi.middleware.cors import CORSMiddleware
-
-        app.add_middleware(CORSMiddleware, allow_origins=list(http.allowed_origins), allow_methods=["*"],
+        app.add_middleware(JsonCors, allow_origins=list(http.allowed_origins), allow_methods=["*"],
                            allow_headers=["*"], expose_headers=["X-Request-ID", "Retry-After"])
     app.add_middleware(RequestContext, served=served, count=metrics.count_request)
 
@@ -274,7 +275,7 @@ def create_app(engine: Engine, served: "Served", http: HttpOptions | None = None
             return error_response(503, f"not ready: {state.replace('_', ' ')}", code=state,
                                   headers={"Retry-After": str(RETRY_AFTER_S)})
         return {"status": "ready", "method": served.method, "in_use": engine.current, "model": served.model,
-                "batch_size": served.batch_size, "settings": served.spec.describe(),
+                "batch_size": served.batch_size, "settings": served.public_settings(),
                 "compile_keys": {m: d.compile_key for m, d in engine.decoders.items()},
                 "bound_warnings": dict(engine.stats.bound_warnings)}
 
@@ -390,8 +391,9 @@ class _Disconnected(Exception):
 def _image_data(job: Job, tokens: Any, info: dict[str, Any], b64: str, body: ImageRequest,
                 served: "Served", seed: int) -> ImageData:
     revised = served.class_name(job.label) if job.label is not None else served.conditioner.revised(body.prompt)
-    return ImageData(b64_json=b64, index=job.index, seed=seed, image_seed=job.seed, method=info.get("method", "?"),
-                     class_id=job.label, revised_prompt=revised,
+    method = info.get("method", served.method)
+    return ImageData(b64_json=b64, index=job.index, seed=seed, image_seed=job.seed, method=method,
+                     reproduce=served.reproduce(method, body, seed), class_id=job.label, revised_prompt=revised,
                      tokens=tokens.tolist() if body.return_tokens else None,
                      stats=ImageStats(tau=info["tau"], latency_s=info["latency_s"], queue_s=info["queue_s"]))
 
@@ -461,11 +463,17 @@ async def _events(jobs: list[Job], waiting: list[asyncio.Future], body: ImageReq
                                  {"b64_json": b64, "partial_image_index": shown, "index": job.index,
                                   "tokens_done": len(committed), "created_at": int(time.time()), "size": served.size,
                                   "output_format": body.output_format, "background": "opaque",
-                                  "quality": body.quality if body.quality in ("low", "medium", "high") else "auto"})
+                                  "quality": _openai_quality(body)})
         yield "data: [DONE]\n\n"
     finally:
         if not all(f.done() for f in waiting):
             engine.cancel(jobs)
+
+
+def _openai_quality(body: ImageRequest) -> str:
+    """OpenAI's `quality` of an image event: the request's low / medium / high, else auto (one
+    quality is made here whatever is asked: the captured method and settings fix it)."""
+    return body.quality if body.quality in ("low", "medium", "high") else "auto"
 
 
 def _openai_completed(job: Job, body: ImageRequest, served: "Served", image_tokens: int) -> dict[str, Any]:
@@ -474,7 +482,7 @@ def _openai_completed(job: Job, body: ImageRequest, served: "Served", image_toke
     caption or Chameleon prompt its unpadded tokens), the output the image's VQ tokens."""
     prompt_tokens = 1 if job.mask is None else int(job.mask.sum())
     return {"created_at": int(time.time()), "size": served.size, "output_format": body.output_format,
-            "background": "opaque",
+            "background": "opaque", "quality": _openai_quality(body),
             "usage": {"input_tokens": prompt_tokens, "output_tokens": image_tokens,
                       "total_tokens": prompt_tokens + image_tokens,
                       "input_tokens_details": {"text_tokens": prompt_tokens if served.text else 0, "image_tokens": 0}}}
@@ -508,8 +516,9 @@ class Served:
 
     def __init__(self, loaded: Any, spec: Any, *, batch_size: int, timeout_s: float, version: str,
                  method: str | None = None, conditioner: Any = None, max_queue: int | None = None,
-                 names: list[str] | None = None) -> None:
+                 names: list[str] | None = None, specs: dict[str, Any] | None = None) -> None:
         self.loaded, self.spec = loaded, spec
+        self.specs = dict(specs) if specs else {spec.method: spec}  # each method an image may come from
         self.names = list(names) if names else [loaded.name]  # what a request's `model` may say
         self.max_queue = max_queue  # a request of more images can never be queued whole
         # models conditioned on text: `conditioner` (runtime/serve/conditions.py) reads the prompt
@@ -544,6 +553,27 @@ class Served:
         served = ", ".join(repr(n) for n in self.names)
         return Refusal(404, "model", f"the model {cut(model)!r} does not exist on this server; it serves {served} "
                        "(GET /v1/models lists them)", code="model_not_found")
+
+    def public_settings(self) -> dict[str, Any]:
+        """The served method's settings as /ready shows them: a tree file by its file name (a
+        client learns no path of this machine)."""
+        from pathlib import Path
+
+        settings = self.spec.describe()
+        if "tree" in settings and self.spec.tree_is_file:
+            settings["tree"] = Path(settings["tree"]).name
+        return settings
+
+    def reproduce(self, method: str, body: ImageRequest, seed: int) -> str:
+        """The `runtime run` line that makes a request's images again with `method`'s settings
+        as served (under `--method auto`, lantern++ at lambda 1 even where the profile's own
+        lantern++ relaxes), image `index` of it being the request's image `index`."""
+        import shlex
+
+        prompt = ["--prompts", "PROMPT_FILE"] if self.text else ["--classes", str(self.label(body.prompt))]
+        line = shlex.join(["runtime", "run", *self.specs[method].cli_args(), "--seed", str(seed), *prompt,
+                           "--num-images", str(body.n)])
+        return line + (" (PROMPT_FILE: the prompt on one line)" if self.text else "")
 
     def image_seed(self, seed: int, index: int) -> int:
         from runtime.core.rng import derive_seed

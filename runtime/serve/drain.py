@@ -79,8 +79,9 @@ class DrainingServer(uvicorn.Server):
 
 def server_config(app: Any, *, host: str, port: int, root_path: str = "") -> uvicorn.Config:
     """uvicorn's settings for `runtime serve`: its own access log off (RequestContext logs each
-    request with its id), lifespan on, and a short graceful shutdown (the drain has already
+    request with its id), its logging left as the command line set it (one format for every
+    line: `runtime.cli.app.configure_logging`), lifespan on, and a short graceful shutdown (the drain has already
     waited for the requests in flight)."""
     # timeout_graceful_shutdown: uvicorn annotates it int but awaits it as a timeout, seconds as a float
     return uvicorn.Config(app, host=host, port=port, root_path=root_path, log_level="warning", access_log=False,
-                          lifespan="on", timeout_graceful_shutdown=CLOSE_S / 2)  # type: ignore[arg-type]
+                          log_config=None, lifespan="on", timeout_graceful_shutdown=CLOSE_S / 2)  # type: ignore[arg-type]

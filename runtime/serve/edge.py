@@ -11,7 +11,8 @@ unknown length, and that only up to the limit), outermost first:
     RequestContext   X-Request-ID on every answer (the client's, or a new one), the access log
                      line at -v, requests counted by status, generation requests in flight (the
                      drain waits for them), and a 500 in OpenAI's shape for an unexpected error
-    CORS             Starlette's CORSMiddleware, only with --allowed-origins
+    CORS             Starlette's CORSMiddleware (`JsonCors`: a refused preflight in OpenAI's error
+                     body too), only with --allowed-origins
     BearerAuth       /v1/* needs `Authorization: Bearer KEY` with --api-key; probes and /metrics open
     BodyLimit        413 past --max-request-bytes (Content-Length, or counted as it arrives)
 """
@@ -25,6 +26,9 @@ import secrets
 import time
 import uuid
 from typing import Any, Awaitable, Callable, Mapping
+
+from starlette.datastructures import Headers
+from starlette.middleware.cors import CORSMiddleware
 
 ASGIApp = Callable[[dict[str, Any], Callable[[], Awaitable[dict[str, Any]]],
                     Callable[[dict[str, Any]], Awaitable[None]]], Awaitable[None]]
@@ -85,7 +89,8 @@ def is_api(scope: dict[str, Any]) -> bool:
 
 class RequestContext:
     """The outermost middleware: a request id for every answer and log line, the access log
-    (at -v: id, HTTP method, path, status, images made, the decoding method, seconds),
+    (at -v, one record per request: id, client address, HTTP method, path, status, images made,
+    the decoding method, seconds; as fields of a `--log-format json` line too),
     the request counter by status and the count of API requests in flight (`served.in_flight`:
     the drain waits for it to reach 0). An exception no route handled becomes OpenAI's 500 here
     (its traceback goes to the log, not to the client)."""
@@ -127,9 +132,13 @@ class RequestContext:
                 self.served.in_flight -= 1
             if api and self.count is not None:
                 self.count(status[0])
-            _access.info("%s %s %s %d images=%d method=%s %.3fs", rid, scope.get("method", "?"),
-                         cut(route_path(scope)), status[0], state.get("images", 0), state.get("method", "-"),
-                         time.perf_counter() - started)
+            client = scope.get("client")
+            fields = {"request_id": rid, "client": f"{client[0]}:{client[1]}" if client else "-",
+                      "http_method": scope.get("method", "?"), "path": cut(route_path(scope)), "status": status[0],
+                      "images": state.get("images", 0), "method": state.get("method", "-"),
+                      "seconds": round(time.perf_counter() - started, 3)}
+            _access.info("%(request_id)s %(client)s %(http_method)s %(path)s %(status)d images=%(images)d "
+                         "method=%(method)s %(seconds).3fs", fields, extra=fields)
 
 
 class BearerAuth:
@@ -201,3 +210,25 @@ class BodyLimit:
             return replay.pop() if replay else await receive()
 
         await self.app(scope, receive_again, send)
+
+
+_CORS_FAILURES = {"origin": "its Origin is not among the server's --allowed-origins",
+                  "method": "the method it asks for is not allowed", "headers": "a header it asks for is not allowed",
+                  "private-network": "it asks for private network access, which this server does not grant"}
+
+
+class JsonCors(CORSMiddleware):
+    """Starlette's CORS middleware, whose refused preflight (`Disallowed CORS origin`, text) is
+    answered as every other error: 400 with OpenAI's error body naming what was refused."""
+
+    def preflight_response(self, request_headers: Headers) -> Any:
+        answer = super().preflight_response(request_headers)
+        if answer.status_code == 200:
+            return answer
+        failures = bytes(answer.body).decode().removeprefix("Disallowed CORS ").split(", ")
+        origin = cut(request_headers.get("origin", ""))
+        why = "; ".join(_CORS_FAILURES.get(f, f) for f in failures)
+        headers = {k: v for k, v in answer.headers.items() if k.lower() not in ("content-length", "content-type")}
+        return error_response(400, f"CORS preflight from {origin} refused: {why}; start the server with that "
+                              "origin in --allowed-origins, or call the API from an allowed page",
+                              code="cors_refused", headers=headers)

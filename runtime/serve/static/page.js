@@ -86,6 +86,11 @@ function digits(data, field) {
   return found ? found[1] : "?";
 }
 
+// what a card shows until its first preview: one gray pixel (128, 128, 128), as previews paint
+// what is not known yet
+// (an <img> without a source shows a broken-image icon)
+const PLACEHOLDER = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGNoaGgAAAMEAYFL09IQAAAAAElFTkSuQmCC";
+
 function makeCard(index) {
   const card = document.createElement("figure");
   card.className = "card";
@@ -94,6 +99,7 @@ function makeCard(index) {
   card.dataset.partials = "0";
   const img = document.createElement("img");
   img.alt = `image ${index}`;
+  img.src = PLACEHOLDER;
   const bar = document.createElement("progress");
   bar.max = info.tokens_per_image;
   bar.value = 0;
@@ -123,10 +129,12 @@ function readForm() {
   return body;
 }
 
-function reproduceLine(body, seed) {
-  if (info.prompt !== "class") return `Reproduce: the same caption with seed ${seed}.`;
-  return `Reproduce offline: runtime run --method ${info.method} --seed ${seed} --classes ${body.prompt} ` +
-    `--num-images ${body.n} (with the server's model and flags).`;
+function reproduceLine(lines) {  // lines: {index: the image's `reproduce` command}
+  const byLine = new Map();
+  for (const [index, line] of Object.entries(lines)) byLine.set(line, [...(byLine.get(line) || []), index]);
+  const parts = [...byLine].map(([line, indices]) =>
+    byLine.size > 1 ? `image${indices.length > 1 ? "s" : ""} ${indices.join(", ")}: ${line}` : line);
+  return `Reproduce offline (with the server's model, device and profile flags): ${parts.join("; ")}`;
 }
 
 async function generate(event) {
@@ -153,6 +161,7 @@ async function generate(event) {
   $("stop").disabled = false;
   const started = performance.now();
   const taus = [];
+  const reproduce = {};
   let completed = 0;
   setState("running", `Generating ${body.n} image${body.n > 1 ? "s" : ""}\u2026`);
   try {
@@ -192,7 +201,8 @@ async function generate(event) {
         completed += 1;
         const seed = digits(data, "seed");
         $("request-seed").textContent = seed;
-        $("reproduce").textContent = reproduceLine(body, seed);
+        reproduce[message.index] = message.reproduce;
+        $("reproduce").textContent = reproduceLine(reproduce);
         const mean = taus.reduce((a, b) => a + b, 0) / taus.length;
         $("summary").textContent = `${completed} of ${body.n} done, mean tau ${mean.toFixed(2)}`;
         $("request").hidden = false;
