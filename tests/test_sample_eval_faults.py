@@ -253,7 +253,7 @@ def _npz(path: Path, n: int = 4, size: int = 64, **extra: np.ndarray) -> Path:
     (lambda d: _damaged(_npz(d / "g.npz"), hostile.encrypted), ("g.npz: 'arr_0' cannot be read (RuntimeError",
                                                                 "damaged")),
     (lambda d: _damaged(_npz(d / "g.npz"), hostile.patched_data), ("NotImplementedError", "damaged")),
-    (lambda d: _damaged(_npz(d / "g.npz"), hostile.bad_checksum), ("BadZipFile", "damaged")),
+    (lambda d: _damaged(_npz(d / "g.npz"), hostile.bad_local_signature), ("BadZipFile", "damaged")),
     (lambda d: _damaged(_npz(d / "g.npz"), hostile.npy_header_cut), ("g.npz", "arr_0")),
 ])
 def test_eval_refuses_a_generated_npz_that_cannot_be_measured(tmp_path, weights, build, words):
