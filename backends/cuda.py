@@ -26,7 +26,7 @@ _log = logging.getLogger(__name__)
 def _driver_version() -> str | None:
     """The NVIDIA driver version (NVML if installed, else ``nvidia-smi``); None if neither answers."""
     try:
-        import pynvml  # type: ignore[import-not-found]
+        import pynvml
 
         pynvml.nvmlInit()
         try:

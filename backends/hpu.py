@@ -63,8 +63,8 @@ def _import_bridge() -> tuple[ModuleType, ModuleType]:
         # The counter RNG and the KV-cache indices are int64; without this the bridge narrows
         # int64 to int32 on the device and splitmix64 hashes wrong.
         os.environ.setdefault(INT64_ENV, "1")
-    import habana_frameworks.torch as htorch  # type: ignore[import-not-found]
-    import habana_frameworks.torch.core as htcore  # type: ignore[import-not-found]
+    import habana_frameworks.torch as htorch
+    import habana_frameworks.torch.core as htcore
 
     return htorch, htcore
 
@@ -80,7 +80,7 @@ def lazy_mode_hint(lazy_env: str | None, torch_version: str) -> str | None:
 
 
 def _bridge_is_lazy() -> bool:
-    from habana_frameworks.torch.utils.internal import is_lazy  # type: ignore[import-not-found]
+    from habana_frameworks.torch.utils.internal import is_lazy
 
     return bool(is_lazy())
 
@@ -198,7 +198,7 @@ class HpuBackend(Backend):
         if not self.lazy_mode:
             return self._compile_counted(fn, static_args, name, "hpu_backend")
         # HPU graphs exist only in lazy mode (the bridge imports them behind is_lazy()).
-        import habana_frameworks.torch.hpu.graphs as hpu_graphs  # type: ignore[import-not-found]
+        import habana_frameworks.torch.hpu.graphs as hpu_graphs
 
         with torch.no_grad():
             self._htcore.mark_step()
@@ -210,4 +210,5 @@ class HpuBackend(Backend):
             fn(*static_args)
         self._graphs.append(graph)
         self.capture_count[name] += 1
-        return graph.replay
+        replay: Callable[[], None] = graph.replay
+        return replay

@@ -99,7 +99,10 @@ class Relaxation:
             raise ValueError(f"relaxation rule must be one of {', '.join(RELAX_RULES)}, got {self.rule!r}")
         nb = self.neighbours
         if nb is not None:
-            pad = lambda t: torch.cat([t, torch.full_like(t[:1], nb.size(0))])  # noqa: E731
+
+            def pad(t: torch.Tensor) -> torch.Tensor:
+                return torch.cat([t, torch.full_like(t[:1], nb.size(0))])
+
             object.__setattr__(self, "padded", pad(nb))
             zn = self.zero_neighbours if self.zero_neighbours is not None else nb
             zn = pad(zn.to(nb.device))
@@ -903,7 +906,8 @@ class GreedyAccept(AcceptRule):
 
     relax: Relaxation
 
-    def __call__(self, tokens, p, q, tree, uniforms=None, cap=None):  # type: ignore[override]
+    def __call__(self, tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor | None, tree: TreeBuffers,
+                 uniforms: torch.Tensor | None = None, cap: torch.Tensor | None = None) -> Accepted:
         return accept_greedy(tokens, p, tree, self.relax, cap)
 
 
@@ -915,7 +919,8 @@ class SamplingAccept(AcceptRule):
     relax: Relaxation
     rows: torch.Tensor | None = None
 
-    def __call__(self, tokens, p, q, tree, uniforms=None, cap=None):  # type: ignore[override]
+    def __call__(self, tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor | None, tree: TreeBuffers,
+                 uniforms: torch.Tensor | None = None, cap: torch.Tensor | None = None) -> Accepted:
         return accept_sampling(tokens, p, tree, self.rng, q=q, relax=self.relax, uniforms=uniforms, rows=self.rows,
                                cap=cap)
 
@@ -927,9 +932,12 @@ class GroupedAccept(AcceptRule):
     rng: CounterRNG
     group: GroupRule
 
-    def __call__(self, tokens, p, q, tree, uniforms=None, cap=None):  # type: ignore[override]
+    def __call__(self, tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor | None, tree: TreeBuffers,
+                 uniforms: torch.Tensor | None = None, cap: torch.Tensor | None = None) -> Accepted:
         if cap is not None:
             raise ValueError("grouped acceptance takes no per-image depth cap")
+        if q is None:
+            raise ValueError("grouped acceptance judges sampled drafts: it needs their law q")
         return accept_grouped(tokens, p, q, tree, self.rng, self.group)
 
 

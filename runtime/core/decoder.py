@@ -48,6 +48,7 @@ from runtime.errors import UserError
 
 if TYPE_CHECKING:
     from backends import Backend
+    from backends.base import PhaseTimer
     from runtime.models.target import DrafterModel, Target
 
 
@@ -236,8 +237,9 @@ class SlotLoops(abc.ABC):
 
 
 class _NullTimer:
-    def phase(self, name: str):
-        import contextlib
+    """A timer that times nothing (a decoder built without a backend timer)."""
+
+    def phase(self, name: str) -> contextlib.nullcontext[None]:
         return contextlib.nullcontext()
 
 
@@ -286,7 +288,7 @@ class Decoder(SlotLoops):
                             "(or use --accept exact)")
         self.config = config = DecodeConfig.for_models(target, drafter, spec, batch_size, lean_head=lazy_head)
         self.backend = backend
-        self.timer: Any = None
+        self.timer: PhaseTimer | None = None
         b, dev = config.batch, config.device
 
         # -- the drafting policy owns the tree shape ----------------------------------------
@@ -376,7 +378,7 @@ class Decoder(SlotLoops):
             verify, accept = capture("verify", self.verify_at[d], part), capture("accept", self.accept_at[d], part)
             self.verify_at[d], self.accept_at[d] = verify, accept
 
-    def _timer(self):
+    def _timer(self) -> PhaseTimer | _NullTimer:
         return self.timer if self.timer is not None else _NullTimer()
 
     def _dist(self, logits: torch.Tensor, depth: torch.Tensor | int | None = None) -> torch.Tensor:

@@ -307,7 +307,7 @@ class StaticTreePolicy(DrafterPolicy):
         return not self.config.params.greedy
 
     @property
-    def ranks_q(self) -> bool:  # type: ignore[override]
+    def ranks_q(self) -> bool:
         # greedy, one step: q is read by `_pick`'s top-k alone (the reference's static-tree
         # drafter ranks logits too); --dynamic-depth reads path probabilities from it
         return self.config.params.greedy and self.config.spec.dynamic_depth is None
@@ -461,7 +461,7 @@ class StaticTreePolicy(DrafterPolicy):
         return frozenset(range(self.tree.max_depth - 1))
 
     @property
-    def go_on(self) -> torch.Tensor:  # type: ignore[override]
+    def go_on(self) -> torch.Tensor:
         return self.confident & self.view.live().bool()
 
     def segments(self) -> list[Callable[[], None]]:
@@ -608,8 +608,13 @@ class DynamicTreePolicy(DrafterPolicy):
     def build_tree(self, device: torch.device) -> TreeBuffers:
         spec, b = self.config.spec, self.config.batch
         k, d, n1 = spec.top_k_draft, spec.expansions + 1, spec.total_tokens
-        zeros = lambda: torch.zeros(b, n1, dtype=torch.long, device=device)  # noqa: E731
-        square = lambda: torch.zeros(b, n1, n1, device=device)  # noqa: E731
+
+        def zeros() -> torch.Tensor:
+            return torch.zeros(b, n1, dtype=torch.long, device=device)
+
+        def square() -> torch.Tensor:
+            return torch.zeros(b, n1, n1, device=device)
+
         walk = (square(), square(), torch.ones(b, n1, dtype=torch.long, device=device))
         return TreeBuffers(parent=zeros(), depth=zeros(), rank=zeros(),
                            ancestor_mask=torch.eye(n1, dtype=torch.bool, device=device).expand(b, n1, n1).clone(),
@@ -622,7 +627,7 @@ class DynamicTreePolicy(DrafterPolicy):
         return self.config.spec.expansions * self.config.spec.top_k_draft
 
     @property
-    def most_parents(self) -> int:  # type: ignore[override]
+    def most_parents(self) -> int:
         # only the root and the expanded frontier nodes have children
         return min(self.tree.size, 1 + self.draft_slots())
 
@@ -683,7 +688,7 @@ class DynamicTreePolicy(DrafterPolicy):
         return frozenset(range(len(self._spans) - 1))
 
     @property
-    def go_on(self) -> torch.Tensor:  # type: ignore[override]
+    def go_on(self) -> torch.Tensor:
         return self.alive & self.view.live().bool()
 
     def segments(self) -> list[Callable[[], None]]:
@@ -693,7 +698,7 @@ class DynamicTreePolicy(DrafterPolicy):
         return ([lambda: self._run_segment(first, last, start=True)]
                 + [lambda a=a, z=z: self._run_segment(a, z) for a, z in rest])
 
-    def finish(self) -> Callable[[], None] | None:  # type: ignore[override]
+    def finish(self) -> Callable[[], None] | None:
         return None if len(self._spans) == 1 else self._select
 
     def drafted_levels(self) -> torch.Tensor | None:

@@ -22,7 +22,7 @@ target mass (sum of p(x_s) for deterministic drafts, E_q[p(x)] for sampled ones)
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -116,7 +116,7 @@ def node_law(p: torch.Tensor, xs: torch.Tensor, relax: Relaxation, q: torch.Tens
 
 
 def step_tvd(p: torch.Tensor, xs: torch.Tensor, relax: Relaxation, q: torch.Tensor | None = None,
-             **kwargs) -> torch.Tensor:
+             **kwargs: Any) -> torch.Tensor:
     """(B,) total variation between the node's output law and p (see `node_law`)."""
     return 0.5 * (node_law(p, xs, relax, q, **kwargs) - p).abs().sum(-1)
 

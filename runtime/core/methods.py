@@ -48,6 +48,7 @@ sampled, so sampling stays exact in law. None = off.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from runtime.core.sampling import SamplingParams
 from runtime.errors import UserError, did_you_mean
@@ -216,11 +217,11 @@ class MethodSpec:
         """The static tree to load: a chain of --depth (sd) or --tree (lantern++)."""
         return f"chain{self.depth}" if self.decl.tree == "chain" else self.tree
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         """The method's parameters as recorded in result files: the sampling settings, the
         declared `records`, a dynamic tree's expansions as `depth`, --dynamic-depth when on, and
         a chosen relaxation's or grouped acceptance's settings when in effect."""
-        out: dict = {"method": self.method, **asdict(self.sampling)}
+        out: dict[str, Any] = {"method": self.method, **asdict(self.sampling)}
         if self.drafting == "dynamic":
             out["depth"] = self.expansions
         for name in self.decl.records:

@@ -49,11 +49,12 @@ class OpCounter(TorchDispatchMode):
     """
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # TorchDispatchMode.__init__ has no annotations
         self.count = 0
         self.by_op: Counter[str] = Counter()
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
         if not func.is_view and func.overloadpacket.__name__ not in _ALIASES:
             self.count += 1
             self.by_op[func.overloadpacket.__name__] += 1

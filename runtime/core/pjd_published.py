@@ -147,7 +147,10 @@ class PublishedPJD(SlotLoops):
         self.cache = target.new_cache(config.rows, self.scratch + t, dev)
         self.start_cache = target.new_cache(config.rows // b, config.cls, dev)
         self.slot_ids = torch.arange(self.cache.capacity, device=dev)
-        longs = lambda *shape: torch.zeros(*shape, dtype=torch.long, device=dev)  # noqa: E731
+
+        def longs(*shape: int) -> torch.Tensor:
+            return torch.zeros(*shape, dtype=torch.long, device=dev)
+
         self.node_tok, self.node_pos, self.node_slot, self.node_win = longs(b, t), longs(b, t), longs(b, t), longs(b, t)
         self.fresh = torch.zeros(b, self.cache.capacity, dtype=torch.bool, device=dev)
         # host staging of the node buffers: filled per image by `_plan`, copied up once per step

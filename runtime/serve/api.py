@@ -29,6 +29,7 @@ import secrets
 import time
 import uuid
 from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request
@@ -406,8 +407,8 @@ def _event(kind: str, body: dict[str, Any]) -> str:
     return f"event: {kind}\ndata: {json.dumps({'type': kind, **body})}\n\n"
 
 
-async def _events(jobs: list[Job], waiting: list[asyncio.Future], body: ImageRequest, served: "Served",
-                  engine: Engine, seed: int):  # type: ignore[no-untyped-def]
+async def _events(jobs: list[Job], waiting: list[asyncio.Future[Any]], body: ImageRequest, served: "Served",
+                  engine: Engine, seed: int) -> AsyncIterator[str]:
     """Server-sent events: `image_generation.progress` (index, tokens_done, tokens_total) while an
     image decodes, at most every PROGRESS_EVERY_S; with `partial_images` P, up to P
     `image_generation.partial_image` previews per image (OpenAI's fields, `partial_image_index`
@@ -488,7 +489,7 @@ def _openai_completed(job: Job, body: ImageRequest, served: "Served", image_toke
                       "input_tokens_details": {"text_tokens": prompt_tokens if served.text else 0, "image_tokens": 0}}}
 
 
-async def _until_done(waiting: list[asyncio.Future], request: Any, served: "Served") -> list[Any]:
+async def _until_done(waiting: list[asyncio.Future[Any]], request: Any, served: "Served") -> list[Any]:
     """The futures' results, checking every 0.25 s whether the client went away or the drain
     gave up on the requests in flight (`_Abandoned`)."""
     gathered = asyncio.gather(*waiting)
@@ -559,7 +560,7 @@ class Served:
         client learns no path of this machine)."""
         from pathlib import Path
 
-        settings = self.spec.describe()
+        settings: dict[str, Any] = self.spec.describe()
         if "tree" in settings and self.spec.tree_is_file:
             settings["tree"] = Path(settings["tree"]).name
         return settings

@@ -24,7 +24,7 @@ class Captions:
         return "prompt: the caption is empty" if not text.strip() else None
 
     def revised(self, text: str) -> str:
-        return self.encoder.normalize_text(text)
+        return str(self.encoder.normalize_text(text))
 
     def __call__(self, text: str) -> tuple[Any, Any]:
         emb, mask = self.encoder.encode([text])

@@ -78,7 +78,7 @@ async def _send_error(send: Callable[[dict[str, Any]], Awaitable[None]], status:
 
 def route_path(scope: Mapping[str, Any]) -> str:
     """The path the routes see: without --root-path where the server put it in front."""
-    path, root = scope.get("path", ""), scope.get("root_path", "")
+    path, root = str(scope.get("path", "")), str(scope.get("root_path", ""))
     return path[len(root):] if root and path.startswith(root) else path
 
 

@@ -46,7 +46,7 @@ class Job:
     index: int
     label: int | None
     seed: int
-    future: Future = field(default_factory=Future)
+    future: Future[Any] = field(default_factory=Future)
     cond: torch.Tensor | None = None
     mask: torch.Tensor | None = None
     queued_at: float = field(default_factory=time.perf_counter)
@@ -366,7 +366,7 @@ class Engine:
 PROGRESS_EVERY = 8
 
 
-def _settle(future: Future, result: Any = None, error: BaseException | None = None) -> None:
+def _settle(future: Future[Any], result: Any = None, error: BaseException | None = None) -> None:
     """Resolve a job's future, unless the server thread cancelled it meanwhile (a client that went
     away): that race must not raise in the engine thread, where it would fail the other images."""
     try:

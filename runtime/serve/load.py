@@ -43,7 +43,7 @@ from typing import Any, Callable
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
 
 
 def _post(url: str, body: dict[str, Any], timeout: float) -> tuple[int, dict[str, Any]]:
@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if not failed and not mismatches and exit_code == 0 and drain_ok is not False else 1
 
 
-def _probe_drain(base: str, proc: subprocess.Popen, probes: list[dict[str, Any]]) -> None:
+def _probe_drain(base: str, proc: subprocess.Popen[str], probes: list[dict[str, Any]]) -> None:
     """While the server drains (until it exits): `/health`, `/ready` and a new generation every
     0.2 s, their statuses (0: no answer) and whether the 503 named a Retry-After."""
     def status(path: str, body: dict[str, Any] | None = None) -> tuple[int, str | None]:

@@ -7,7 +7,11 @@ trailing slash. The page reads GET /info, then streams POST /v1/images/generatio
 from __future__ import annotations
 
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+    from fastapi.responses import Response
 
 # the page's files and their media types; nothing else is served from the folder
 PAGE_FILES = {"index.html": "text/html; charset=utf-8", "page.js": "text/javascript; charset=utf-8",
@@ -23,7 +27,7 @@ def page_files() -> dict[str, bytes]:
     return {name: (folder / name).read_bytes() for name in PAGE_FILES}
 
 
-def add_page(app: Any) -> None:
+def add_page(app: FastAPI) -> None:
     """GET / (the page) and GET /ui/{name} (its script and style sheet) on `app`; kept out of the
     OpenAPI schema (they are no API). The files are read once, here."""
     from fastapi.responses import Response
@@ -34,11 +38,11 @@ def add_page(app: Any) -> None:
                "Cache-Control": "no-cache"}
 
     @app.get("/", include_in_schema=False)
-    async def page() -> Any:
+    async def page() -> Response:
         return Response(files["index.html"], media_type=PAGE_FILES["index.html"], headers=headers)
 
     @app.get("/ui/{name}", include_in_schema=False)
-    async def page_file(name: str) -> Any:
+    async def page_file(name: str) -> Response:
         if name == "index.html" or name not in files:
             raise HTTPException(404)
         return Response(files[name], media_type=PAGE_FILES[name], headers=headers)

@@ -18,7 +18,8 @@ def openapi_schema() -> dict[str, Any]:
 
     engine = SimpleNamespace(ready=None, decoder=None, stats=None, queue_depth=0, on_done=None)
     served = SimpleNamespace(version="VERSION", method="-", names=["-"], in_flight=0)
-    return create_app(engine, served).openapi()  # type: ignore[arg-type]
+    schema: dict[str, Any] = create_app(engine, served).openapi()  # type: ignore[arg-type]
+    return schema
 
 
 def main(argv: list[str] | None = None) -> int:
