@@ -45,6 +45,8 @@ class MethodDecl:
     expansions  a dynamic tree's count of expansions: the option holding it
     checks      its draft depth is decided by a heuristic read between expansions (ddd)
     accepts     the --accept rules it takes (`accept_note`: why others are missing)
+    out_of_order  those of its --accept rules that commit tokens out of raster order, which run
+                in their own loop (`runtime.core.slots`: PublishedPJD) instead of the shared one
     chooses_relaxation  a relaxation may be chosen for it (--lantern-delta / --lantern-lambda
                 on a method whose own relaxation is none: sjd)
     records     what a result file records for it beside the sampling settings, in order
@@ -61,6 +63,7 @@ class MethodDecl:
     expansions: str | None = None
     checks: bool = False
     accepts: tuple[str, ...] = ("exact",)
+    out_of_order: tuple[str, ...] = ()
     accept_note: str = ""  # why a rule it lacks is missing, said when one is asked for
     chooses_relaxation: bool = False
     records: tuple[str, ...] = ()
@@ -83,6 +86,7 @@ METHOD_DECLS: tuple[MethodDecl, ...] = (
                records=("window", "init", "coupling", "proactive", "accept", "relax")),
     MethodDecl("pjd", "pjd", "none", "Jacobi windows over several image rows in one forward, no drafter; exact, "
                "or the released code's loop (--accept published, lossy)", accepts=("exact", "published"),
+               out_of_order=("published",),
                records=("pjd_window", "pjd_rows", "init", "accept")),
 )
 DECLS_BY_NAME: dict[str, MethodDecl] = {d.name: d for d in METHOD_DECLS}

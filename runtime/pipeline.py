@@ -8,17 +8,19 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 import torch
 
-from runtime.core import Decoder, MethodSpec, generate, neighbours_for
+from runtime.core import MethodSpec, SlotDecoder, generate, neighbours_for
 from runtime.core.generate import new_decoder
-from runtime.core.pjd_published import PublishedPJD
 from runtime.core.law import WATCH_EVERY, watches_law
 from runtime.errors import UserError
 from runtime.loading import LoadedModel
+
+if TYPE_CHECKING:
+    from backends import Backend
 
 
 def decode_tokens(vq: Any, tokens: torch.Tensor, batch: int = 16) -> np.ndarray:
@@ -59,8 +61,8 @@ class RunOutput:
 
 
 def run_generation(loaded: LoadedModel, spec: MethodSpec, conditions: Sequence[int] | torch.Tensor, *,
-                   seed: int, backend: Any, indices: Sequence[int] | None = None,
-                   cond_masks: torch.Tensor | None = None, decoder: Decoder | PublishedPJD | None = None,
+                   seed: int, backend: Backend, indices: Sequence[int] | None = None,
+                   cond_masks: torch.Tensor | None = None, decoder: SlotDecoder | None = None,
                    on_image: Callable[[int, torch.Tensor], None] | None = None) -> RunOutput:
     """Generate and decode, timing the phases prefill/draft/verify/accept/decode on the device."""
     if decoder is None:
@@ -105,8 +107,8 @@ def image_shares(done_at: dict[int, float], start: float, end: float) -> list[fl
     return [shares[j] for j in sorted(shares)]
 
 
-def make_decoder(loaded: LoadedModel, spec: MethodSpec, backend: Any, batch_size: int = 1,
-                 watch_law: bool = True) -> Decoder | PublishedPJD:
+def make_decoder(loaded: LoadedModel, spec: MethodSpec, backend: Backend, batch_size: int = 1,
+                 watch_law: bool = True) -> SlotDecoder:
     """A decoder of `spec` at `batch_size`. `watch_law`: a relaxed method under sampling measures its
     law at one iteration in WATCH_EVERY (`runtime.core.law.bound_warning`); tools that time decoders
     against each other turn it off."""
@@ -122,7 +124,7 @@ def make_decoder(loaded: LoadedModel, spec: MethodSpec, backend: Any, batch_size
     return decoder
 
 
-def timed_many(decoder: Decoder | PublishedPJD, work: list[tuple[torch.Tensor, torch.Tensor | None, int]], backend: Any
+def timed_many(decoder: SlotDecoder, work: list[tuple[torch.Tensor, torch.Tensor | None, int]], backend: Backend
                ) -> tuple[list[torch.Tensor], float]:
     """Decode `work` (`Decoder.generate_many`'s items) after an untimed pass over its first batch
     (captures and warms the steps); (tokens per image, synchronised wall seconds of the timed pass)."""
@@ -135,7 +137,7 @@ def timed_many(decoder: Decoder | PublishedPJD, work: list[tuple[torch.Tensor, t
 
 
 @contextlib.contextmanager
-def out_of_memory_as_user_error(decoder: Decoder | PublishedPJD | None, backend: Any, batch_size: int | None = None):
+def out_of_memory_as_user_error(decoder: SlotDecoder | None, backend: Backend, batch_size: int | None = None):
     """Turn the device's out-of-memory error into one line naming a batch size that should fit.
 
     The decode state (KV caches, p/q buffers) grows linearly with the batch; the suggestion is

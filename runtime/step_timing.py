@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
 
 from runtime.core.opcount import PHASES
+
+if TYPE_CHECKING:
+    from runtime.core.decoder import Decoder
 
 
 def random_models(cfg: Any, backend: Any, seed: int = 0) -> tuple[Any, Any]:

@@ -8,8 +8,8 @@ codes the sampling noise of the TVD estimate is ~0.004; tolerances are 0.012.
 import pytest
 import torch
 
-from runtime.core.acceptance import (Relaxation, accept_greedy, accept_sampling, relaxed_mixture,
-                                     relaxed_target)
+from runtime.core.acceptance import accept_greedy, accept_sampling
+from runtime.core.relaxation import Relaxation, relaxed_mixture, relaxed_target
 from runtime.core.proximity import compute_neighbours
 from runtime.core.rng import CounterRNG
 from runtime.core.sampling import sample_without_replacement

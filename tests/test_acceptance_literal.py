@@ -12,7 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.core.acceptance import Relaxation, accept_greedy, accept_sampling
+from runtime.core.acceptance import accept_greedy, accept_sampling
+from runtime.core.relaxation import Relaxation
 from runtime.core.rng import CounterRNG
 from runtime.core.tree import static_buffers, validate_paths
 

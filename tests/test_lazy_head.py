@@ -95,7 +95,7 @@ def test_sampling_and_pjd_keep_the_head_on_every_node():
 
 
 def test_nan_logits_on_the_path_stop_decoding():
-    from runtime.core.decoder import NonFiniteError
+    from runtime.core.slots import NonFiniteError
 
     target, drafter = tiny_pair(vocab=8, grid=4)
     calls = {"n": 0}

@@ -16,7 +16,7 @@ import torch
 
 from backends import get_backend
 from runtime.core import Decoder, MethodSpec, SamplingParams, generate
-from runtime.core.decoder import SlotRequest
+from runtime.core.slots import SlotRequest
 from runtime.core.pjd_published import PublishedPJD
 from runtime.errors import UserError
 from tiny_models import caption, tiny_pair
@@ -201,7 +201,7 @@ def test_the_measured_law_is_ars_with_one_row_and_departs_with_several():
 
 def test_nan_logits_in_a_forward_stop_decoding_with_the_image_named():
     """The NaN check rides on the acceptance transfer: a non-finite p in any used node raises."""
-    from runtime.core.decoder import NonFiniteError
+    from runtime.core.slots import NonFiniteError
 
     target, _ = tiny_pair(vocab=8, grid=6, sharpness=1.0)
     logits, calls = target.logits, [0]

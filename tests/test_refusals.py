@@ -273,7 +273,7 @@ def test_eval_of_a_run_whose_records_carry_a_non_numeric_index_is_refused(ckpts,
 @pytest.mark.parametrize("method, greedy", [("ar", True), ("lantern++", False), ("eagle2", True)])
 def test_nan_logits_while_decoding_stop_and_name_the_part_and_first_token(method, greedy):
     from runtime.core import Decoder, MethodSpec, SamplingParams
-    from runtime.core.decoder import NonFiniteError
+    from runtime.core.slots import NonFiniteError
     from tiny_models import tiny_pair
 
     target, drafter = tiny_pair(vocab=8, grid=4)
@@ -298,7 +298,7 @@ def test_nan_logits_while_decoding_stop_and_name_the_part_and_first_token(method
 
 def test_nan_drafter_distribution_under_sampling_is_named():
     from runtime.core import Decoder, MethodSpec, SamplingParams
-    from runtime.core.decoder import NonFiniteError
+    from runtime.core.slots import NonFiniteError
     from tiny_models import tiny_pair
 
     target, drafter = tiny_pair(vocab=8, grid=4)
@@ -331,7 +331,7 @@ def test_nan_in_pjds_lookahead_rows_alone_stops_decoding_too():
     """pjd's lookahead rows are judged by nobody, but their distributions feed the next drafts:
     NaN there stops decoding with the same message (a forward whose other logits are finite)."""
     from runtime.core import Decoder, MethodSpec, SamplingParams
-    from runtime.core.decoder import NonFiniteError
+    from runtime.core.slots import NonFiniteError
     from tiny_models import tiny_pair
 
     target, _ = tiny_pair(vocab=8, grid=4)

@@ -10,7 +10,8 @@ same residual.
 import pytest
 import torch
 
-from runtime.core.acceptance import Relaxation, accept_greedy, accept_sampling
+from runtime.core.acceptance import accept_greedy, accept_sampling
+from runtime.core.relaxation import Relaxation
 from runtime.core.proximity import compute_neighbours
 from runtime.core.rng import CounterRNG, race
 from runtime.core.sampling import sample_without_replacement

@@ -112,7 +112,8 @@ def test_1e5_draws_through_every_sampling_path_never_hit_zero_probability():
 
 def test_relaxed_rules_never_return_a_token_of_target_probability_zero():
     """Drafts the target rules out (p = 0) are neither accepted nor relaxed, whatever the rule."""
-    from runtime.core.acceptance import Relaxation, accept_greedy
+    from runtime.core.acceptance import accept_greedy
+    from runtime.core.relaxation import Relaxation
     from runtime.core.proximity import compute_neighbours
 
     g = torch.Generator().manual_seed(3)

@@ -33,7 +33,7 @@ from runtime.core import generate  # noqa: E402
 from runtime.loading import load_model  # noqa: E402
 from runtime.pipeline import decode_tokens  # noqa: E402
 from runtime.settings import resolve_spec  # noqa: E402
-from runtime.serve import build_server  # noqa: E402
+from runtime.serve import AutoMethods, build_server  # noqa: E402
 from runtime.serve.engine import Job, QueueFull  # noqa: E402
 
 
@@ -341,7 +341,7 @@ def test_method_auto_serves_each_occupancy_with_the_tables_method(demo):
                              lossless=True) for m in table.methods}
     assert specs["lantern++"].lantern_lambda == 1.0
     app, engine, _ = build_server(loaded, specs["lantern++"], backend, batch_size=2, max_queue=16, timeout_s=120,
-                                  auto=(specs, table))
+                                  auto=AutoMethods(specs, table))
     try:
         assert engine.ready.wait(120)
         client = TestClient(app)

@@ -14,20 +14,21 @@ from typing import Any
 import pytest
 import torch
 
-from runtime.core.decoder import Finished, ImageStats, SlotRequest
-from runtime.serve.engine import Engine, Job, QueueFull, Scheduler
+from runtime.core.slots import Finished, ImageStats, SlotDecoder, SlotRequest
+from runtime.serve.engine import Engine, Job, QueueFull, Schedule, Scheduler
 
 
 @dataclass
-class FakeDecoder:
-    """The slot API with images that take `steps_per_image` steps; an image's tokens are its
-    seed repeated, so a mix-up between slots shows. `fail_at`: a step that raises."""
+class FakeDecoder(SlotDecoder):
+    """The slot API (`SlotDecoder`, whose `generate_many` it inherits) with images that take
+    `steps_per_image` steps; an image's tokens are its seed repeated, so a mix-up between slots
+    shows. `fail_at`: a step that raises."""
 
     batch: int = 2
     steps_per_image: int = 3
     num_tokens: int = 4
     fail_at: int | None = None
-    slots: list[SlotRequest | None] = field(default_factory=list)
+    held: list[SlotRequest | None] = field(default_factory=list)  # the request of each slot
     steps: int = 0
     admitted: list[Any] = field(default_factory=list)
     released: list[Any] = field(default_factory=list)
@@ -35,25 +36,25 @@ class FakeDecoder:
     gate: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
-        self.slots = [None] * self.batch
+        self.held = [None] * self.batch
         self.gate.set()
 
     def reset_slots(self) -> None:
-        self.slots = [None] * self.batch
+        self.held = [None] * self.batch
         self.age = {}
 
     def admit(self, slot: int, request: SlotRequest) -> None:
-        assert self.slots[slot] is None, "admitted into a busy slot"
-        self.slots[slot] = request
+        assert self.held[slot] is None, "admitted into a busy slot"
+        self.held[slot] = request
         self.age[slot] = 0
         self.admitted.append(request.key)
 
     def release(self, slot: int) -> None:
-        self.released.append(self.slots[slot].key)
-        self.slots[slot] = None
+        self.released.append(self.held[slot].key)
+        self.held[slot] = None
 
     def busy(self) -> list[int]:
-        return [i for i, r in enumerate(self.slots) if r is not None]
+        return [i for i, r in enumerate(self.held) if r is not None]
 
     def step(self) -> None:
         self.gate.wait(10)
@@ -67,7 +68,7 @@ class FakeDecoder:
         done = []
         for slot in self.busy():
             if self.age[slot] >= self.steps_per_image:
-                request = self.slots[slot]
+                request = self.held[slot]
                 stats = ImageStats(tokens=self.num_tokens, target_forwards=self.steps_per_image + 1,
                                    accepted_tokens=self.num_tokens, depth_accepted=[], depth_reached=[],
                                    relax_mass=0.0, accepted_drafts=0)
@@ -76,6 +77,23 @@ class FakeDecoder:
 
     def progress(self) -> list[tuple[int, Any, int]]:
         return []
+
+    def committed(self, slot: int, known: int) -> torch.Tensor:
+        return torch.full((known,), self.held[slot].seed)
+
+    def capture_steps(self, cond: torch.Tensor, cond_mask: torch.Tensor | None) -> None:
+        pass
+
+    def state_bytes(self) -> int:
+        return 0
+
+    timer: Any = None
+    measure_law: bool = False
+    compile_key: str = "fake"
+
+    @property
+    def slots(self) -> list[SlotRequest | None]:
+        return self.held
 
     @property
     def config(self) -> SimpleNamespace:
@@ -239,3 +257,35 @@ def test_the_scheduler_skips_cancelled_jobs_and_stops_when_drained():
     assert scheduler.wait() == "stop"
     with pytest.raises(RuntimeError, match="shutting down"):
         scheduler.submit(_jobs(1))
+
+
+def test_the_fake_and_both_loops_implement_the_slot_decoder_protocol():
+    from tiny_models import tiny_pair
+
+    from runtime.core import MethodSpec
+    from runtime.core.decoder import Decoder
+    from runtime.core.generate import new_decoder
+    from runtime.core.pjd_published import PublishedPJD
+
+    tiny_target, _ = tiny_pair(vocab=8, grid=6)
+    assert isinstance(FakeDecoder(), SlotDecoder)
+    exact = new_decoder(tiny_target, None, MethodSpec(method="pjd"))
+    published = new_decoder(tiny_target, None, MethodSpec(method="pjd", accept="published"))
+    assert type(exact) is Decoder and type(published) is PublishedPJD  # the method table's loop
+    assert isinstance(exact, SlotDecoder) and isinstance(published, SlotDecoder)
+
+
+def test_schedule_is_a_value_naming_the_slots_to_free_and_the_jobs_to_admit():
+    """The scheduler keeps the job of each slot; a step's plan releases the finished slots,
+    cancels the running jobs whose client went away, and fills the free slots lowest first."""
+    scheduler = Scheduler(["ar"], batch=2)
+    jobs = _jobs(4)
+    scheduler.submit(jobs)
+    first = scheduler.schedule()
+    assert first == Schedule(admit=((0, jobs[0]), (1, jobs[1]))) and scheduler.slots == {0: jobs[0], 1: jobs[1]}
+    assert scheduler.schedule() == Schedule()  # nothing done, nothing free
+    scheduler.cancel([jobs[1]])  # its client went away while it ran
+    plan = scheduler.schedule(finished=[0])
+    assert plan.release == (0,) and plan.cancel == ((1, jobs[1]),)
+    assert plan.admit == ((0, jobs[2]), (1, jobs[3])) and scheduler.slots == {0: jobs[2], 1: jobs[3]}
+    assert scheduler.schedule(finished=[0, 1]) == Schedule(release=(0, 1)) and scheduler.slots == {}

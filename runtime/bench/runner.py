@@ -264,7 +264,7 @@ def _device_ops(decoder: Any, conditions: Sequence[Any], backend: Any, roof: Any
     first = conditions[0]
     if not isinstance(first, (int, np.integer)):
         return {}  # caption workloads: the count needs the prepared caption features
-    if decoder.config.spec.out_of_order:
+    if decoder.config.spec.loop != "raster":
         return {}  # the published pjd loop's phases are host work around one forward: no step to count
     ops = phase_ops(decoder, torch.tensor([int(first)] * decoder.config.batch, device=backend.device), seed=0)
     floors = ({phase: w.floor_s(roof, dtype_name(decoder.config.dtype)) for phase, w in decoder_phases(decoder).items()}

@@ -66,7 +66,7 @@ def serve(
 
     from runtime.models.layers import set_attention_kernel
     from runtime.settings import AUTO, auto_method, resolve_spec
-    from runtime.serve import build_server
+    from runtime.serve import AutoMethods, build_server
 
     if not 0 < port < 65536:
         raise UserError(f"--port must be in [1, 65535], got {port}")
@@ -100,7 +100,7 @@ def serve(
         methods = prof.auto.methods
         specs = {m: resolve_spec(m, given, prof, loaded.recommended, run_methods=methods, lossless=True)
                  for m in methods}
-        spec, auto = specs[methods[0]], (specs, prof.auto)
+        spec, auto = specs[methods[0]], AutoMethods(specs, prof.auto)
     else:
         spec = resolve_spec(method, given, prof, loaded.recommended)
     web, engine, served = build_server(loaded, spec, backend, batch_size=batch, max_queue=max_queue,

@@ -1,8 +1,11 @@
-"""The one decoding loop: prefill, then draft -> verify -> accept/commit until the image is done.
+"""The shared decoding loop: prefill, then draft -> verify -> accept/commit until the image is done.
 
-Every method runs through this file: a method is a drafting policy (drafting.py: none,
-static drafter tree, EAGLE-2 dynamic tree, Jacobi window) plus an acceptance rule
-(acceptance.py). AR is the empty tree (verify the root, accept nothing, sample the bonus).
+Every method that commits tokens in raster order runs through this file (each iteration
+extends an image's committed prefix): a method is a drafting policy (drafting.py: none, static
+drafter tree, EAGLE-2 dynamic tree, Jacobi window, pjd's rows) plus an acceptance rule
+(acceptance.py). pjd's released loop (`--accept published`) commits tokens ahead of the raster
+frontier, so an image's state is no prefix and it has its own loop (pjd_published.py); both
+offer the slot API of slots.py (`SlotDecoder`), and the method table says which runs a method. AR is the empty tree (verify the root, accept nothing, sample the bonus).
 Each phase is a method over preallocated state with fixed shapes and no host reads, so a
 backend can capture it once and replay it:
 
@@ -27,21 +30,20 @@ statistics) multiplied by 0, until the last image is done.
 
 from __future__ import annotations
 
-import abc
 import contextlib
-import hashlib
-import json
-from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from runtime.core.acceptance import (Accepted, GroupRule, Relaxation, accept_greedy, accept_greedy_path,
-                                     acceptance_rule)
+from runtime.core.accept_rules import acceptance_rule
+from runtime.core.acceptance import Accepted, GroupRule, accept_greedy, accept_greedy_path
+from runtime.core.relaxation import Relaxation
 from runtime.core.policies import make_policy
 from runtime.core.methods import MethodSpec
 from runtime.core.opcount import kernels_generated
 from runtime.core.rng import CounterRNG
+from runtime.core.slots import (Finished, ImageStats, NullTimer, SlotDecoder, SlotRequest, compile_key,
+                                 nonfinite_error)
 from runtime.core.state import MODEL_PARTS, NO_POSITION, DecodeBuffers, DecodeConfig, DraftProposal, DraftView
 from runtime.core.tree import TreeBuffers
 from runtime.errors import UserError
@@ -52,198 +54,7 @@ if TYPE_CHECKING:
     from runtime.models.target import DrafterModel, Target
 
 
-@dataclass(frozen=True)
-class SlotRequest:
-    """One image to decode in a slot: key (the caller's name for it, returned with its result),
-    cond (1,) label or (1, cls, caption_dim) / (1, cls) prompt, mask (1, cls) or None, seed (its
-    random stream: its tokens depend on nothing else)."""
-    key: Any
-    cond: torch.Tensor
-    mask: torch.Tensor | None
-    seed: int
-
-
-@dataclass(frozen=True)
-class Finished:
-    """A done image: its slot, its request's key, tokens (block_size,) on the device, statistics."""
-    slot: int
-    key: Any
-    tokens: torch.Tensor
-    stats: "ImageStats"
-
-
-class NonFiniteError(UserError):
-    """A model produced NaN or infinite logits while decoding (named part, first token index)."""
-
-
-def nonfinite_error(part: str, key: Any, index: int, dtype: torch.dtype) -> NonFiniteError:
-    """The one line a NaN or inf in `part`'s logits for image `key` at image token `index` gives."""
-    return NonFiniteError(f"the {part} produced NaN or infinite logits for image {key} at image token {index} "
-                          f"({str(dtype).replace('torch.', '')}); decoding stopped. Finite weights overflow in "
-                          "fp16: use --dtype bf16 or fp32")
-
-
-def compile_key(config: DecodeConfig) -> str:
-    """`{method}-b{batch}-{16 hex}`: names every knob that sets a captured step's graph (each field
-    of the method spec: tree, window, depths, accept, sampling constants; the batch; the target's
-    and drafter's configurations; dtype, device kind, torch version). Equal keys, equal graphs;
-    the backend keys its compile caches on it."""
-    drafter = getattr(config.drafter, "config", None) if config.drafter is not None else None
-    knobs = {"spec": asdict(config.spec), "batch": config.batch, "target": config.target.config,
-             "drafter": drafter, "dtype": str(config.dtype), "device": config.device.type,
-             "torch": torch.__version__}
-    digest = hashlib.sha256(json.dumps(knobs, sort_keys=True, default=repr).encode()).hexdigest()[:16]
-    return f"{config.spec.method}-b{config.batch}-{digest}"
-
-
-@dataclass
-class ImageStats:
-    """Per-image counters (host values, read once after the image is done)."""
-
-    tokens: int
-    target_forwards: int
-    accepted_tokens: int
-    depth_accepted: list[int]
-    depth_reached: list[int]
-    relax_mass: float
-    accepted_drafts: int
-    drafted_levels: int = 0  # tree levels drafted, summed over iterations
-    # `Decoder.measure_law`: TV(output law, p) at the root's children and the stated bound
-    # there, summed over the iterations measured
-    law_tvd: float = 0.0
-    law_bound: float = 0.0
-    law_steps: int = 0
-
-
-@dataclass
-class RunStats:
-    """Aggregated statistics over images."""
-
-    images: int = 0
-    tokens: int = 0
-    target_forwards: int = 0
-    accepted_tokens: int = 0
-    depth_accepted: list[int] = field(default_factory=list)
-    depth_reached: list[int] = field(default_factory=list)
-    relax_mass: float = 0.0
-    accepted_drafts: int = 0
-    drafted_levels: int = 0
-    law_tvd: float = 0.0
-    law_bound: float = 0.0
-    law_steps: int = 0
-
-    def add(self, s: ImageStats) -> None:
-        self.images += 1
-        self.tokens += s.tokens
-        self.target_forwards += s.target_forwards
-        self.accepted_tokens += s.accepted_tokens
-        if not self.depth_accepted:
-            self.depth_accepted = [0] * len(s.depth_accepted)
-            self.depth_reached = [0] * len(s.depth_reached)
-        self.depth_accepted = [a + b for a, b in zip(self.depth_accepted, s.depth_accepted)]
-        self.depth_reached = [a + b for a, b in zip(self.depth_reached, s.depth_reached)]
-        self.relax_mass += s.relax_mass
-        self.accepted_drafts += s.accepted_drafts
-        self.drafted_levels += s.drafted_levels
-        self.law_tvd += s.law_tvd
-        self.law_bound += s.law_bound
-        self.law_steps += s.law_steps
-
-    def summary(self) -> dict[str, Any]:
-        """tau = tokens produced (bonus included) per target forward; mean_drafted_depth =
-        tree levels drafted per iteration (every image's prefill is a forward, not an iteration);
-        step_tvd / step_tvd_bound: mean TV distance of a step's output law from the target and
-        the stated bound there (`Decoder.measure_law`; None when not measured)."""
-        fw = max(self.target_forwards, 1)
-        iterations = max(self.target_forwards - self.images, 1)
-        return {
-            "mean_accepted_length": self.accepted_tokens / fw,
-            "target_forwards": self.target_forwards,
-            "tokens": self.tokens,
-            "step_compression": self.tokens / fw,
-            "per_depth_acceptance": [a / r if r else 0.0 for a, r in zip(self.depth_accepted, self.depth_reached)],
-            "mean_relaxation_mass": self.relax_mass / self.accepted_drafts if self.accepted_drafts else 0.0,
-            "mean_drafted_depth": self.drafted_levels / iterations,
-            "step_tvd": self.law_tvd / self.law_steps if self.law_steps else None,
-            "step_tvd_bound": self.law_bound / self.law_steps if self.law_steps else None,
-            "law_steps": self.law_steps,
-        }
-
-
-class SlotLoops(abc.ABC):
-    """Loops over the slot API (`admit` -> `step` -> `finished` -> `release`), for any loop that
-    offers it (`Decoder`, `runtime.core.pjd_published.PublishedPJD`)."""
-
-    config: DecodeConfig
-
-    @abc.abstractmethod
-    def reset_slots(self) -> None:
-        """Forget every slot: a new workload."""
-
-    @abc.abstractmethod
-    def admit(self, slot: int, request: SlotRequest) -> None:
-        """Start `request` in the free `slot`."""
-
-    @abc.abstractmethod
-    def busy(self) -> list[int]:
-        """The slots holding a request."""
-
-    @abc.abstractmethod
-    def step(self) -> None:
-        """One iteration for every busy slot."""
-
-    @abc.abstractmethod
-    def finished(self, progress: bool = False) -> list[Finished]:
-        """The busy slots whose image is done (still busy until `release`)."""
-
-    @abc.abstractmethod
-    def release(self, slot: int) -> None:
-        """Free `slot`."""
-
-    @torch.no_grad()
-    def generate_many(self, conds: list[tuple[torch.Tensor, torch.Tensor | None, int]],
-                      on_image: Callable[[int, torch.Tensor, ImageStats], None] | None = None
-                      ) -> tuple[list[torch.Tensor], list[ImageStats]]:
-        """Decode a workload B images at a time: conds[j] = (cond (1,) or (1, cls, caption_dim),
-        mask (1, cls) or None, seed). The first B images fill the slots; each time one is done
-        its slot starts the next. Returns each image's tokens (block_size,) on the device and
-        statistics, in workload order; `on_image(j, tokens, stats)` is called as each is done.
-        With fewer than B images the spare slots decode a copy of the first one, unused."""
-        n = len(conds)
-        tokens: list[torch.Tensor | None] = [None] * n
-        stats: list[ImageStats | None] = [None] * n
-        waiting = iter(range(n))
-        self.reset_slots()
-        for slot in range(self.config.batch):
-            if (j := next(waiting, None)) is not None:
-                self.admit(slot, SlotRequest(j, *conds[j]))
-        while self.busy():
-            self.step()
-            for done in self.finished():
-                tokens[done.key], stats[done.key] = done.tokens, done.stats
-                if on_image is not None:
-                    on_image(done.key, done.tokens, done.stats)
-                self.release(done.slot)
-                if (j := next(waiting, None)) is not None:
-                    self.admit(done.slot, SlotRequest(j, *conds[j]))
-        return tokens, stats  # type: ignore[return-value]
-
-    @torch.no_grad()
-    def generate_one(self, cond: torch.Tensor, cond_mask: torch.Tensor | None = None,
-                     seed: int = 0) -> tuple[torch.Tensor, ImageStats]:
-        """One image: tokens (block_size,) and its statistics."""
-        tokens, stats = self.generate_many([(cond, cond_mask, seed)])
-        return tokens[0], stats[0]
-
-
-class _NullTimer:
-    """A timer that times nothing (a decoder built without a backend timer)."""
-
-    def phase(self, name: str) -> contextlib.nullcontext[None]:
-        return contextlib.nullcontext()
-
-
-class Decoder(SlotLoops):
+class Decoder(SlotDecoder):
     """Generates images with one method; state is allocated once and reused across images.
 
     target: the LlamaGen GPT (eval mode, on its device). drafter: required unless method is
@@ -282,7 +93,7 @@ class Decoder(SlotLoops):
     def __init__(self, target: Target, drafter: DrafterModel | None, spec: MethodSpec, *,
                  neighbours: torch.Tensor | None = None, backend: Backend | None = None, batch_size: int = 1,
                  track_nodes: bool = False, lazy_head: bool | None = None) -> None:
-        if spec.out_of_order:
+        if spec.loop != "raster":
             raise UserError("--method pjd --accept published commits tokens out of raster order in its own loop, "
                             "which this tool does not drive; runtime run, bench, sample and serve do "
                             "(or use --accept exact)")
@@ -331,7 +142,7 @@ class Decoder(SlotLoops):
         self.kernels_per_step: dict[str, int] = {}
         # the slot API's bookkeeping: the request each slot holds, the same as a device mask
         # (what `finished` checks), whether the batch was prefilled, the counts last read
-        self.slots: list[SlotRequest | None] = [None] * b
+        self._slots: list[SlotRequest | None] = [None] * b
         self.active = torch.zeros(b, dtype=torch.bool, device=dev)
         self._running, self._counts = False, None
 
@@ -352,6 +163,11 @@ class Decoder(SlotLoops):
     def compile_key(self) -> str:
         """`compile_key(config)`: equal keys, equal captured graphs."""
         return compile_key(self.config)
+
+    @property
+    def slots(self) -> list[SlotRequest | None]:
+        """The request each slot holds (None: free)."""
+        return self._slots
 
     def _capture_each_step(self) -> None:
         suffix = f".b{self.config.batch}" if self.config.batch > 1 else ""
@@ -378,8 +194,8 @@ class Decoder(SlotLoops):
             verify, accept = capture("verify", self.verify_at[d], part), capture("accept", self.accept_at[d], part)
             self.verify_at[d], self.accept_at[d] = verify, accept
 
-    def _timer(self) -> PhaseTimer | _NullTimer:
-        return self.timer if self.timer is not None else _NullTimer()
+    def _timer(self) -> PhaseTimer | NullTimer:
+        return self.timer if self.timer is not None else NullTimer()
 
     def _dist(self, logits: torch.Tensor, depth: torch.Tensor | int | None = None) -> torch.Tensor:
         """The target's (R, T, V) logits -> (B, T, V) processed distribution at the current counts
@@ -654,10 +470,10 @@ class Decoder(SlotLoops):
         """Start `request` in the free `slot` (0 <= slot < B). Before the first step, requests
         are held and the first step captures (graph mode) and prefills them together; after
         it, the slot's image starts at once (`start_image`) while the others keep theirs."""
-        held = self.slots[slot]
+        held = self._slots[slot]
         if held is not None:
             raise ValueError(f"slot {slot} is busy (holds {held.key!r})")
-        self.slots[slot] = request
+        self._slots[slot] = request
         if self._running:
             with self._timer().phase("prefill"):
                 self.start_image(slot, request.cond, request.mask, request.seed)
@@ -666,12 +482,12 @@ class Decoder(SlotLoops):
     def release(self, slot: int) -> None:
         """Free `slot` (its image finished and was collected, or was cancelled): it keeps stepping
         with every advance multiplied by 0 until a new request is admitted to it."""
-        self.slots[slot] = None
+        self._slots[slot] = None
         self.active[slot] = False
 
     def busy(self) -> list[int]:
         """The slots holding a request."""
-        return [i for i, r in enumerate(self.slots) if r is not None]
+        return [i for i, r in enumerate(self._slots) if r is not None]
 
     def step(self) -> None:
         """One iteration for every slot: draft, verify, accept (the busy slots' images advance;
@@ -708,7 +524,7 @@ class Decoder(SlotLoops):
         if self._counts is None:
             return []
         done, nonfinite = [], None
-        for i, request in enumerate(self.slots):
+        for i, request in enumerate(self._slots):
             if request is None or self._counts[i] < num_tokens:
                 continue
             if nonfinite is None:
@@ -725,7 +541,7 @@ class Decoder(SlotLoops):
         if self._counts is None:
             return []
         total = self.config.num_tokens
-        return [(i, r.key, min(self._counts[i], total)) for i, r in enumerate(self.slots) if r is not None]
+        return [(i, r.key, min(self._counts[i], total)) for i, r in enumerate(self._slots) if r is not None]
 
     def committed(self, slot: int, known: int) -> torch.Tensor:
         """The first `known` tokens of the image in `slot` (a `progress` count), on the host: a
@@ -735,10 +551,10 @@ class Decoder(SlotLoops):
     def _start_batch(self) -> None:
         """The first step's prefill (and capture, in graph mode) of the admitted requests; a slot
         with none decodes a copy of the first, unused (its advances are multiplied by 0)."""
-        held = [r for r in self.slots if r is not None]
+        held = [r for r in self._slots if r is not None]
         if not held:
             raise ValueError("step() before any request was admitted")
-        padded = [r if r is not None else held[0] for r in self.slots]
+        padded = [r if r is not None else held[0] for r in self._slots]
         cond = torch.cat([r.cond for r in padded])
         mask = None if padded[0].mask is None else torch.cat([_mask_of(r) for r in padded])
         timer = self._timer()
@@ -752,7 +568,7 @@ class Decoder(SlotLoops):
     def reset_slots(self) -> None:
         """Forget every slot and the running batch: the next admitted requests are prefilled
         together by the next step (a new workload; captured steps are kept)."""
-        self.slots = [None] * self.config.batch
+        self._slots = [None] * self.config.batch
         self.active.zero_()
         self._running, self._counts = False, None
 

@@ -1,4 +1,4 @@
-"""Drafting policies: what fills the tree the one decoding loop verifies.
+"""Drafting policies: what fills the tree the shared decoding loop (decoder.py) verifies.
 
 A policy owns the tree shape and whatever state its drafts come from; the loop owns the rest
 (target cache, p, acceptance, output). The policy is built from the loop's `DecodeConfig`

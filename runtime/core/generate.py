@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
-from runtime.core.decoder import Decoder, RunStats
+from runtime.core.decoder import Decoder
+from runtime.core.slots import RunStats, SlotDecoder
 from runtime.core.methods import MethodSpec
 from runtime.core.pjd_published import PublishedPJD
 from runtime.core.proximity import neighbour_table
@@ -59,21 +60,26 @@ def neighbours_for(vq: Any, spec: MethodSpec, vocab_size: int) -> torch.Tensor |
     return table
 
 
+# The loops, by `MethodSpec.loop` (the method table's `out_of_order` field): the shared decoder for
+# every method that commits in raster order; pjd's released loop for the rule that commits out of it.
+LOOPS: dict[str, Callable[..., SlotDecoder]] = {
+    "raster": lambda target, drafter, spec, **kw: Decoder(target, drafter, spec, **kw),
+    "out_of_order": lambda target, drafter, spec, neighbours=None, **kw: PublishedPJD(target, spec, **kw),
+}
+
+
 def new_decoder(target: Target, drafter: DrafterModel | None, spec: MethodSpec, *,
                 neighbours: torch.Tensor | None = None, backend: Backend | None = None,
-                batch_size: int = 1) -> Decoder | PublishedPJD:
-    """The loop that runs `spec`: the shared decoder, or the published pjd loop for a method that
-    commits tokens out of raster order (`MethodSpec.out_of_order`); both offer the slot API."""
-    if spec.out_of_order:
-        return PublishedPJD(target, spec, backend=backend, batch_size=batch_size)
-    return Decoder(target, drafter, spec, neighbours=neighbours, backend=backend, batch_size=batch_size)
+                batch_size: int = 1) -> SlotDecoder:
+    """The loop that runs `spec` (`LOOPS[spec.loop]`), behind the slot API."""
+    return LOOPS[spec.loop](target, drafter, spec, neighbours=neighbours, backend=backend, batch_size=batch_size)
 
 
 def generate(target: Target, drafter: DrafterModel | None, spec: MethodSpec,
              conditions: Sequence[int] | torch.Tensor, *, cond_masks: torch.Tensor | None = None,
              seed: int = 0, indices: Sequence[int] | None = None, vq: Any = None,
              neighbours: torch.Tensor | None = None, backend: Backend | None = None,
-             decoder: Decoder | PublishedPJD | None = None, batch_size: int = 1,
+             decoder: SlotDecoder | None = None, batch_size: int = 1,
              on_image: Callable[[int, torch.Tensor], None] | None = None) -> GenerationResult:
     """Generate one image per condition, `batch_size` images per decode.
 

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from runtime.core.acceptance import Relaxation, deterministic_stages, relaxed_mixture, sampled_stages
+from runtime.core.relaxation import Relaxation, deterministic_stages, relaxed_mixture, sampled_stages
 from runtime.core.rng import CounterRNG
 from runtime.core.sampling import sample_without_replacement
 from runtime.core.tree import static_buffers, validate_paths

@@ -17,7 +17,7 @@ With lantern_delta = 0 / lantern_lambda = 1 the relaxed methods are exact.
 
 `relax_rule` (lantern, lantern++, relaxed sjd): "paper" (default) is the reference LANTERN
 code's acceptance, "bounded" the rule whose output stays within the stated TVD bound per
-step (acceptance.py sets out both).
+step (relaxation.py sets out both).
 
 sjd options: `init` (prior of fresh window positions: uniform, repeat-h = the token to the
 left, repeat-v = the token above), `coupling` (how the stale tail is redrafted: none = sample
@@ -59,7 +59,7 @@ from runtime.method_options import DECLS_BY_NAME, METHOD_OPTIONS, OPTIONS_BY_NAM
 # A method is one declared row (runtime.method_options.METHOD_DECLS: its drafting policy, its own
 # relaxation, whether --method auto may pick it, its tree, what result files record); the
 # acceptance rule object follows from it and the sampling settings
-# (`runtime.core.acceptance.acceptance_rule`).
+# (`runtime.core.accept_rules.acceptance_rule`).
 METHOD_TABLE: dict[str, MethodDecl] = DECLS_BY_NAME
 METHODS = tuple(METHOD_TABLE)
 RELAXATIONS = ("none", "delta", "lambda")
@@ -188,10 +188,11 @@ class MethodSpec:
         return tuple(range(self.ddd_min_depth, self.ddd_max_depth, self.ddd_check_every))
 
     @property
-    def out_of_order(self) -> bool:
-        """Whether tokens are committed out of raster order (pjd --accept published): the loop is
-        `runtime.core.pjd_published.PublishedPJD`, not the shared decoder."""
-        return self.accept == "published"
+    def loop(self) -> str:
+        """The loop that runs this spec (`runtime.core.generate.LOOPS`): "out_of_order" for an
+        --accept rule the method table declares as committing out of raster order (pjd's
+        released loop), else "raster" (the shared decoder)."""
+        return "out_of_order" if self.accept in self.decl.out_of_order else "raster"
 
     @property
     def needs_drafter(self) -> bool:

@@ -63,7 +63,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 import torch
 
-from runtime.core.decoder import Finished, ImageStats, SlotLoops, SlotRequest, compile_key, nonfinite_error
+from runtime.core.slots import Finished, ImageStats, SlotDecoder, SlotRequest, compile_key, nonfinite_error
 from runtime.core.methods import MethodSpec
 from runtime.core.rng import CounterRNG, token_from_uniform
 from runtime.core.state import MODEL_PARTS, DecodeConfig
@@ -71,6 +71,7 @@ from runtime.errors import UserError
 
 if TYPE_CHECKING:
     from backends import Backend
+    from backends.base import PhaseTimer
     from runtime.models.target import Target
 
 # keyed-noise stream of the uniform prior (jacobi.py uses 1 and 2, pjd.py 3)
@@ -122,15 +123,15 @@ class _Node:
     kv_only: bool = False
 
 
-class PublishedPJD(SlotLoops):
+class PublishedPJD(SlotDecoder):
     """The released PJD loop over the slot API (`admit` -> `step` -> `finished` -> `release`), as
-    `runtime.core.decoder.Decoder` offers it, and its loops (`SlotLoops`). See the module docstring."""
+    `runtime.core.decoder.Decoder` offers it (`SlotDecoder`). See the module docstring."""
 
     def __init__(self, target: Target, spec: MethodSpec, *, backend: Backend | None = None,
                  batch_size: int = 1) -> None:
         self.config = config = DecodeConfig.for_models(target, None, spec, batch_size, lean_head=False)
         self.backend = backend
-        self.timer: Any = None
+        self.timer: PhaseTimer | None = None
         self.measure_law = False  # record each token's p and its TV from AR's at the end (`_law`)
         b, dev, s = config.batch, config.device, config.num_tokens
         tcfg = target.config

@@ -38,6 +38,9 @@ from fastapi.responses import PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from runtime.core import MethodSpec
+from runtime.loading import LoadedModel
+from runtime.serve.conditions import Conditioner
 from runtime.serve.edge import (DEFAULT_MAX_REQUEST_BYTES, BearerAuth, BodyLimit, JsonCors, RequestContext, cut,
                                 error_body, error_response, route_path)
 from runtime.serve.engine import Engine, Job, QueueFull
@@ -220,7 +223,7 @@ def _validation_refusal(exc: RequestValidationError) -> Refusal:
     return Refusal(400, loc[0], message)
 
 
-def create_app(engine: Engine, served: "Served", http: HttpOptions | None = None) -> Any:
+def create_app(engine: Engine, served: "Served", http: HttpOptions | None = None) -> FastAPI:
     """The FastAPI application over a started `engine` and what it serves."""
     http = http or HttpOptions()
 
@@ -329,7 +332,7 @@ def create_app(engine: Engine, served: "Served", http: HttpOptions | None = None
                                   if served.draining else {"Retry-After": str(RETRY_AFTER_S)})
         seed = body.seed if body.seed is not None else secrets.randbelow(2**31)
         rid = request.state.request_id if hasattr(request.state, "request_id") else uuid.uuid4().hex
-        if served.text:  # the prompt's condition, shared by the request's images
+        if served.conditioner is not None:  # the prompt's condition, shared by the request's images
             cond, mask = await asyncio.get_running_loop().run_in_executor(None, served.conditioner, body.prompt)
             jobs = [Job(rid, i, None, served.image_seed(seed, i), cond=cond, mask=mask) for i in range(body.n)]
         else:
@@ -391,7 +394,9 @@ class _Disconnected(Exception):
 
 def _image_data(job: Job, tokens: Any, info: dict[str, Any], b64: str, body: ImageRequest,
                 served: "Served", seed: int) -> ImageData:
-    revised = served.class_name(job.label) if job.label is not None else served.conditioner.revised(body.prompt)
+    conditioner = served.conditioner
+    revised = (served.class_name(job.label) if job.label is not None
+               else conditioner.revised(body.prompt) if conditioner is not None else None)
     method = info.get("method", served.method)
     return ImageData(b64_json=b64, index=job.index, seed=seed, image_seed=job.seed, method=method,
                      reproduce=served.reproduce(method, body, seed), class_id=job.label, revised_prompt=revised,
@@ -515,9 +520,9 @@ async def _until_done(waiting: list[asyncio.Future[Any]], request: Any, served: 
 class Served:
     """What the server serves, and how a request maps onto it."""
 
-    def __init__(self, loaded: Any, spec: Any, *, batch_size: int, timeout_s: float, version: str,
-                 method: str | None = None, conditioner: Any = None, max_queue: int | None = None,
-                 names: list[str] | None = None, specs: dict[str, Any] | None = None) -> None:
+    def __init__(self, loaded: LoadedModel, spec: MethodSpec, *, batch_size: int, timeout_s: float, version: str,
+                 method: str | None = None, conditioner: Conditioner | None = None, max_queue: int | None = None,
+                 names: list[str] | None = None, specs: dict[str, MethodSpec] | None = None) -> None:
         self.loaded, self.spec = loaded, spec
         self.specs = dict(specs) if specs else {spec.method: spec}  # each method an image may come from
         self.names = list(names) if names else [loaded.name]  # what a request's `model` may say
@@ -591,7 +596,7 @@ class Served:
         class_id = _class_id(text)
         if class_id is not None:
             return class_id
-        return [n.lower() for n in self.loaded.class_names].index(text.lower())
+        return [n.lower() for n in self.loaded.class_names or ()].index(text.lower())
 
     @property
     def text(self) -> bool:
@@ -604,7 +609,7 @@ class Served:
         if body.model is not None and body.model not in self.names:
             return self.unknown_model(body.model)
         text = body.prompt.strip()
-        problem = self.conditioner.check(text) if self.text else self._check_class(text)
+        problem = self.conditioner.check(text) if self.conditioner is not None else self._check_class(text)
         if problem is None:
             problem = self._check_settings(body)
         if problem is None:

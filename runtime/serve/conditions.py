@@ -10,7 +10,19 @@ image on that text; `revised(text)` -> the text as the model reads it.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
+
+import torch
+
+
+class Conditioner(Protocol):
+    """How a text-conditioned model reads a request's prompt (see the module docstring)."""
+
+    def check(self, text: str) -> str | None: ...
+
+    def revised(self, text: str) -> str: ...
+
+    def __call__(self, text: str) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 class Captions:
@@ -26,7 +38,7 @@ class Captions:
     def revised(self, text: str) -> str:
         return str(self.encoder.normalize_text(text))
 
-    def __call__(self, text: str) -> tuple[Any, Any]:
+    def __call__(self, text: str) -> tuple[torch.Tensor, torch.Tensor]:
         emb, mask = self.encoder.encode([text])
         return emb.to(device=self.device, dtype=self.dtype), mask.to(self.device)
 
@@ -51,6 +63,6 @@ class TokenPrompts:
     def revised(self, text: str) -> str:
         return text
 
-    def __call__(self, text: str) -> tuple[Any, Any]:
+    def __call__(self, text: str) -> tuple[torch.Tensor, torch.Tensor]:
         ids, mask = self.encoder([text], self.length)
         return ids.to(self.device), mask.to(self.device)

@@ -1,7 +1,9 @@
 """The serving engine: one thread drives the captured decoder through its slot API (admit ->
 step -> finished -> release); requests' images join free slots between steps and leave when done.
-The `Scheduler` (queue, cancellations, the method for the current occupancy) decides; the
-decoder executes; the engine's loop is the one place that connects them.
+The `Scheduler` (queue, cancellations, the method for the current occupancy, the job in each
+slot) decides, handing the engine a `Schedule` value per step (the slots to free, the jobs to
+admit); the decoder (any `SlotDecoder`) executes; the engine's loop is the one place that
+connects them.
 
 An image is a `Job` (its class, seed and a future for its tokens; with previews asked, the tokens
 committed so far). `Engine.submit` queues a
@@ -23,6 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
+
+from runtime.core.slots import ImageStats, SlotDecoder, SlotRequest
 
 _log = logging.getLogger("runtime.serve")
 
@@ -77,9 +81,21 @@ class EngineStats:
         return (tvd / steps, bound / steps, int(steps)) if steps else (None, None, 0)
 
 
+@dataclass(frozen=True)
+class Schedule:
+    """What the engine does to its decoder before one step, as the scheduler decided it: free the
+    slots whose image is done (`release`) and those whose client went away (`cancel`), then start
+    each job of `admit` in its slot. The slots it names are the scheduler's map after the step."""
+
+    release: tuple[int, ...] = ()
+    cancel: tuple[tuple[int, Job], ...] = ()
+    admit: tuple[tuple[int, Job], ...] = ()
+
+
 class Scheduler:
     """Decides what the engine runs next; thread-safe (the server's threads submit and cancel,
-    the engine thread takes and waits).
+    the engine thread schedules, takes and waits). `slots`: the job each busy slot of the decoder
+    holds (the request-to-slot map; the engine thread's).
 
     Holds the queue (at most `max_queue` images; a request is queued whole or refused whole),
     the method in use (`current`) and, with several methods, `choose(occupancy)`: the method for
@@ -99,6 +115,7 @@ class Scheduler:
         self._stopping = False
         self._drain = True
         self._seconds_per_image = 1.0  # a running estimate, for Retry-After
+        self.slots: dict[int, Job] = {}
 
     @property
     def queue_depth(self) -> int:
@@ -156,6 +173,25 @@ class Scheduler:
                     return job
             return None
 
+    def schedule(self, finished: tuple[int, ...] | list[int] = ()) -> Schedule:
+        """This step's plan: `finished` (the slots whose image the decoder just finished) are
+        released; running jobs whose client went away are cancelled; then queued jobs fill the
+        free slots, lowest first, while `take` hands them out (none while a method switch is due)."""
+        release = tuple(slot for slot in finished if self.slots.pop(slot, None) is not None)
+        cancel = tuple((slot, job) for slot, job in self.slots.items() if self.cancelled(job))
+        for slot, _ in cancel:
+            del self.slots[slot]
+        admit = []
+        for slot in range(self.batch):
+            if slot in self.slots:
+                continue
+            job = self.take(len(self.slots))
+            if job is None:
+                break
+            self.slots[slot] = job
+            admit.append((slot, job))
+        return Schedule(release, cancel, tuple(admit))
+
     def wait(self) -> str:
         """Every slot is free: block until there is work; "work", "switch" (then `switch()`) or "stop"."""
         with self._cv:
@@ -186,7 +222,7 @@ class Engine:
     everything. Several (`--method auto`): `choose(occupancy)` names the method for the images
     waiting and running (see `Scheduler`)."""
 
-    def __init__(self, decoders: dict[str, Any], device: torch.device, *, max_queue: int = 64,
+    def __init__(self, decoders: dict[str, SlotDecoder], device: torch.device, *, max_queue: int = 64,
                  choose: Callable[[int], str] | None = None,
                  on_done: Callable[[Job, dict[str, Any]], None] | None = None,
                  capture_count: dict[str, int] | None = None) -> None:
@@ -198,7 +234,6 @@ class Engine:
         self.device = device
         self.on_done = on_done
         self.stats = EngineStats()
-        self._running: dict[int, Job] = {}  # id(job) -> job, for the slots busy now
         self._thread: threading.Thread | None = None
         self.ready = threading.Event()
 
@@ -209,7 +244,7 @@ class Engine:
         return self.scheduler.current
 
     @property
-    def decoder(self) -> Any:
+    def decoder(self) -> SlotDecoder:
         """The decoder in use."""
         return self.decoders[self.scheduler.current]
 
@@ -245,22 +280,13 @@ class Engine:
             self._thread.join(timeout)
 
     # -- the engine thread ---------------------------------------------------------------------
-    def _request(self, job: Job) -> Any:
+    def _request(self, job: Job) -> SlotRequest:
         """The decoder's `SlotRequest` for a job, which starts running now."""
-        from runtime.core.decoder import SlotRequest
-
         job.started_at = time.perf_counter()
-        self._running[id(job)] = job
-        self.stats.busy_slots = len(self._running)
         cond = job.cond if job.cond is not None else torch.tensor([job.label], device=self.device)
         return SlotRequest(job, cond, job.mask, job.seed)
 
-    def _release(self, job: Job) -> None:
-        self._running.pop(id(job), None)
-        self.stats.busy_slots = len(self._running)
-
-    def _done(self, job: Job, tokens: torch.Tensor, stats: Any) -> None:
-        self._release(job)
+    def _done(self, job: Job, tokens: torch.Tensor, stats: ImageStats) -> None:
         now = time.perf_counter()
         info = {"tau": stats.accepted_tokens / max(stats.target_forwards, 1),
                 "latency_s": now - job.queued_at, "queue_s": (job.started_at or now) - job.queued_at,
@@ -275,10 +301,10 @@ class Engine:
             self.on_done(job, info)
         _settle(job.future, result=(tokens.cpu(), info))
 
-    def _watch_law(self, stats: Any) -> None:
+    def _watch_law(self, stats: ImageStats) -> None:
         """Add an image's measured law to its method's sums; log once per method when the
         relaxation is clearly past its stated bound (`runtime.core.law.bound_warning`)."""
-        if not getattr(stats, "law_steps", 0):
+        if not stats.law_steps:
             return
         from runtime.core.law import bound_warning
 
@@ -292,31 +318,31 @@ class Engine:
                 self.stats.bound_warnings[self.current] = warning
                 _log.warning(warning)
 
-    def _decode(self, decoder: Any) -> str:
+    def _decode(self, decoder: SlotDecoder) -> str:
         """Serve with one decoder until every slot is free and the scheduler says switch or stop:
-        update (collect finished images, progress), schedule (free cancelled images' slots, admit
-        what the scheduler hands out into free slots), execute (one step). Returns "switch" or "stop"."""
+        update (collect finished images, progress), schedule (`Scheduler.schedule`: the slots to
+        free, the jobs to admit), execute (the schedule, then one step). Returns "switch" or "stop"."""
         scheduler = self.scheduler
         decoder.reset_slots()
         iteration = 0
         while True:
             progress = iteration > 0 and iteration % PROGRESS_EVERY == 0
-            for done in decoder.finished(progress=progress):
-                decoder.release(done.slot)
-                self._done(done.key, done.tokens, done.stats)
+            done = decoder.finished(progress=progress)
+            for image in done:
+                self._done(image.key, image.tokens, image.stats)
             for slot, job, known in decoder.progress():
                 if job.partial_images and known > job.tokens_done:  # a preview's tokens (one device read)
                     job.committed = decoder.committed(slot, known)
                 job.tokens_done, job.steps_done = known, iteration - job.admitted_step
-            for slot in decoder.busy():
-                job = decoder.slots[slot].key
-                if scheduler.cancelled(job):  # a client that went away: its slot is free now
-                    decoder.release(slot)
-                    self._release(job)
-            for slot in range(decoder.config.batch):
-                if decoder.slots[slot] is None and (job := scheduler.take(len(self._running))) is not None:
-                    job.admitted_step = iteration
-                    decoder.admit(slot, self._request(job))
+            plan = scheduler.schedule(finished=[image.slot for image in done])
+            for slot in plan.release:
+                decoder.release(slot)
+            for slot, _ in plan.cancel:  # a client that went away: its slot is free now
+                decoder.release(slot)
+            for slot, job in plan.admit:
+                job.admitted_step = iteration
+                decoder.admit(slot, self._request(job))
+            self.stats.busy_slots = len(scheduler.slots)
             if not decoder.busy():
                 what = scheduler.wait()
                 if what != "work":
@@ -331,11 +357,8 @@ class Engine:
         for decoder in self.decoders.values():
             decoder.reset_slots()
             decoder.admit(0, self._request(job))
-            try:
-                while not decoder.finished():
-                    decoder.step()
-            finally:
-                self._release(job)
+            while not decoder.finished():
+                decoder.step()
 
     def _run(self, warm_up: Job | None) -> None:
         torch.set_grad_enabled(False)
@@ -347,10 +370,10 @@ class Engine:
             try:
                 what = self._decode(self.decoder)
             except Exception as err:  # noqa: BLE001 - fail the images it touched, keep serving
-                failed = list(self._running.values())
+                failed = list(self.scheduler.slots.values())
                 _log.error("engine error: %s (request ids: %s)", err,
                            ", ".join(sorted({job.request for job in failed})) or "none")
-                self._running.clear()
+                self.scheduler.slots.clear()
                 self.stats.busy_slots = 0
                 for job in failed:
                     self.stats.images_failed += 1

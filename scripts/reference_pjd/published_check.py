@@ -82,7 +82,7 @@ def main() -> int:
     args = ap.parse_args()
     torch.set_num_threads(1)
     from runtime.core import MethodSpec, SamplingParams
-    from runtime.core.decoder import SlotRequest
+    from runtime.core.slots import SlotRequest
     from runtime.core.pjd_published import PublishedPJD
     from runtime.models.chameleon_folder import load_chameleon_folder
 

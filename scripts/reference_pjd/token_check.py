@@ -46,7 +46,7 @@ def main() -> int:
     args = ap.parse_args()
     torch.set_num_threads(1)
     from runtime.core import Decoder, MethodSpec, SamplingParams
-    from runtime.core.decoder import SlotRequest
+    from runtime.core.slots import SlotRequest
     from runtime.core.pjd_published import PublishedPJD
     from runtime.models.chameleon_folder import load_chameleon_folder
 
@@ -75,7 +75,7 @@ def main() -> int:
                      "released_image_forwards": im["image_forwards"]}
         for name, spec in loops.items():
             trace = None
-            if spec.out_of_order:  # the slot API by hand, to keep the image's trace
+            if spec.loop == "out_of_order":  # the slot API by hand, to keep the image's trace
                 pjd = PublishedPJD(target, spec)
                 pjd.admit(0, SlotRequest(j, ids[j:j + 1], mask[j:j + 1], im["seed"]))
                 while not (done := pjd.finished()):
