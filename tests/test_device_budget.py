@@ -69,7 +69,7 @@ def test_draft_and_accept_fit_the_xl_budget(xl_depth_pair, method, greedy):
     target, drafter, nb = xl_depth_pair
     assert target.config.n_layer == 36
     # counted as an accelerator runs it: the heads over every node (on the CPU, where that pays,
-    # they run only where they are read: `decoder._lazy_head`, `DecodeConfig.lean_head`)
+    # they run only where they are read: `state.lazy_head_mode`, `DecodeConfig.lean_head`)
     ops = _ops(target, drafter, method, greedy, nb, lazy_head=False)
     share = (ops["draft"] + ops["accept"]) / ops["verify"]
     limits = _limits(method, greedy)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from runtime.core import Decoder, MethodSpec, SamplingParams, generate
-from runtime.core.drafting import _STOPPED, _below_negative, child_scores
+from runtime.core.drafting import STOPPED, below_negative, child_scores
 from runtime.errors import UserError
 from tiny_models import tiny_pair
 
@@ -73,7 +73,7 @@ def test_top_selection_keeps_every_parent_even_with_certain_children():
 def test_next_float_below_by_bits_steps_down_for_every_negative_score():
     """EAGLE-2's one-op "next float below" (scores under the root are negative normal floats,
     a stopped ddd image's -1e38): strictly lower, and exactly nextafter toward -inf."""
-    scores = torch.tensor([-1.1754944e-38, -1e-7, -0.5, -31.9, -40.0, -1e4, -3e38, _STOPPED])
-    below = _below_negative(scores)
+    scores = torch.tensor([-1.1754944e-38, -1e-7, -0.5, -31.9, -40.0, -1e4, -3e38, STOPPED])
+    below = below_negative(scores)
     assert (below < scores).all() and torch.isfinite(below).all()
     assert torch.equal(below, torch.nextafter(scores, torch.tensor(float("-inf"))))

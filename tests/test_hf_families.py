@@ -12,6 +12,7 @@ own classes and placed in a Hugging Face cache (`tests/hf_tiny.py`); HF_HUB_OFFL
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import numpy as np
@@ -317,10 +318,12 @@ def test_runtime_serve_by_hub_id_answers_the_openai_client(hub, tmp_path, model:
     from runtime.cli.serve_cmd import DEFAULT_PROMPT_LENGTH
 
     length = max(DEFAULT_PROMPT_LENGTH, _min_length(model))  # serve's prompt length
-    res = subprocess_run(["run", "--model", model, *size, "--prompts", str(tmp_path / "one.txt"), "--num-images", "2",
-                          "--seed", "5", "--method", "sjd", "--no-graph", "--device", "cpu",
-                          "--prompt-length", str(length), "--out", str(tmp_path / "run")],
-                         env)
+    # the image's own reproduce line, with the prompt file and the server's model and device flags
+    line = shlex.split(answer.data[0].model_extra["reproduce"])
+    assert line[:2] == ["runtime", "run"] and ["--prompt-length", str(length)] == line[line.index("--prompt-length"):][:2]
+    argv = [str(tmp_path / "one.txt") if word == "PROMPT_FILE" else word for word in line[2:]]
+    res = subprocess_run(["run", *argv, "--model", model, *size, "--no-graph", "--device", "cpu",
+                          "--out", str(tmp_path / "run")], env)
     assert res.returncode == 0, res.stderr
     assert served == np.load(tmp_path / "run" / "tokens.npy").tolist()
 

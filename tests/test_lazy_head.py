@@ -12,7 +12,7 @@ import torch
 
 from runtime.core import Decoder, MethodSpec, SamplingParams, generate
 from runtime.core.acceptance import accept_greedy, accept_greedy_path
-from runtime.core.decoder import LAZY_HEAD_MIN_MACS, _lazy_head
+from runtime.core.state import LAZY_HEAD_MIN_MACS, lazy_head_mode
 from runtime.core.tree import load_tree, static_buffers
 from tiny_models import caption, tiny_pair
 
@@ -146,17 +146,17 @@ def test_the_default_runs_the_head_lazily_only_where_it_saves_enough_on_the_cpu(
     policy = SimpleNamespace(reads_p=False, most_parents=25)
     reads_p = SimpleNamespace(reads_p=True, most_parents=25)
     for relaxed, mode in ((False, "path"), (True, "parents")):
-        assert _lazy_head(None, config(16384, 128), tree, relaxed, policy) == mode  # a small model's head
-        assert _lazy_head(None, config(512, 128), tree, relaxed, policy) is None  # the demo's: too little
-        assert _lazy_head(None, config(16384, 1280, "meta"), tree, relaxed, policy) is None  # weight reads cost
-        assert _lazy_head(True, config(512, 128), tree, relaxed, policy) == mode
-        assert _lazy_head(False, config(16384, 128), tree, relaxed, policy) is None
-        assert _lazy_head(True, config(16384, 128, greedy=False), tree, relaxed, policy) is None
-        assert _lazy_head(True, config(16384, 128), tree, relaxed, reads_p) is None  # the policy reads p
+        assert lazy_head_mode(None, config(16384, 128), tree, relaxed, policy) == mode  # a small model's head
+        assert lazy_head_mode(None, config(512, 128), tree, relaxed, policy) is None  # the demo's: too little
+        assert lazy_head_mode(None, config(16384, 1280, "meta"), tree, relaxed, policy) is None  # weight reads cost
+        assert lazy_head_mode(True, config(512, 128), tree, relaxed, policy) == mode
+        assert lazy_head_mode(False, config(16384, 128), tree, relaxed, policy) is None
+        assert lazy_head_mode(True, config(16384, 128, greedy=False), tree, relaxed, policy) is None
+        assert lazy_head_mode(True, config(16384, 128), tree, relaxed, reads_p) is None  # the policy reads p
 
 
 def test_a_one_step_static_draft_forwards_the_spans_of_nodes_with_children():
-    from runtime.core.drafting import _forwarded_nodes
+    from runtime.core.static_tree import _forwarded_nodes
 
     tree = static_buffers(load_tree("naive_extend_57"))
     levels = [tree.level(d) for d in range(1, tree.max_depth + 1)]

@@ -4,6 +4,7 @@ the rule's business, as in vLLM's rejection sampler): rule objects over acceptan
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -11,6 +12,10 @@ from runtime.core.acceptance import Accepted, GroupRule, accept_greedy, accept_g
 from runtime.core.relaxation import Relaxation
 from runtime.core.rng import CounterRNG
 from runtime.core.tree import TreeBuffers
+from runtime.errors import UserError
+
+if TYPE_CHECKING:
+    from runtime.core.state import DecodeConfig
 
 
 # -- the rule a decoder applies, chosen once ---------------------------------------------------
@@ -75,3 +80,23 @@ def acceptance_rule(greedy: bool, rng: CounterRNG, relax: Relaxation, group: Gro
     if group is not None:
         return GroupedAccept(rng, group)
     return GreedyAccept(relax) if greedy else SamplingAccept(rng, relax, rows)
+
+
+def acceptance_parts(config: DecodeConfig, neighbours: torch.Tensor | None) -> tuple[Relaxation, GroupRule | None]:
+    """The relaxation (over the (V, k) codebook neighbour table, where the method relaxes) and
+    the grouped rule (or None) of the method's acceptance."""
+    spec = config.spec
+    kind = spec.relaxation_kind
+    if kind != "none" and neighbours is None:
+        raise UserError(f"method {spec.method} needs the codebook neighbour table (pass the VQ model)")
+    zero_neighbours = None
+    if neighbours is not None:
+        # the paper rule clears a rejected draft's k+1 nearest codes (where the table has them)
+        zero_neighbours = neighbours[:, : spec.lantern_k + 1].to(config.device)
+        neighbours = zero_neighbours[:, : spec.lantern_k]
+    relax = Relaxation(kind, spec.lantern_delta, spec.lantern_lambda, neighbours, rule=spec.relax_rule,
+                       zero_neighbours=zero_neighbours)
+    group = None
+    if spec.accept == "grouped":
+        group = GroupRule.for_target(config.target, spec.group_window, spec.group_gap, spec.group_dist)
+    return relax, group

@@ -25,6 +25,74 @@ The relaxed target r~ moves that mass onto x: r~(x) = r(x) + c_j, r~(n_i) = 0 fo
 TVD(r, r~) = c_j exactly. A draft the target gives probability 0 is not relaxed (its additive
 budget is 0 too; the multiplicative bound already is), so no rule ever moves mass onto, or
 returns, a token of target probability 0.
+
+Sampling acceptance (`accept_sampling`): multi-draft recursive rejection sampling.
+
+The rule. At a node with target r its children are tried in rank order. Child x, drawn
+from proposal q_i, is accepted with probability min(1, t(x) / q_i(x)), t being the
+stage's target; on rejection r <- norm(max(t - q_i, 0)) and, for sampled drafts, x leaves
+the proposal: q_{i+1} = norm(q_i with x removed). On acceptance the walk moves to x with
+r = p after x. When no child is accepted (or the node is a leaf) the bonus token is
+sampled from r.
+
+q: (B, N+1, V) the drafter distribution each node's children were sampled from without
+replacement, or None for deterministic drafts (top-k / EAGLE-2), which behave as
+q_i = one-hot(x).
+
+The stage target t. Exact: t = r. Relaxed, deterministic drafts: t = r~_x (mass of x's
+proximity set moved onto x, `relaxed_target`), the siblings' proximity sets disjoint (a
+token already in an earlier sibling's list, or a sibling draft itself, is never moved
+onto a later sibling; see `_deterministic_stages`). Relaxed, sampled drafts: the parent's
+target is relaxed once, for its first proposal, t = M = E_{x~q_0}[r~_x]
+(`relaxed_mixture`; the relaxation may not depend on which sample came out, or the
+output would drift from any fixed target), and the siblings are judged exactly toward M.
+
+How it is computed (the op count of this step is a design constraint, see opcount.py).
+Stage i of a parent only matters if stages 0..i-1 rejected, so every stage is computed as
+if they did, for every parent of the tree at once. Each node then has an acceptance
+probability a and a uniform u; the accepted path is the deepest node whose every
+ancestor (itself included) was accepted with no earlier sibling accepted (`walk`).
+Deterministic drafts need no loop over sibling ranks: exact, a_i = r(x_i) / (1 - sum of
+r over x_i's earlier siblings); relaxed, the same with r(x_i) + c_i, since disjoint sets
+make every stage read p itself. Sampled drafts loop over the K ranks for the residual
+alone (its normalisers are computed for all ranks at once). A missing child (a parent
+with fewer than K children) points at a padding token V whose mass is zero, so it
+changes nothing.
+
+Guarantees. Every stage is an exact speculative-sampling step toward t, so its output
+(accepted draft, or what the remaining siblings and the residual produce) is distributed
+exactly as t. Exact mode is therefore lossless, for sampled and deterministic drafts. In
+relaxed mode each node's output lies within TVD sum_i c_i of p (deterministic drafts: c_i
+bounded by (lambda - 1) * r(x_i) for LANTERN++, and by delta in total over the siblings
+for LANTERN, whose budget they share in rank order) or E_q[c_x] (sampled: c_x bounded by
+delta, or (lambda - 1) * r(x)).
+`relax_mass` sums c (deterministic, normalised at its stage) or the parent's E_q[c_x]
+(sampled) over the accepted drafts.
+A residual of zero mass (reachable only through float rounding) falls back to p after
+the node, so no token of probability zero is ever returned.
+
+A per-image depth cap (`cap` (B,), --dynamic-depth: the depth image i's own check chose,
+when its batch-mates had the tree verified deeper): image i accepts no node below cap[i]
+and a node at cap[i] is its leaf (bonus from p after it), which is what it gets verifying
+its own prefix alone. Nodes at or above the cap see the same children, the same p and, with
+`uniforms` drawn for the whole tree (u first, the bonus's V last), the same numbers.
+
+The rules. Everything above is rule "bounded". Rule "paper" (`relax.rule`, the default of
+the methods) does what the reference code (jadohu/LANTERN, `evaluate_posterior` and
+`evaluate_posterior_v1` of ea_model_llamagen.py) does, stage by stage against the current
+residual g (p at first): each sibling gets the full budget c_x computed on g (delta, or
+(lambda - 1) g(x)), and
+    deterministic drafts (dynamic trees): accept with g(x) + c_x; on rejection g is zeroed
+        at x and, when x's relaxation was used (its nearest code fits the budget), at its
+        k+1 nearest codes, then renormalised (`_paper_deterministic_stages`);
+    sampled drafts (static trees, sjd): accept with min(1, (g(x) + c_x) / q_s(x)); on
+        rejection g <- norm(max(g - q', 0)), q' = q_s zeroed at x's k+1 nearest codes when
+        its relaxation was used (`_paper_sampled_stages`).
+A sampled draft gains c_x rather than q(x) c_x, so the output is not bounded by delta
+(measured: see README); each relaxed *test* is. Two deliberate differences from the
+reference, both to keep the promise that no token of probability 0 is returned: a
+draft of target probability 0 gets no additive budget, and a residual of zero mass falls
+back to p after the node (the reference uses a uniform distribution there).
 """
 
 from __future__ import annotations
@@ -147,73 +215,9 @@ def accept_sampling(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers, rn
                     q: torch.Tensor | None = None, relax: Relaxation = Relaxation(),
                     uniforms: torch.Tensor | None = None, rows: torch.Tensor | None = None,
                     cap: torch.Tensor | None = None) -> Accepted:
-    """Multi-draft recursive rejection sampling over the tree, every parent at once.
-
-    The rule. At a node with target r its children are tried in rank order. Child x, drawn
-    from proposal q_i, is accepted with probability min(1, t(x) / q_i(x)), t being the
-    stage's target; on rejection r <- norm(max(t - q_i, 0)) and, for sampled drafts, x leaves
-    the proposal: q_{i+1} = norm(q_i with x removed). On acceptance the walk moves to x with
-    r = p after x. When no child is accepted (or the node is a leaf) the bonus token is
-    sampled from r.
-
-    q: (B, N+1, V) the drafter distribution each node's children were sampled from without
-    replacement, or None for deterministic drafts (top-k / EAGLE-2), which behave as
-    q_i = one-hot(x).
-
-    The stage target t. Exact: t = r. Relaxed, deterministic drafts: t = r~_x (mass of x's
-    proximity set moved onto x, `relaxed_target`), the siblings' proximity sets disjoint (a
-    token already in an earlier sibling's list, or a sibling draft itself, is never moved
-    onto a later sibling; see `_deterministic_stages`). Relaxed, sampled drafts: the parent's
-    target is relaxed once, for its first proposal, t = M = E_{x~q_0}[r~_x]
-    (`relaxed_mixture`; the relaxation may not depend on which sample came out, or the
-    output would drift from any fixed target), and the siblings are judged exactly toward M.
-
-    How it is computed (the op count of this step is a design constraint, see opcount.py).
-    Stage i of a parent only matters if stages 0..i-1 rejected, so every stage is computed as
-    if they did, for every parent of the tree at once. Each node then has an acceptance
-    probability a and a uniform u; the accepted path is the deepest node whose every
-    ancestor (itself included) was accepted with no earlier sibling accepted (`walk`).
-    Deterministic drafts need no loop over sibling ranks: exact, a_i = r(x_i) / (1 - sum of
-    r over x_i's earlier siblings); relaxed, the same with r(x_i) + c_i, since disjoint sets
-    make every stage read p itself. Sampled drafts loop over the K ranks for the residual
-    alone (its normalisers are computed for all ranks at once). A missing child (a parent
-    with fewer than K children) points at a padding token V whose mass is zero, so it
-    changes nothing.
-
-    Guarantees. Every stage is an exact speculative-sampling step toward t, so its output
-    (accepted draft, or what the remaining siblings and the residual produce) is distributed
-    exactly as t. Exact mode is therefore lossless, for sampled and deterministic drafts. In
-    relaxed mode each node's output lies within TVD sum_i c_i of p (deterministic drafts: c_i
-    bounded by (lambda - 1) * r(x_i) for LANTERN++, and by delta in total over the siblings
-    for LANTERN, whose budget they share in rank order) or E_q[c_x] (sampled: c_x bounded by
-    delta, or (lambda - 1) * r(x)).
-    `relax_mass` sums c (deterministic, normalised at its stage) or the parent's E_q[c_x]
-    (sampled) over the accepted drafts.
-    A residual of zero mass (reachable only through float rounding) falls back to p after
-    the node, so no token of probability zero is ever returned.
-
-    A per-image depth cap (`cap` (B,), --dynamic-depth: the depth image i's own check chose,
-    when its batch-mates had the tree verified deeper): image i accepts no node below cap[i]
-    and a node at cap[i] is its leaf (bonus from p after it), which is what it gets verifying
-    its own prefix alone. Nodes at or above the cap see the same children, the same p and, with
-    `uniforms` drawn for the whole tree (u first, the bonus's V last), the same numbers.
-
-    The rules. Everything above is rule "bounded". Rule "paper" (`relax.rule`, the default of
-    the methods) does what the reference code (jadohu/LANTERN, `evaluate_posterior` and
-    `evaluate_posterior_v1` of ea_model_llamagen.py) does, stage by stage against the current
-    residual g (p at first): each sibling gets the full budget c_x computed on g (delta, or
-    (lambda - 1) g(x)), and
-        deterministic drafts (dynamic trees): accept with g(x) + c_x; on rejection g is zeroed
-            at x and, when x's relaxation was used (its nearest code fits the budget), at its
-            k+1 nearest codes, then renormalised (`_paper_deterministic_stages`);
-        sampled drafts (static trees, sjd): accept with min(1, (g(x) + c_x) / q_s(x)); on
-            rejection g <- norm(max(g - q', 0)), q' = q_s zeroed at x's k+1 nearest codes when
-            its relaxation was used (`_paper_sampled_stages`).
-    A sampled draft gains c_x rather than q(x) c_x, so the output is not bounded by delta
-    (measured: see README); each relaxed *test* is. Two deliberate differences from the
-    reference, both to keep the promise that no token of probability 0 is returned: a
-    draft of target probability 0 gets no additive budget, and a residual of zero mass falls
-    back to p after the node (the reference uses a uniform distribution there).
+    """Multi-draft recursive rejection sampling over the tree, every parent at once: the rule,
+    the stage target, how it is computed, its guarantees, the depth cap and the paper rule are
+    set out in the module docstring ("Sampling acceptance").
     """
     b, n1 = tokens.shape
     v = p.size(-1)

@@ -35,16 +35,16 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from runtime.core.accept_rules import acceptance_rule
-from runtime.core.acceptance import Accepted, GroupRule, accept_greedy, accept_greedy_path
-from runtime.core.relaxation import Relaxation
+from runtime.core.accept_rules import acceptance_parts, acceptance_rule
+from runtime.core.acceptance import Accepted, accept_greedy, accept_greedy_path
 from runtime.core.policies import make_policy
 from runtime.core.methods import MethodSpec
 from runtime.core.opcount import kernels_generated
 from runtime.core.rng import CounterRNG
 from runtime.core.slots import (Finished, ImageStats, NullTimer, SlotDecoder, SlotRequest, compile_key,
-                                 nonfinite_error)
-from runtime.core.state import MODEL_PARTS, NO_POSITION, DecodeBuffers, DecodeConfig, DraftProposal, DraftView
+                                 nonfinite_error, phase_timer, prefill_slot)
+from runtime.core.state import (MODEL_PARTS, NO_POSITION, DecodeBuffers, DecodeConfig, DraftProposal, DraftView,
+                                check_tree, lazy_head_mode)
 from runtime.core.tree import TreeBuffers
 from runtime.errors import UserError
 
@@ -64,7 +64,7 @@ class Decoder(SlotDecoder):
     to time the phases prefill / draft / verify / accept. `track_nodes`: count in
     `buffers.node_hits` (B, N+1) how often each tree node was accepted (runtime tune's
     calibration). `lazy_head`: the output heads run only where they are read (greedy acceptance,
-    `_lazy_head`; a static tree's draft, `DecodeConfig.lean_head`) rather than over every node;
+    `lazy_head_mode`; a static tree's draft, `DecodeConfig.lean_head`) rather than over every node;
     None = where that saves work (the CPU), False = the accelerators' form everywhere.
     Set `measure_law` (every `law_every`-th iteration) to measure what the
     acceptance rule does to the law: between verify and accept, the output law at the root's
@@ -105,8 +105,8 @@ class Decoder(SlotDecoder):
         # -- the drafting policy owns the tree shape ----------------------------------------
         self.policy = make_policy(config)
         tree = self.policy.tree
-        _check_tree(tree, config)
-        self.relax, self.group = _acceptance_parts(config, neighbours)
+        check_tree(tree, config)
+        self.relax, self.group = acceptance_parts(config, neighbours)
 
         # -- state (fixed shapes; identities never change) -----------------------------------
         # Target: committed tokens (+ a longest block) + one verified tree (+ the policy's extra nodes)
@@ -118,7 +118,7 @@ class Decoder(SlotDecoder):
         self.policy.bind(DraftView.of(config, self.rng, self.buffers, grouped=self.group is not None), committed)
         self.no_position, self.image_ids = torch.tensor(NO_POSITION, device=dev), torch.arange(b, device=dev)
         self.accept_rule = acceptance_rule(config.params.greedy, self.rng, self.relax, self.group, rows=self.image_ids)
-        self.lazy_head = _lazy_head(lazy_head, config, tree, self.relax.active, self.policy)
+        self.lazy_head = lazy_head_mode(lazy_head, config, tree, self.relax.active, self.policy)
         per_image = config.rows // b
         # model rows of each image, and a condition-sized cache to prefill one image in
         self.image_rows = [i + b * torch.arange(per_image, device=dev) for i in range(b)]
@@ -195,7 +195,7 @@ class Decoder(SlotDecoder):
             self.verify_at[d], self.accept_at[d] = verify, accept
 
     def _timer(self) -> PhaseTimer | NullTimer:
-        return self.timer if self.timer is not None else NullTimer()
+        return phase_timer(self.timer)
 
     def _dist(self, logits: torch.Tensor, depth: torch.Tensor | int | None = None) -> torch.Tensor:
         """The target's (R, T, V) logits -> (B, T, V) processed distribution at the current counts
@@ -255,12 +255,8 @@ class Decoder(SlotDecoder):
         Always one image at a time, so its numbers never depend on the batch."""
         config, buf = self.config, self.buffers
         img, rows = self.image_ids[i:i + 1], self.image_rows[i]
-        cond, cond_mask = config.guided(cond, cond_mask)  # the null condition's own padding included
-        self.start_cache.reset()
-        hidden = config.target.prefill(cond, self.start_cache, cond_mask)  # (rows per image, cls, dim)
-        self.cache.load_rows(rows, self.start_cache)
-        self.rng.reset_streams(img, torch.tensor([seed], dtype=torch.long, device=config.device))
-        logits = config.target.logits(hidden[:, -1:])
+        hidden, logits, cond_mask = prefill_slot(config, self.cache, self.start_cache, self.rng, i, cond, cond_mask,
+                                                 seed)
         buf.nonfinite[:, i] = NO_POSITION
         buf.nonfinite[0, i] = torch.where(torch.isfinite(logits).all(), NO_POSITION, 0)
         first = self.pick(self._dist(logits), streams=img)[:, 0]  # (1,)
@@ -591,63 +587,6 @@ class Decoder(SlotDecoder):
                           depth_reached=reached, relax_mass=float(buf.relax_mass[i]),
                           accepted_drafts=accepted - 1 - iters, drafted_levels=drafted,
                           law_tvd=law_tvd, law_bound=law_bound, law_steps=int(law_steps))
-
-
-# The head's multiply-adds `_lazy_head` must skip before the extra ops it costs (about 25 per
-# depth for the path walk) pay on the CPU: about 1 ms of one core.
-LAZY_HEAD_MIN_MACS = 1 << 25
-
-
-def _lazy_head(given: bool | None, config: DecodeConfig, tree: Any, relaxed: bool, policy: Any) -> str | None:
-    """Where greedy acceptance runs the target's head instead of over all N + 1 verified nodes in
-    the verify: "path" (exact: along the path it accepts, D + 1 one-row matmuls,
-    `accept_greedy_path`; verify leaves p alone), "parents" (relaxed: at the nodes with
-    children, whose distributions the drafts are judged against, in the verify, at most
-    `policy.most_parents` of them, and at the accepted leaf for the bonus), or None (the head
-    over every node: sampling, a policy that reads p, or not worth it).
-
-    given: the caller's choice (True: wherever one applies); None = where it saves compute: on
-    the CPU (compute-bound), when the head work skipped is worth more than the extra ops (a head
-    that is a large part of a small model's verify). Where reading the weights is the cost (a
-    GPU or Gaudi), every extra small matmul reads the whole head again (LlamaGen-XL's: 42 MB in
-    bf16), so it stays off there.
-    """
-    if not config.params.greedy or policy.reads_p or not tree.max_depth or given is False:
-        return None
-    mode, kept = ("parents", policy.most_parents + 1) if relaxed else ("path", tree.max_depth + 1)
-    skipped = config.rows * (tree.size - kept) * config.vocab * config.target.config.dim
-    return mode if given or (config.lean_head and skipped >= LAZY_HEAD_MIN_MACS) else None
-
-
-def _check_tree(tree: Any, config: DecodeConfig) -> None:
-    """Refuse a tree this model cannot verify: more children than tokens, or deeper than its RoPE table."""
-    if tree.max_children > config.vocab:
-        raise UserError(f"the draft tree gives a node {tree.max_children} children (ranks 0.."
-                        f"{tree.max_children - 1}) but this model has only {config.vocab} tokens; "
-                        "use a narrower tree or a smaller --top-k-draft")
-    room = config.target.max_position - config.cls - config.num_tokens
-    if tree.max_depth + 1 > room:
-        raise UserError(f"tree depth {tree.max_depth} is too deep for this model's RoPE table (at most {room - 1})")
-
-
-def _acceptance_parts(config: DecodeConfig, neighbours: torch.Tensor | None) -> tuple[Relaxation, GroupRule | None]:
-    """The relaxation (over the (V, k) codebook neighbour table, where the method relaxes) and
-    the grouped rule (or None) of the method's acceptance."""
-    spec = config.spec
-    kind = spec.relaxation_kind
-    if kind != "none" and neighbours is None:
-        raise UserError(f"method {spec.method} needs the codebook neighbour table (pass the VQ model)")
-    zero_neighbours = None
-    if neighbours is not None:
-        # the paper rule clears a rejected draft's k+1 nearest codes (where the table has them)
-        zero_neighbours = neighbours[:, : spec.lantern_k + 1].to(config.device)
-        neighbours = zero_neighbours[:, : spec.lantern_k]
-    relax = Relaxation(kind, spec.lantern_delta, spec.lantern_lambda, neighbours, rule=spec.relax_rule,
-                       zero_neighbours=zero_neighbours)
-    group = None
-    if spec.accept == "grouped":
-        group = GroupRule.for_target(config.target, spec.group_window, spec.group_gap, spec.group_dist)
-    return relax, group
 
 
 def _mask_of(request: SlotRequest) -> torch.Tensor:

@@ -22,8 +22,10 @@ target mass (sum of p(x_s) for deterministic drafts, E_q[p(x)] for sampled ones)
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from runtime.core.relaxation import Relaxation, deterministic_stages, relaxed_mixture, sampled_stages
@@ -33,6 +35,7 @@ from runtime.core.tree import static_buffers, validate_paths
 
 if TYPE_CHECKING:
     from runtime.core.methods import MethodSpec
+    from runtime.core.state import DecodeConfig
 
 # the paper rule's sampled drafts: the first draft runs over this many of q's most likely
 # tokens, and about SAMPLES draws of the later siblings are spread over them by q
@@ -173,3 +176,29 @@ def bound_warning(spec: "MethodSpec", measured: float | None, bound: float | Non
     return (f"{spec.method} ({setting}, --relax-rule {spec.relax_rule}) moved each step's output "
             f"{measured:.3f} in total variation from the target's law (mean of {steps} measured steps), "
             f"past its stated bound {bound:.3f}; {fix}")
+
+
+@torch.no_grad()
+def tv_from_ar(config: DecodeConfig, cond: torch.Tensor, mask: torch.Tensor | None, tokens: np.ndarray,
+               judged: torch.Tensor, judged_mask: np.ndarray) -> tuple[float, int]:
+    """(summed TV distance, tokens) between the p (S, V) each token of a finished image (S,) was
+    judged under (`judged`, where `judged_mask`; pjd's released loop records them) and AR's p at its
+    index given the image's tokens before it (one causal forward over the image in a
+    fresh cache): what conditioning on a partly generated row above, and KV computed once, cost
+    each token. Tokens no p judged (forced row ends) are left out. The bound reported beside it
+    is TV's own, 1 per token: the released rule states none."""
+    cond, mask = config.guided(cond, mask)
+    s = config.num_tokens
+    cache = config.target.new_cache(cond.size(0), config.cls + s, config.device)
+    hidden = config.target.prefill(cond, cache, mask)
+    ids = torch.from_numpy(tokens).to(config.device)
+    x = config.target.tok_embeddings(ids[None, :-1].expand(cond.size(0), -1))
+    causal = torch.ones(s - 1, s - 1, dtype=torch.bool, device=config.device).tril()
+    out = config.target.forward_cached(x, config.cls + torch.arange(s - 1, device=config.device), causal, cache)
+    logits = config.target.logits(torch.cat([hidden[:, -1:], out], 1))  # (rows, S, V): p for 0 .. S-1
+    alone = dataclasses.replace(config, batch=1, rows=cond.size(0))  # this image's rows only
+    zero = torch.zeros(1, dtype=torch.long, device=config.device)
+    ar = alone.dist(logits, zero, torch.arange(s, device=config.device)[None])[0]
+    at = torch.from_numpy(judged_mask).to(config.device)
+    tv = 0.5 * (judged[at] - ar[at]).abs().sum(-1)
+    return float(tv.sum()), int(at.sum())

@@ -33,15 +33,9 @@ Rows (C = row width, K = codes per row: C - 1 with a row-end token (Lumina-mGPT)
     rows        row r + 1 starts once row r has W codes (or is complete); with a row-end token,
                 row r's row-end is committed then (the forced token, row r + 1's lead).
 
-What differs from the released code, each on purpose (docs/methods.md lists them): the first
-image token comes from the prefill's distribution (the runtime's prompt holds the image header,
-which the released code generates); acceptance is per image (the released code commits each
-row's minimum over the batch); `pjd_rows` caps the rows in flight (the released code has no cap:
-at 768 px it runs up to 7); the forward after a finished row is not shifted by one (a bug of the
-released code: the finished row's last token is dropped from the logits but not from the drafts);
-a layout without row-end tokens (LlamaGen, whose released loop is not public) gives a row whose
-lead slot is not committed yet a stand-in leading token (the last committed code of the row
-above), written at a scratch slot that no other row sees.
+What differs from the released code, each on purpose, is listed in docs/methods.md: the first
+image token, per-image acceptance, the `pjd_rows` cap, the shift after a finished row, and a
+layout without row-end tokens (LlamaGen).
 
 Shapes are fixed (B images x T = R * W + R nodes, R = `pjd_rows`), so the verify forward is
 captured like the other methods' steps, once per node-count bucket (`ROW_BUCKETS` rows of W + 1
@@ -54,8 +48,6 @@ under greedy decoding; with `pjd_rows` 1 and greedy decoding it is AR token for 
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
@@ -63,7 +55,9 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 import torch
 
-from runtime.core.slots import Finished, ImageStats, SlotDecoder, SlotRequest, compile_key, nonfinite_error
+from runtime.core.slots import (Finished, ImageStats, SlotDecoder, SlotRequest, compile_key, nonfinite_error, phase_timer,
+                                 prefill_slot)
+from runtime.core.law import tv_from_ar
 from runtime.core.methods import MethodSpec
 from runtime.core.rng import CounterRNG, token_from_uniform
 from runtime.core.state import MODEL_PARTS, DecodeConfig
@@ -267,7 +261,9 @@ class PublishedPJD(SlotDecoder):
         for i, im in enumerate(self.images):
             if im is not None and im.done:
                 tokens = torch.from_numpy(im.tok.copy()).to(self.config.device)
-                tvd, steps = self._law(im) if im.judged is not None else (0.0, 0)
+                tvd, steps = ((0.0, 0) if im.judged is None or im.judged_mask is None
+                              else tv_from_ar(self.config, im.request.cond, im.request.mask, im.tok, im.judged,
+                                              im.judged_mask))
                 stats = ImageStats(tokens=self.config.num_tokens, target_forwards=1 + im.forwards,
                                    accepted_tokens=self.config.num_tokens, depth_accepted=[], depth_reached=[],
                                    relax_mass=0.0, accepted_drafts=im.accepted_drafts,
@@ -275,30 +271,6 @@ class PublishedPJD(SlotDecoder):
                 done.append(Finished(i, im.request.key, tokens, stats))
         return done
 
-    @torch.no_grad()
-    def _law(self, im: _Image) -> tuple[float, int]:
-        """(summed TV distance, tokens) between the p each token was judged under and AR's p at its
-        index given the finished image's tokens before it (one causal forward over the image in a
-        fresh cache): what conditioning on a partly generated row above, and KV computed once, cost
-        each token. Tokens no p judged (forced row ends) are left out. The bound reported beside it
-        is TV's own, 1 per token: the released rule states none."""
-        config = self.config
-        cond, mask = config.guided(im.request.cond, im.request.mask)
-        s = config.num_tokens
-        cache = config.target.new_cache(cond.size(0), config.cls + s, config.device)
-        hidden = config.target.prefill(cond, cache, mask)
-        tokens = torch.from_numpy(im.tok).to(config.device)
-        x = config.target.tok_embeddings(tokens[None, :-1].expand(cond.size(0), -1))
-        causal = torch.ones(s - 1, s - 1, dtype=torch.bool, device=config.device).tril()
-        out = config.target.forward_cached(x, config.cls + torch.arange(s - 1, device=config.device), causal, cache)
-        logits = config.target.logits(torch.cat([hidden[:, -1:], out], 1))  # (rows, S, V): p for 0 .. S-1
-        alone = dataclasses.replace(config, batch=1, rows=cond.size(0))  # this image's rows only
-        zero = torch.zeros(1, dtype=torch.long, device=config.device)
-        ar = alone.dist(logits, zero, torch.arange(s, device=config.device)[None])[0]
-        assert im.judged is not None and im.judged_mask is not None
-        at = torch.from_numpy(im.judged_mask).to(config.device)
-        tv = 0.5 * (im.judged[at] - ar[at]).abs().sum(-1)
-        return float(tv.sum()), int(at.sum())
 
     @torch.no_grad()
     def step(self) -> None:
@@ -325,19 +297,14 @@ class PublishedPJD(SlotDecoder):
 
     # -- host side --------------------------------------------------------------------------------
     def _phase(self, name: str) -> Any:
-        return self.timer.phase(name) if self.timer is not None else contextlib.nullcontext()
+        return phase_timer(self.timer).phase(name)
 
     def _start(self, i: int, request: SlotRequest) -> _Image:
         """Prefill the image's condition into its slot's rows and commit its first token."""
         config = self.config
-        cond, cond_mask = config.guided(request.cond, request.mask)
-        self.start_cache.reset()
-        hidden = config.target.prefill(cond, self.start_cache, cond_mask)
-        rows = i + config.batch * torch.arange(config.rows // config.batch, device=config.device)
-        self.cache.load_rows(rows, self.start_cache)
+        _, logits, _ = prefill_slot(config, self.cache, self.start_cache, self.rng, i, request.cond, request.mask,
+                                 request.seed)
         img = self.image_ids[i:i + 1]
-        self.rng.reset_streams(img, torch.tensor([request.seed], dtype=torch.long, device=config.device))
-        logits = config.target.logits(hidden[:, -1:])
         _check_finite(logits, request, 0, config)
         zero = torch.zeros(1, dtype=torch.long, device=config.device)
         probs = config.dist(logits, zero)

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from runtime.core.drafting import DraftPolicy, DynamicTreePolicy, StaticTreePolicy
+from runtime.core.drafting import DraftPolicy
+from runtime.core.dynamic_tree import DynamicTreePolicy
+from runtime.core.static_tree import StaticTreePolicy
 from runtime.core.jacobi import JacobiPolicy
 from runtime.core.pjd import PJDPolicy
 

@@ -33,6 +33,8 @@ from runtime.errors import UserError
 
 if TYPE_CHECKING:
     from backends.base import PhaseTimer
+    from runtime.core.rng import CounterRNG
+    from runtime.models.kv_cache import StaticKVCache
 
 
 @dataclass(frozen=True)
@@ -255,3 +257,29 @@ class NullTimer:
 
     def phase(self, name: str) -> contextlib.nullcontext[None]:
         return contextlib.nullcontext()
+
+
+def phase_timer(timer: PhaseTimer | None) -> PhaseTimer | NullTimer:
+    """The loop's phase timer, or one that times nothing (no timer set)."""
+    return timer if timer is not None else NullTimer()
+
+
+def prefill_slot(config: DecodeConfig, cache: StaticKVCache, start_cache: StaticKVCache, rng: CounterRNG,
+                 slot: int, cond: torch.Tensor, cond_mask: torch.Tensor | None,
+                 seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Start an image in `slot` of a loop (both loops start images this way, one at a time, so
+    its numbers never depend on the batch): run its condition (1,) / (1, cls, caption_dim) /
+    (1, cls) prompt ids with mask (1, cls), the null condition added under guidance, in the
+    condition-sized `start_cache`; copy that into the slot's rows of `cache`; restart the slot's
+    random stream at `seed`. Returns (hidden (rows per image, cls, dim), the first token's
+    logits (rows per image, 1, V), the mask as the model rows read it (rows per image, cls) or
+    None)."""
+    b = config.batch
+    rows = slot + b * torch.arange(config.rows // b, device=config.device)
+    cond, cond_mask = config.guided(cond, cond_mask)  # the null condition's own padding included
+    start_cache.reset()
+    hidden = config.target.prefill(cond, start_cache, cond_mask)
+    cache.load_rows(rows, start_cache)
+    rng.reset_streams(torch.tensor([slot], device=config.device),
+                      torch.tensor([seed], dtype=torch.long, device=config.device))
+    return hidden, config.target.logits(hidden[:, -1:]), cond_mask

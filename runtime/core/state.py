@@ -20,7 +20,7 @@ longest accepted block, S = num_tokens the image tokens.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -57,7 +57,7 @@ class DecodeConfig:
     constrain: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None
     # Output-head rows nobody reads are worth skipping at the price of an index op or a few
     # small matmuls: on the CPU, where a matmul costs its multiply-adds. On a GPU or Gaudi the
-    # head costs its weight reads whatever the rows, so the plain form stays (`_lazy_head`).
+    # head costs its weight reads whatever the rows, so the plain form stays (`lazy_head_mode`).
     lean_head: bool = False
 
     @classmethod
@@ -282,3 +282,40 @@ class DraftProposal:
     tokens: torch.Tensor
     q: torch.Tensor | None
     lookahead: LookaheadRows | None = None
+
+
+# The head's multiply-adds `lazy_head_mode` must skip before the extra ops it costs (about 25 per
+# depth for the path walk) pay on the CPU: about 1 ms of one core.
+LAZY_HEAD_MIN_MACS = 1 << 25
+
+
+def lazy_head_mode(given: bool | None, config: DecodeConfig, tree: Any, relaxed: bool, policy: Any) -> str | None:
+    """Where greedy acceptance runs the target's head instead of over all N + 1 verified nodes in
+    the verify: "path" (exact: along the path it accepts, D + 1 one-row matmuls,
+    `accept_greedy_path`; verify leaves p alone), "parents" (relaxed: at the nodes with
+    children, whose distributions the drafts are judged against, in the verify, at most
+    `policy.most_parents` of them, and at the accepted leaf for the bonus), or None (the head
+    over every node: sampling, a policy that reads p, or not worth it).
+
+    given: the caller's choice (True: wherever one applies); None = where it saves compute: on
+    the CPU (compute-bound), when the head work skipped is worth more than the extra ops (a head
+    that is a large part of a small model's verify). Where reading the weights is the cost (a
+    GPU or Gaudi), every extra small matmul reads the whole head again (LlamaGen-XL's: 42 MB in
+    bf16), so it stays off there.
+    """
+    if not config.params.greedy or policy.reads_p or not tree.max_depth or given is False:
+        return None
+    mode, kept = ("parents", policy.most_parents + 1) if relaxed else ("path", tree.max_depth + 1)
+    skipped = config.rows * (tree.size - kept) * config.vocab * config.target.config.dim
+    return mode if given or (config.lean_head and skipped >= LAZY_HEAD_MIN_MACS) else None
+
+
+def check_tree(tree: Any, config: DecodeConfig) -> None:
+    """Refuse a tree this model cannot verify: more children than tokens, or deeper than its RoPE table."""
+    if tree.max_children > config.vocab:
+        raise UserError(f"the draft tree gives a node {tree.max_children} children (ranks 0.."
+                        f"{tree.max_children - 1}) but this model has only {config.vocab} tokens; "
+                        "use a narrower tree or a smaller --top-k-draft")
+    room = config.target.max_position - config.cls - config.num_tokens
+    if tree.max_depth + 1 > room:
+        raise UserError(f"tree depth {tree.max_depth} is too deep for this model's RoPE table (at most {room - 1})")

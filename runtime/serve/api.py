@@ -29,7 +29,7 @@ import secrets
 import time
 import uuid
 from dataclasses import dataclass
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request
@@ -224,25 +224,43 @@ def _validation_refusal(exc: RequestValidationError) -> Refusal:
 
 
 def create_app(engine: Engine, served: "Served", http: HttpOptions | None = None) -> FastAPI:
-    """The FastAPI application over a started `engine` and what it serves."""
+    """The FastAPI application over a started `engine` and what it serves: its middlewares
+    (runtime/serve/edge.py), error handlers, probes and metrics, the models, the page and the
+    images route."""
     http = http or HttpOptions()
+    docs: dict[str, Any] = {} if http.docs else {"docs_url": None, "redoc_url": None, "openapi_url": None}
+    app = FastAPI(title="lantern-runtime", version=served.version, lifespan=_lifespan(engine, served),
+                  description="Speculative visual autoregressive image generation (OpenAI images API).", **docs)
+    metrics = ServeMetrics(engine, served.method)
+    app.state.metrics = metrics
+    _add_middleware(app, served, http, metrics)
+    _add_error_handlers(app, http)
+    _add_probes(app, engine, served, http, metrics)
+    if http.ui:
+        add_page(app)
+    _add_models(app, served)
+    _add_generation(app, engine, served, metrics)
+    return app
+
+
+def _lifespan(engine: Engine, served: "Served") -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
+    """The app's lifespan: at shutdown (the drain, runtime/serve/drain.py, has answered the
+    requests in flight) the engine stops."""
 
     @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI):  # type: ignore[no-untyped-def]
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
-        # shutdown: the drain (runtime/serve/drain.py) has answered the requests in flight
         served.draining = True
         # a warm-up (minutes of capture under --graph) is not waited for: the engine thread is a daemon
         wait = served.time_left() if engine.ready.is_set() else min(served.time_left() or 0.5, 0.5)
         await asyncio.get_running_loop().run_in_executor(
             None, lambda: engine.stop(drain=not served.abandoned, timeout=wait))
 
-    docs: dict[str, Any] = {} if http.docs else {"docs_url": None, "redoc_url": None, "openapi_url": None}
-    app = FastAPI(title="lantern-runtime", version=served.version, lifespan=lifespan,
-                  description="Speculative visual autoregressive image generation (OpenAI images API).", **docs)
-    metrics = ServeMetrics(engine, served.method)
-    app.state.metrics = metrics
-    # outermost last: RequestContext, CORS, auth, the body limit
+    return lifespan
+
+
+def _add_middleware(app: FastAPI, served: "Served", http: HttpOptions, metrics: ServeMetrics) -> None:
+    """Outermost last: RequestContext, CORS, auth, the body limit (runtime/serve/edge.py)."""
     app.add_middleware(BodyLimit, limit=http.max_request_bytes)
     if http.api_key:
         app.add_middleware(BearerAuth, api_key=http.api_key)
@@ -250,6 +268,11 @@ def create_app(engine: Engine, served: "Served", http: HttpOptions | None = None
         app.add_middleware(JsonCors, allow_origins=list(http.allowed_origins), allow_methods=["*"],
                            allow_headers=["*"], expose_headers=["X-Request-ID", "Retry-After"])
     app.add_middleware(RequestContext, served=served, count=metrics.count_request)
+
+
+def _add_error_handlers(app: FastAPI, http: HttpOptions) -> None:
+    """Every error in OpenAI's body: a request that does not validate (400, not FastAPI's 422),
+    the framework's 404 and 405."""
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> Any:
@@ -267,6 +290,10 @@ def create_app(engine: Engine, served: "Served", http: HttpOptions | None = None
         else:
             message = str(exc.detail)
         return error_response(exc.status_code, message, headers=exc.headers)
+
+
+def _add_probes(app: FastAPI, engine: Engine, served: "Served", http: HttpOptions, metrics: ServeMetrics) -> None:
+    """/health, /ready, /version, /info and /metrics: open without the API key."""
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -298,13 +325,14 @@ def create_app(engine: Engine, served: "Served", http: HttpOptions | None = None
                           max_images=min(MAX_IMAGES_PER_REQUEST, served.max_queue or MAX_IMAGES_PER_REQUEST),
                           max_partial_images=MAX_PARTIAL_IMAGES, api_key_required=http.api_key is not None)
 
-    if http.ui:
-        add_page(app)
-
     @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus() -> PlainTextResponse:
         body, content_type = metrics.render()
         return PlainTextResponse(body, media_type=content_type)
+
+
+def _add_models(app: FastAPI, served: "Served") -> None:
+    """OpenAI's model list and model card: the served names (--served-model-name)."""
 
     @app.get("/v1/models", response_model=ModelList)
     async def models() -> Any:
@@ -315,6 +343,10 @@ def create_app(engine: Engine, served: "Served", http: HttpOptions | None = None
         if model not in served.names:
             return served.unknown_model(model).response()
         return ModelCard(id=model, created=served.created)
+
+
+def _add_generation(app: FastAPI, engine: Engine, served: "Served", metrics: ServeMetrics) -> None:
+    """POST /v1/images/generations: OpenAI's images request, answered whole or streamed."""
 
     @app.post("/v1/images/generations", response_model=ImagesResponse, response_model_exclude_none=True,
               responses={400: {"model": ErrorBody}, 401: {"model": ErrorBody}, 404: {"model": ErrorBody},
@@ -380,8 +412,6 @@ def create_app(engine: Engine, served: "Served", http: HttpOptions | None = None
         request.state.method = ",".join(sorted({d.method for d in data}))
         return ImagesResponse(created=int(time.time()), data=data, output_format=body.output_format,
                               size=served.size).model_dump(exclude_none=True)
-
-    return app
 
 
 class _Abandoned(Exception):
@@ -573,13 +603,15 @@ class Served:
     def reproduce(self, method: str, body: ImageRequest, seed: int) -> str:
         """The `runtime run` line that makes a request's images again with `method`'s settings
         as served (under `--method auto`, lantern++ at lambda 1 even where the profile's own
-        lantern++ relaxes), image `index` of it being the request's image `index`."""
+        lantern++ relaxes), image `index` of it being the request's image `index`; a text
+        prompt is read from PROMPT_FILE (the prompt on one line)."""
         import shlex
 
-        prompt = ["--prompts", "PROMPT_FILE"] if self.text else ["--classes", str(self.label(body.prompt))]
-        line = shlex.join(["runtime", "run", *self.specs[method].cli_args(), "--seed", str(seed), *prompt,
+        conditioner = self.conditioner
+        prompt = (["--prompts", "PROMPT_FILE", *conditioner.run_flags()] if conditioner is not None
+                  else ["--classes", str(self.label(body.prompt))])
+        return shlex.join(["runtime", "run", *self.specs[method].cli_args(), "--seed", str(seed), *prompt,
                            "--num-images", str(body.n)])
-        return line + (" (PROMPT_FILE: the prompt on one line)" if self.text else "")
 
     def image_seed(self, seed: int, index: int) -> int:
         from runtime.core.rng import derive_seed

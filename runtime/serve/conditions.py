@@ -22,6 +22,10 @@ class Conditioner(Protocol):
 
     def revised(self, text: str) -> str: ...
 
+    def run_flags(self) -> list[str]:
+        """The `runtime run` flags that read a prompt as this server does (beside its own flags)."""
+        ...
+
     def __call__(self, text: str) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
@@ -37,6 +41,9 @@ class Captions:
 
     def revised(self, text: str) -> str:
         return str(self.encoder.normalize_text(text))
+
+    def run_flags(self) -> list[str]:
+        return []  # the caption encoder is the server's --t5-path
 
     def __call__(self, text: str) -> tuple[torch.Tensor, torch.Tensor]:
         emb, mask = self.encoder.encode([text])
@@ -62,6 +69,9 @@ class TokenPrompts:
 
     def revised(self, text: str) -> str:
         return text
+
+    def run_flags(self) -> list[str]:
+        return ["--prompt-length", str(self.length)]  # the padding sets the positions, so the tokens
 
     def __call__(self, text: str) -> tuple[torch.Tensor, torch.Tensor]:
         ids, mask = self.encoder([text], self.length)

@@ -328,21 +328,21 @@ class Engine:
         while True:
             progress = iteration > 0 and iteration % PROGRESS_EVERY == 0
             done = decoder.finished(progress=progress)
+            plan = scheduler.schedule(finished=[image.slot for image in done])
+            self.stats.busy_slots = len(scheduler.slots)  # before the done images' futures are settled
+            for slot in plan.release:
+                decoder.release(slot)
             for image in done:
                 self._done(image.key, image.tokens, image.stats)
             for slot, job, known in decoder.progress():
                 if job.partial_images and known > job.tokens_done:  # a preview's tokens (one device read)
                     job.committed = decoder.committed(slot, known)
                 job.tokens_done, job.steps_done = known, iteration - job.admitted_step
-            plan = scheduler.schedule(finished=[image.slot for image in done])
-            for slot in plan.release:
-                decoder.release(slot)
             for slot, _ in plan.cancel:  # a client that went away: its slot is free now
                 decoder.release(slot)
             for slot, job in plan.admit:
                 job.admitted_step = iteration
                 decoder.admit(slot, self._request(job))
-            self.stats.busy_slots = len(scheduler.slots)
             if not decoder.busy():
                 what = scheduler.wait()
                 if what != "work":

@@ -112,8 +112,8 @@ def run_load(base: str, *, requests: int, concurrency: int, max_n: int, classes:
     return records, time.perf_counter() - t0, (stopped_at[0] if stopped_at else None)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args_in = sys.argv[1:] if argv is None else argv
+def _parse(args_in: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """(the load test's options, the serve flags after `--`), refused with argparse's line."""
     split = args_in.index("--") if "--" in args_in else len(args_in)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=200)
@@ -132,7 +132,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--method auto serves with several methods; the offline comparison needs one (name it)")
     if args.sigterm_after is not None and not 0 < args.sigterm_after < args.requests:
         parser.error(f"--sigterm-after must be in 1..{args.requests - 1} (fewer than --requests)")
+    return args, serve_args
 
+
+def main(argv: list[str] | None = None) -> int:
+    args_in = sys.argv[1:] if argv is None else argv
+    args, serve_args = _parse(args_in)
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
     log = Path(tempfile.mkdtemp(prefix="serve-load-")) / "server.log"  # named when the server fails
@@ -179,10 +184,27 @@ def main(argv: list[str] | None = None) -> int:
         drain_ok = bool(answered) and all(p["health"] == 200 and p["ready"] == 503 and p["generate"] == 503
                                           and p["retry_after"] for p in answered)
         outcome["drain_probes_answered"] = len(answered)
+    mismatches, offline = _offline(records, serve_args, ready, args.verify)
+    result = _result(args, args_in, records, ready, wall, failed, exit_code, mismatches, offline, probes, drain_ok,
+                     stopped_s, outcome, metrics)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"{result['images']} images from {args.requests} requests ({args.concurrency} clients) in {wall:.1f} s: "
+          f"{result['images_per_s']:.3f} images/s served, {offline.get('images_per_s', 0):.3f} offline "
+          f"(batch {ready.get('batch_size')}); latency p50 {result['latency_s'].get('p50', 0):.2f} s, "
+          f"p99 {result['latency_s'].get('p99', 0):.2f} s; {len(failed)} failed, {mismatches} token mismatches, "
+          f"server exit {exit_code}" + (f"; SIGTERM at {stopped_s:.1f} s: {outcome}, drain visible: {drain_ok}"
+                                        if stopped_s is not None else ""))
+    return 0 if not failed and not mismatches and exit_code == 0 and drain_ok is not False else 1
+
+
+def _result(args: argparse.Namespace, args_in: list[str], records: list[dict[str, Any]], ready: dict[str, Any],
+            wall: float, failed: list[Any], exit_code: int, mismatches: int, offline: dict[str, Any],
+            probes: list[dict[str, Any]], drain_ok: bool | None, stopped_s: float | None, outcome: dict[str, Any],
+            metrics: str) -> dict[str, Any]:
+    """The load test's result file: what was asked, what the server answered, the offline check."""
     images = sum(len(r["data"]) for r in records if r.get("status") == 200)
     latencies = [r["seconds"] for r in records if r.get("status") == 200]
-    mismatches, offline = _offline(records, serve_args, ready, args.verify)
-    result = {
+    return {
         "command": ["python", "-m", "runtime.serve.load", *args_in],
         "server": ready, "requests": args.requests, "concurrency": args.concurrency, "images": images,
         "failed_requests": len(failed), "server_exit_code": exit_code, "token_mismatches": mismatches,
@@ -197,14 +219,6 @@ def main(argv: list[str] | None = None) -> int:
         "records": [{k: v for k, v in r.items() if k != "data"} | {"seeds": [d["seed"] for d in r.get("data", [])]}
                     for r in records],
     }
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"{images} images from {args.requests} requests ({args.concurrency} clients) in {wall:.1f} s: "
-          f"{result['images_per_s']:.3f} images/s served, {offline.get('images_per_s', 0):.3f} offline "
-          f"(batch {ready.get('batch_size')}); latency p50 {result['latency_s'].get('p50', 0):.2f} s, "
-          f"p99 {result['latency_s'].get('p99', 0):.2f} s; {len(failed)} failed, {mismatches} token mismatches, "
-          f"server exit {exit_code}" + (f"; SIGTERM at {stopped_s:.1f} s: {outcome}, drain visible: {drain_ok}"
-                                        if stopped_s is not None else ""))
-    return 0 if not failed and not mismatches and exit_code == 0 and drain_ok is not False else 1
 
 
 def _probe_drain(base: str, proc: subprocess.Popen[str], probes: list[dict[str, Any]]) -> None:
