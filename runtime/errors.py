@@ -14,12 +14,13 @@ import zipfile
 import zlib
 from collections.abc import Iterable
 
-# What reading a damaged or hostile .npy / .npz can raise: its zip structure (bad headers or
+# What reading a damaged or hostile file can raise: an .npz's zip structure (bad headers or
 # checksums; encrypted, patched or unknown compression: RuntimeError / NotImplementedError), its
-# deflate, bzip2 or lzma stream, its .npy header (numpy parses it as Python: ValueError,
-# SyntaxError, tokenize.TokenError), a member that is missing, or a header whose shape asks for
-# more memory than there is. A reader of such a file turns these into one UserError line.
-ARCHIVE_FAULTS: tuple[type[BaseException], ...] = (
+# deflate, bzip2 or lzma stream, an .npy header (numpy parses it as Python: ValueError,
+# SyntaxError, tokenize.TokenError), a missing member, a header whose shape asks for more memory
+# than there is; an image PIL cannot decode (OSError, a text chunk past its limit: ValueError,
+# "broken PNG file": SyntaxError). A reader of such a file turns these into one UserError line.
+FILE_FAULTS: tuple[type[BaseException], ...] = (
     OSError, EOFError, ValueError, KeyError, SyntaxError, RuntimeError, MemoryError, tokenize.TokenError,
     zipfile.BadZipFile, zlib.error, lzma.LZMAError, struct.error)
 

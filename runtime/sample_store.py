@@ -29,14 +29,13 @@ from typing import Any
 import numpy as np
 
 from runtime.atomic import atomic_path, atomic_write_text, sweep_stale
-from runtime.errors import ARCHIVE_FAULTS, UserError
+from runtime.errors import FILE_FAULTS, UserError
 from runtime.metrics.adm import LABELS, write_npz
 from runtime.metrics.images import SAMPLES_FILE
 
 MANIFEST = "manifest.json"
 CHUNKS = "chunks"
 DAMAGED = "damaged"
-READ_FAULTS = ARCHIVE_FAULTS  # what reading a damaged chunk can raise
 
 
 @dataclass(frozen=True)
@@ -155,7 +154,7 @@ class SampleStore:
             part = self.read(chunk)
             stats = part["stats"]
             float(part["seconds"])
-        except READ_FAULTS as err:
+        except FILE_FAULTS as err:
             text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             if "allow_pickle" in text:
                 return "it holds an object array (pickled Python objects), which is never loaded"

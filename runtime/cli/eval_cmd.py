@@ -13,7 +13,7 @@ from rich.table import Table
 
 from runtime.cli import options as opt
 from runtime.cli.app import app
-from runtime.errors import ARCHIVE_FAULTS, UserError
+from runtime.errors import FILE_FAULTS, UserError
 from runtime.metrics import INCEPTION_ENV
 
 
@@ -33,7 +33,7 @@ def read_run(run_dir: Path) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
     result = read_json(run_dir / "result.json")
     try:
         tokens = np.load(tokens_path, allow_pickle=False)
-    except ARCHIVE_FAULTS as err:
+    except FILE_FAULTS as err:
         raise UserError(f"{tokens_path} is not a readable .npy array ({type(err).__name__}: {err}); regenerate "
                         "the run") from None
     if tokens.ndim != 2 or not np.issubdtype(tokens.dtype, np.integer):

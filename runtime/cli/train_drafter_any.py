@@ -32,7 +32,7 @@ def _load_labelled_tokens(tokens_file: str, labels_file: str | None, target: Any
     import numpy as np
     import torch
 
-    from runtime.errors import ARCHIVE_FAULTS
+    from runtime.errors import FILE_FAULTS
 
     if labels_file is None:
         raise UserError("--tokens needs --labels (the class of each row, a .npy of shape (N,))")
@@ -40,7 +40,7 @@ def _load_labelled_tokens(tokens_file: str, labels_file: str | None, target: Any
     for flag, path in (("--tokens", tokens_file), ("--labels", labels_file)):
         try:
             arrays.append(np.load(path, allow_pickle=False))
-        except ARCHIVE_FAULTS as err:
+        except FILE_FAULTS as err:
             raise UserError(f"{flag} {path}: cannot read a .npy array ({type(err).__name__}: {err})") from None
     tokens, labels = arrays
     cfg = target.config

@@ -16,15 +16,8 @@ Result (`Accepted`):
     bonus   (B,)     long  the token the target adds after the accepted path
     relax_mass (B,)  float sum over accepted drafts of the relaxation mass c they used
 
-Relaxation (LANTERN / LANTERN++). For draft x and the current target r, the proximity set
-is x plus the longest prefix n_1..n_j of x's nearest codebook neighbours whose cumulative
-target mass c_j = r(n_1)+...+r(n_j) stays within the bound:
-    LANTERN   (additive):        c_j <= delta_remaining      (delta for the first sibling)
-    LANTERN++ (multiplicative):  c_j <= (lambda - 1) * r(x), i.e. r~(x) <= lambda * r(x)
-The relaxed target r~ moves that mass onto x: r~(x) = r(x) + c_j, r~(n_i) = 0 for i <= j.
-TVD(r, r~) = c_j exactly. A draft the target gives probability 0 is not relaxed (its additive
-budget is 0 too; the multiplicative bound already is), so no rule ever moves mass onto, or
-returns, a token of target probability 0.
+Relaxation (LANTERN / LANTERN++): the proximity sets, the relaxed target and the stage
+functions are relaxation.py's (its module docstring states them).
 
 Sampling acceptance (`accept_sampling`): multi-draft recursive rejection sampling.
 

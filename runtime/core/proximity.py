@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from runtime.errors import ARCHIVE_FAULTS, UserError
+from runtime.errors import FILE_FAULTS, UserError
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ def neighbour_table(codebook: torch.Tensor, k: int, directory: Path | None = Non
     if path.is_file():
         try:
             return torch.from_numpy(np.load(path).astype(np.int64)), False
-        except ARCHIVE_FAULTS:
+        except FILE_FAULTS:
             pass  # a damaged cache file is rebuilt below
     writable = _cache_writable(directory)  # before the work: a bad LANTERN_RUNTIME_CACHE is refused first
     table = compute_neighbours(codebook, k)

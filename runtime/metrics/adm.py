@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.errors import ARCHIVE_FAULTS, UserError
+from runtime.errors import FILE_FAULTS, UserError
 
 IMAGES, LABELS = "arr_0", "arr_1"
 
@@ -66,7 +66,7 @@ class NpzImages:
         self.prompts: list[str] | None = None
         try:
             self._zip = zipfile.ZipFile(self.path)
-        except ARCHIVE_FAULTS as err:
+        except FILE_FAULTS as err:
             raise UserError(f"{self.path} is not a readable .npz file ({err})") from None
         names = set(self._zip.namelist())
         if f"{IMAGES}.npy" not in names:
@@ -75,7 +75,7 @@ class NpzImages:
         try:
             with self._zip.open(f"{IMAGES}.npy") as member:
                 self.shape, dtype = _read_header(member, self.path)
-        except ARCHIVE_FAULTS as err:
+        except FILE_FAULTS as err:
             raise damaged(self.path, err, IMAGES) from None
         if dtype != np.uint8 or len(self.shape) != 4 or self.shape[3] != 3:
             raise UserError(f"{self.path}: '{IMAGES}' is {dtype} {self.shape}; expected uint8 images (N, H, W, 3)")
@@ -99,7 +99,7 @@ class NpzImages:
                 raise UserError(f"{self.path}: '{name}' is an object array (pickled Python objects), which is "
                                 "never loaded; write it as a numeric array (np.savez does for numbers)") from None
             raise UserError(f"{self.path}: '{name}' is not a .npy array ({err})") from None
-        except ARCHIVE_FAULTS as err:
+        except FILE_FAULTS as err:
             raise damaged(self.path, err, name) from None
 
     def __len__(self) -> int:
@@ -117,7 +117,7 @@ class NpzImages:
                     if len(raw) != n * per_image:
                         raise UserError(f"{self.path}: '{IMAGES}' ends after {start} images; the file is truncated")
                     yield np.frombuffer(bytearray(raw), dtype=np.uint8).reshape((n, *self.shape[1:]))
-        except ARCHIVE_FAULTS as err:
+        except FILE_FAULTS as err:
             raise damaged(self.path, err, IMAGES) from None
 
 

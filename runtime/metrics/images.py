@@ -9,21 +9,16 @@ intervals rely on). `labels` / `prompts` are the conditions where the set record
 from __future__ import annotations
 
 import json
-import struct
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
-from runtime.errors import UserError
+from runtime.errors import FILE_FAULTS, UserError
 from runtime.metrics.adm import NpzImages
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
-# what decoding a damaged image file can raise in PIL (UnidentifiedImageError is an OSError; a
-# text chunk past PngImagePlugin.MAX_TEXT_CHUNK is a ValueError; "broken PNG file" a SyntaxError)
-IMAGE_FAULTS = (OSError, ValueError, SyntaxError, EOFError, MemoryError, struct.error, zlib.error)
 SAMPLES_FILE = "samples.npz"
 
 
@@ -81,7 +76,7 @@ class FileImages:
         except (Image.DecompressionBombError, Image.DecompressionBombWarning):
             raise UserError(f"{file} has more pixels than PIL's decompression-bomb limit ({Image.MAX_IMAGE_PIXELS} "
                             "pixels), which could exhaust memory; give images of at most that size") from None
-        except IMAGE_FAULTS as err:
+        except FILE_FAULTS as err:
             text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise UserError(f"{file} is not a readable image ({text[:160]}); replace or remove it") from None
 
