@@ -20,12 +20,41 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields, make_dataclass
+from enum import StrEnum
 from typing import Any
+
+
+class Drafting(StrEnum):
+    """How a method drafts (its policy, `runtime.core.policies.POLICIES`): nothing (ar), a static
+    drafter tree, EAGLE-2's dynamic tree, sjd's Jacobi window, pjd's window plus rows."""
+
+    NONE = "none"
+    STATIC = "static"
+    DYNAMIC = "dynamic"
+    JACOBI = "jacobi"
+    PJD = "pjd"
+
+
+class RelaxKind(StrEnum):
+    """A relaxation of acceptance: none (exact), delta (LANTERN, additive), lambda (LANTERN++)."""
+
+    NONE = "none"
+    DELTA = "delta"
+    LAMBDA = "lambda"
+
+
+class AcceptKind(StrEnum):
+    """An --accept rule: exact, grouped (GSD-style, sjd) or published (pjd's released loop)."""
+
+    EXACT = "exact"
+    GROUPED = "grouped"
+    PUBLISHED = "published"
+
 
 RELAX_RULES: tuple[str, ...] = ("paper", "bounded")
 JACOBI_INITS: tuple[str, ...] = ("uniform", "repeat-h", "repeat-v")
 COUPLINGS: tuple[str, ...] = ("none", "maximal", "gumbel")
-ACCEPT_RULES: tuple[str, ...] = ("exact", "grouped", "published")
+ACCEPT_RULES: tuple[str, ...] = tuple(AcceptKind)
 # the largest trees a captured step holds (nodes after the root, levels)
 MAX_TREE_NODES = 1024
 MAX_TREE_DEPTH = 32
@@ -55,15 +84,15 @@ class MethodDecl:
     """
 
     name: str
-    drafting: str
-    relaxation: str
+    drafting: Drafting
+    relaxation: RelaxKind
     summary: str
     auto: bool = True
     tree: str | None = None
     expansions: str | None = None
     checks: bool = False
-    accepts: tuple[str, ...] = ("exact",)
-    out_of_order: tuple[str, ...] = ()
+    accepts: tuple[AcceptKind, ...] = (AcceptKind.EXACT,)
+    out_of_order: tuple[AcceptKind, ...] = ()
     accept_note: str = ""  # why a rule it lacks is missing, said when one is asked for
     chooses_relaxation: bool = False
     records: tuple[str, ...] = ()
@@ -71,26 +100,30 @@ class MethodDecl:
 
 _EAGLE = ("top_k_draft", "total_tokens")
 METHOD_DECLS: tuple[MethodDecl, ...] = (
-    MethodDecl("ar", "none", "none", "one token per target forward"),
-    MethodDecl("sd", "static", "none", "a drafter chain of --depth tokens, exact", tree="chain", records=("depth",)),
-    MethodDecl("eagle2", "dynamic", "none", "EAGLE-2 dynamic tree, exact", expansions="depth", records=_EAGLE),
-    MethodDecl("ddd", "dynamic", "none", "EAGLE-2 tree whose depth is decided per iteration, exact",
+    MethodDecl("ar", Drafting.NONE, RelaxKind.NONE, "one token per target forward"),
+    MethodDecl("sd", Drafting.STATIC, RelaxKind.NONE, "a drafter chain of --depth tokens, exact", tree="chain",
+               records=("depth",)),
+    MethodDecl("eagle2", Drafting.DYNAMIC, RelaxKind.NONE, "EAGLE-2 dynamic tree, exact", expansions="depth",
+               records=_EAGLE),
+    MethodDecl("ddd", Drafting.DYNAMIC, RelaxKind.NONE, "EAGLE-2 tree whose depth is decided per iteration, exact",
                expansions="ddd_max_depth", checks=True,
                records=(*_EAGLE, "ddd_threshold", "ddd_check_every", "ddd_min_depth")),
-    MethodDecl("lantern", "dynamic", "delta", "EAGLE-2 dynamic tree, relaxed by an additive bound delta", auto=False,
+    MethodDecl("lantern", Drafting.DYNAMIC, RelaxKind.DELTA,
+               "EAGLE-2 dynamic tree, relaxed by an additive bound delta", auto=False,
                expansions="depth", records=(*_EAGLE, "lantern_k", "lantern_delta", "relax_rule")),
-    MethodDecl("lantern++", "static", "lambda", "static tree, relaxed by a multiplicative bound lambda",
+    MethodDecl("lantern++", Drafting.STATIC, RelaxKind.LAMBDA, "static tree, relaxed by a multiplicative bound lambda",
                tree="option", records=("tree", "lantern_k", "lantern_lambda", "relax_rule")),
-    MethodDecl("sjd", "jacobi", "none", "Jacobi window, no drafter; exact, relaxed (--relax) or grouped",
-               accepts=("exact", "grouped"), chooses_relaxation=True,
+    MethodDecl("sjd", Drafting.JACOBI, RelaxKind.NONE,
+               "Jacobi window, no drafter; exact, relaxed (--relax) or grouped",
+               accepts=(AcceptKind.EXACT, AcceptKind.GROUPED), chooses_relaxation=True,
                records=("window", "init", "coupling", "proactive", "accept", "relax")),
-    MethodDecl("pjd", "pjd", "none", "Jacobi windows over several image rows in one forward, no drafter; exact, "
-               "or the released code's loop (--accept published, lossy)", accepts=("exact", "published"),
-               out_of_order=("published",),
+    MethodDecl("pjd", Drafting.PJD, RelaxKind.NONE, "Jacobi windows over several image rows in one forward, no "
+               "drafter; exact, or the released code's loop (--accept published, lossy)",
+               accepts=(AcceptKind.EXACT, AcceptKind.PUBLISHED), out_of_order=(AcceptKind.PUBLISHED,),
                records=("pjd_window", "pjd_rows", "init", "accept")),
 )
-DECLS_BY_NAME: dict[str, MethodDecl] = {d.name: d for d in METHOD_DECLS}
-METHOD_ORDER: tuple[str, ...] = tuple(d.name for d in METHOD_DECLS)
+METHOD_TABLE: dict[str, MethodDecl] = {d.name: d for d in METHOD_DECLS}
+METHODS: tuple[str, ...] = tuple(d.name for d in METHOD_DECLS)
 
 SAMPLING_PANEL = "Method and sampling (every method)"
 DRAFTING_PANEL = "Drafting (read by the methods named)"
@@ -125,6 +158,7 @@ class MethodOption:
     choices: tuple[str, ...] | None = None
     profile: bool = True  # a profile's [method] table may pin it
     per_entry: bool = True  # a `runtime bench --methods METHOD:KEY=VALUE` key
+    short: str | None = None  # its name in a run's label (`k=1000 lambda=2`); None: not in labels
 
     @property
     def cli_flag(self) -> str:
@@ -191,62 +225,64 @@ METHOD_OPTIONS: tuple[MethodOption, ...] = (
     # -- drafting and relaxed acceptance -------------------------------------------------------
     MethodOption("tree", str, "Static tree: a preset (naive_extend_57, mc_sim_7b_63, chain, small_12), chainN, or "
                  "a TOML file. Read by: {readers}.", DRAFTING_PANEL, _only("lantern++"), default="naive_extend_57",
-                 profile=False),
+                 profile=False, short="tree"),
     MethodOption("lantern_k", int, "Nearest codebook neighbours considered for the proximity set. Read by: "
-                 "{readers}.", RELAXED_PANEL, _only("lantern", "lantern++", "sjd"), default=1000, low=1),
+                 "{readers}.", RELAXED_PANEL, _only("lantern", "lantern++", "sjd"), default=1000, low=1, short="k"),
     MethodOption("lantern_delta", float, "LANTERN total-variation budget (0 = exact). Read by: {readers}.",
-                 RELAXED_PANEL, _only("lantern", "sjd"), default=0.1, low=0.0, high=1.0),
+                 RELAXED_PANEL, _only("lantern", "sjd"), default=0.1, low=0.0, high=1.0, short="delta"),
     MethodOption("lantern_lambda", float, "LANTERN++ multiplicative bound (1 = exact). Read by: {readers}.",
-                 RELAXED_PANEL, _only("lantern++", "sjd"), default=2.0, low=1.0),
+                 RELAXED_PANEL, _only("lantern++", "sjd"), default=2.0, low=1.0, short="lambda"),
     MethodOption("relax_rule", str, "paper (the reference LANTERN code's acceptance) or bounded (each "
                  "step's output within the stated TVD bound). Read by: {readers} (sjd: with a relaxation).",
-                 RELAXED_PANEL, _only("lantern", "lantern++", "sjd"), default="paper", choices=RELAX_RULES),
+                 RELAXED_PANEL, _only("lantern", "lantern++", "sjd"), default="paper", choices=RELAX_RULES,
+                 short="rule"),
     MethodOption("depth", int, "Chain length (sd) or EAGLE-2 tree depth. Read by: {readers}.", DRAFTING_PANEL,
-                 _only("sd", "eagle2", "lantern"), default=4, low=1, high=MAX_TREE_DEPTH),
+                 _only("sd", "eagle2", "lantern"), default=4, low=1, high=MAX_TREE_DEPTH, short="depth"),
     MethodOption("top_k_draft", int, "EAGLE-2 children per expanded node. Read by: {readers}.", DRAFTING_PANEL,
-                 _only("eagle2", "ddd", "lantern"), default=10, low=1, high=MAX_TOP_K_DRAFT),
+                 _only("eagle2", "ddd", "lantern"), default=10, low=1, high=MAX_TOP_K_DRAFT, short="topk"),
     MethodOption("total_tokens", int, "EAGLE-2 verified tokens per step (root included). Read by: {readers}.",
-                 DRAFTING_PANEL, _only("eagle2", "ddd", "lantern"), default=59, low=2, high=MAX_TREE_NODES + 1),
+                 DRAFTING_PANEL, _only("eagle2", "ddd", "lantern"), default=59, low=2, high=MAX_TREE_NODES + 1,
+                 short="total"),
     # -- sjd -------------------------------------------------------------------------------------
     MethodOption("window", int, "sjd: draft window length L.", SJD_PANEL, _only("sjd"), default=16, low=1,
-                 high=MAX_WINDOW, profile=False),
+                 high=MAX_WINDOW, profile=False, short="window"),
     MethodOption("init", str, "sjd, pjd: prior of fresh window positions: uniform, repeat-h (token to the left) "
                  "or repeat-v (token above).", SJD_PANEL, _only("sjd", "pjd"), default="repeat-v", choices=JACOBI_INITS,
-                 profile=False),
+                 profile=False, short="init"),
     MethodOption("coupling", str, "sjd: how stale drafts are redrafted: none, maximal or gumbel.",
-                 SJD_PANEL, _only("sjd"), default="none", choices=COUPLINGS, profile=False),
+                 SJD_PANEL, _only("sjd"), default="none", choices=COUPLINGS, profile=False, short="coupling"),
     MethodOption("proactive", str, "sjd: K,D = a K-ary tree of depth D drafted at the start of the window "
-                 "(SJD-PAC style).", SJD_PANEL, _only("sjd"), profile=False),
+                 "(SJD-PAC style).", SJD_PANEL, _only("sjd"), profile=False, short="proactive"),
     MethodOption("accept", str, "sjd: exact or grouped (GSD-style, lossy; its TVD bound is reported); pjd: "
                  "exact, or published (the released code's loop: every row commits, ahead of the raster "
                  "frontier; lossy, see docs/methods.md).",
-                 SJD_PANEL, _only("sjd", "pjd"), default="exact", choices=ACCEPT_RULES, profile=False),
+                 SJD_PANEL, _only("sjd", "pjd"), default="exact", choices=ACCEPT_RULES, profile=False, short="accept"),
     MethodOption("group_window", int, "--accept grouped: rank window on each side of the draft.",
-                 SJD_PANEL, _only("sjd"), default=7, low=1, profile=False),
+                 SJD_PANEL, _only("sjd"), default=7, low=1, profile=False, short="gwindow"),
     MethodOption("group_gap", float, "--accept grouped: largest probability gap to the draft.",
-                 SJD_PANEL, _only("sjd"), default=0.15, low=0.0, low_open=True, profile=False),
+                 SJD_PANEL, _only("sjd"), default=0.15, low=0.0, low_open=True, profile=False, short="ggap"),
     MethodOption("group_dist", float, "--accept grouped: largest squared distance of normalised embedding rows.",
-                 SJD_PANEL, _only("sjd"), default=0.5, low=0.0, low_open=True, profile=False),
+                 SJD_PANEL, _only("sjd"), default=0.5, low=0.0, low_open=True, profile=False, short="gdist"),
     # -- pjd (names after the released code: window_size, its rows) ----------------------------
     MethodOption("pjd_window", int, "pjd: tokens verified per row (the released code's window_size), the row's "
                  "leading token included: the frontier row drafts W - 1.", PJD_PANEL, _only("pjd"), default=8,
-                 low=2, high=MAX_WINDOW, profile=False),
+                 low=2, high=MAX_WINDOW, profile=False, short="pwindow"),
     MethodOption("pjd_rows", int, "pjd: rows verified per forward: the frontier and R - 1 lookahead rows below it; "
                  "--accept published: the most rows in flight (the released code has no cap: 16 never binds at "
                  "768 px).", PJD_PANEL,
-                 _only("pjd"), default=4, low=1, high=MAX_PJD_ROWS, profile=False),
+                 _only("pjd"), default=4, low=1, high=MAX_PJD_ROWS, profile=False, short="prows"),
     # -- ddd -------------------------------------------------------------------------------------
     MethodOption("ddd_threshold", float, "ddd: stop drafting when log(sum of the beam's path probabilities) falls "
-                 "below this (a log probability).", DDD_PANEL, _only("ddd"), default=-0.3, high=0.0),
+                 "below this (a log probability).", DDD_PANEL, _only("ddd"), default=-0.3, high=0.0, short="ddd"),
     MethodOption("ddd_check_every", int, "ddd: expansions between two checks of the heuristic (each check is one "
-                 "host read).", DDD_PANEL, _only("ddd"), default=2, low=1),
+                 "host read).", DDD_PANEL, _only("ddd"), default=2, low=1, short="check"),
     MethodOption("ddd_min_depth", int, "ddd: expansions before the first check.", DDD_PANEL,
-                 _only("ddd"), default=4, low=1, high=MAX_TREE_DEPTH),
+                 _only("ddd"), default=4, low=1, high=MAX_TREE_DEPTH, short="min"),
     MethodOption("ddd_max_depth", int, "ddd: most expansions.", DDD_PANEL, _only("ddd"), default=10, low=1,
                  high=MAX_TREE_DEPTH),
     MethodOption("dynamic_depth", float, "sd/lantern++: cut the static tree at the first depth whose best drafted "
                  "path probability is below this threshold (e.g. 0.2). Read by: {readers}.",
-                 DRAFTING_PANEL, _only("sd", "lantern++"), low=0.0, high=1.0, high_open=True),
+                 DRAFTING_PANEL, _only("sd", "lantern++"), low=0.0, high=1.0, high_open=True, short="dyn"),
 )
 
 OPTIONS_BY_NAME: dict[str, MethodOption] = {o.name: o for o in METHOD_OPTIONS}
@@ -264,7 +300,7 @@ def default(name: str) -> Any:
 
 def readers(key: str) -> str:
     """The methods reading flag `key`, in the CLI's method order: "sd, lantern++"."""
-    return ", ".join(m for m in METHOD_ORDER if m in FLAG_METHODS[key])
+    return ", ".join(m for m in METHODS if m in FLAG_METHODS[key])
 
 
 class _Flags:

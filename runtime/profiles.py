@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, Strict, StringConstraints, ValidationError, create_model
 
 from runtime.errors import UserError
-from runtime.method_options import METHOD_DECLS, METHOD_OPTIONS, METHOD_ORDER, MethodOption
+from runtime.method_options import METHOD_DECLS, METHOD_OPTIONS, METHODS, MethodOption
 from runtime.toml_compat import tomllib
 
 if TYPE_CHECKING:
@@ -35,7 +35,6 @@ if TYPE_CHECKING:
 PROFILE_PACKAGE = "profiles"
 DTYPE_NAMES: tuple[str, ...] = ("bf16", "fp16", "fp32")
 HPU_MODES: tuple[str, ...] = ("lazy", "eager")
-METHOD_NAMES: tuple[str, ...] = METHOD_ORDER  # every method (the core's METHOD_TABLE, in its order)
 _NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
 
 
@@ -123,7 +122,7 @@ class _MethodTable(_Section):
 # keys, their types and ranges are the method options a profile may pin (`MethodOption.profile`).
 MethodSettings = create_model(
     "MethodSettings", __base__=_MethodTable, __module__=__name__,
-    name=(_choice(METHOD_NAMES), ...),
+    name=(_choice(METHODS), ...),
     **{o.name: (_key_type(o), None) for o in METHOD_OPTIONS if o.profile},
 )
 

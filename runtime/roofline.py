@@ -27,6 +27,8 @@ from typing import Any, Sequence
 
 import torch
 
+from runtime.method_options import Drafting
+
 
 @dataclass(frozen=True)
 class Roof:
@@ -259,7 +261,7 @@ def level_tokens(decoder: Any) -> list[int]:
     """Tokens each drafter forward runs: the root first, then at each level the nodes whose
     children it drafts (a static tree's nodes at that depth; EAGLE-2's top-k frontier)."""
     tree = decoder.policy.tree
-    if decoder.config.spec.drafting == "dynamic":
+    if decoder.config.spec.drafting == Drafting.DYNAMIC:
         return [1] + [tree.max_children] * (tree.max_depth - 1)
     depth = tree.depth.cpu()
     return [1] + [int((depth == d).sum()) for d in range(1, tree.max_depth)]
@@ -280,7 +282,7 @@ def decoder_phases(decoder: Any, context: int | None = None) -> dict[str, Work]:
     target = target_shape(cfg)
     phases: dict[str, Work] = {}
     config, tree = decoder.config, decoder.policy.tree
-    if tree.max_depth and config.spec.drafting in ("static", "dynamic") and isinstance(
+    if tree.max_depth and config.spec.drafting in (Drafting.STATIC, Drafting.DYNAMIC) and isinstance(
             getattr(config.drafter, "config", None), DrafterConfig):
         phases["draft"] = draft_work(drafter_shape(config.drafter.config), (vocab, cfg.dim), level_tokens(decoder),
                                      rows=config.rows, context=ctx, itemsize=itemsize)

@@ -28,10 +28,10 @@ import torch
 from runtime.core import Decoder, MethodSpec, SamplingParams, neighbours_for
 from runtime.core.opcount import phase_ops
 from runtime.core.sampling import sample
-from runtime.method_options import METHOD_ORDER
+from runtime.method_options import METHOD_TABLE, METHODS, Drafting
 
 # every method but AR, each checked against AR greedy (relaxation off)
-METHODS = tuple(m for m in METHOD_ORDER if m != "ar")
+CHECKED = tuple(m for m in METHODS if m != "ar")
 
 
 @dataclass
@@ -142,7 +142,7 @@ def check_greedy_exact(bundle: Any, backend: Any) -> Check:
     """Every method with relaxation off equals AR greedy (eager steps on the device)."""
     ar, _ = _decode(bundle, _spec("ar", True), None)
     bad = []
-    for method in METHODS:
+    for method in CHECKED:
         spec = _spec(method, True, tree="naive_extend_57", lantern_lambda=1.0, lantern_delta=0.0)
         tokens, _ = _decode(bundle, spec, None)
         if not torch.equal(tokens, ar):
@@ -152,7 +152,7 @@ def check_greedy_exact(bundle: Any, backend: Any) -> Check:
     if not torch.equal(tokens, ar):
         bad.append(f"lantern++ --dynamic-depth differs from token {int((tokens != ar).nonzero()[0, 0])}")
     return Check("greedy_exact", not bad,
-                 "; ".join(bad) or f"{', '.join(METHODS)} and lantern++ --dynamic-depth equal AR greedy")
+                 "; ".join(bad) or f"{', '.join(CHECKED)} and lantern++ --dynamic-depth equal AR greedy")
 
 
 def check_batch_invariance(bundle: Any, backend: Any) -> Check:
@@ -163,7 +163,7 @@ def check_batch_invariance(bundle: Any, backend: Any) -> Check:
     bad = []
     for method in ("lantern++", "eagle2"):
         spec = _spec(method, greedy=False, **({"depth": 3, "top_k_draft": 4, "total_tokens": 16}
-                                              if method == "eagle2" else {}))
+                                              if METHOD_TABLE[method].drafting == Drafting.DYNAMIC else {}))
         nb = neighbours_for(bundle.vq, spec, bundle.gpt.config.vocab_size)
         runs = [generate(bundle.gpt, bundle.drafter, spec, [3, 5, 7], seed=2, neighbours=nb, batch_size=b).tokens
                 for b in (1, 3)]

@@ -12,7 +12,7 @@ from runtime.core import MethodSpec, SamplingParams
 from runtime.core.tree import load_tree
 from runtime.errors import UserError
 from runtime.loading import LoadedModel
-from runtime.method_options import FLAG_METHODS, OPTION_TYPES, SAMPLING_KEYS
+from runtime.method_options import FLAG_METHODS, METHOD_TABLE, OPTION_TYPES, SAMPLING_KEYS, Drafting, RelaxKind
 
 _log = logging.getLogger(__name__)
 
@@ -90,10 +90,11 @@ def resolve_spec(method: str | None, flags: dict[str, Any], profile: Any, recomm
     sampling = SamplingParams(**{k: pick(k, getattr(SamplingParams(), k)) for k in SAMPLING_KEYS})
     values = {k: pick(k, getattr(base, k)) for k in _SPEC_KEYS}
     values["proactive"] = parse_proactive(values["proactive"]) if isinstance(values["proactive"], str) else values["proactive"]
-    if name == "sjd":
+    decl = METHOD_TABLE[name] if name in METHOD_TABLE else None  # an unknown name: MethodSpec refuses it
+    if decl is not None and decl.chooses_relaxation:
         given = [k for k in ("lantern_delta", "lantern_lambda") if flags.get(k) is not None]
         if len(given) == 2:
-            raise UserError("sjd takes one relaxation: --lantern-delta (additive) or --lantern-lambda "
+            raise UserError(f"{name} takes one relaxation: --lantern-delta (additive) or --lantern-lambda "
                             "(multiplicative), not both")
         values["relax"] = {"lantern_delta": "delta", "lantern_lambda": "lambda"}[given[0]] if given else "none"
         if not given and flags.get("relax_rule") is not None:
@@ -105,10 +106,10 @@ def resolve_spec(method: str | None, flags: dict[str, Any], profile: Any, recomm
                     raise UserError(f"--{key.replace('_', '-')} does nothing without --accept grouped; drop it")
     if lossless:  # --method auto: the method's exact rule (lantern++ over its tree at lambda 1) ...
         values.update(lantern_lambda=1.0, lantern_delta=0.0)
-        if name == "sjd":
+        if decl is not None and decl.chooses_relaxation:
             values["relax"] = "none"
         quality = getattr(profile, "quality", None)
-        if name == "lantern++" and quality is not None:  # ... or the one tune measured within a quality budget
+        if decl is not None and decl.relaxation == RelaxKind.LAMBDA and quality is not None:  # ... or the one tune measured within a quality budget
             values.update(lantern_lambda=quality.lantern_lambda, relax_rule=quality.relax_rule)
     spec = MethodSpec(method=name, sampling=sampling, **values)
     if sampling.cfg_interval >= 0 and not sampling.uses_cfg:
@@ -116,7 +117,7 @@ def resolve_spec(method: str | None, flags: dict[str, Any], profile: Any, recomm
                  "model": "the model's recommended cfg_interval"}[_source_of("cfg_interval", layers)]
         raise UserError(f"{where} {sampling.cfg_interval} does nothing without classifier-free guidance "
                         f"(cfg {sampling.cfg:g}); give --cfg above 1 or drop the cfg interval")
-    if spec.drafting == "static":
+    if spec.drafting == Drafting.STATIC:
         load_tree(spec.tree_spec)  # unknown tree or malformed file: fail before any work
     _log.debug("method %s resolved: %s", name, spec)
     return spec

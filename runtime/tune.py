@@ -49,6 +49,7 @@ import torch
 from runtime.core.methods import MethodSpec
 from runtime.core.tree import StaticTree, validate_paths
 from runtime.errors import UserError
+from runtime.method_options import Drafting
 
 Path_ = tuple[int, ...]
 
@@ -301,7 +302,7 @@ def tune(loaded: Any, spec: MethodSpec, backend: Any, conditions: Sequence[int],
     from runtime.core.decoder import Decoder
     from runtime.core import neighbours_for
 
-    if spec.drafting != "static":
+    if spec.drafting != Drafting.STATIC:
         raise UserError(f"runtime tune chooses a static tree: --method lantern++ or sd, not {spec.method}")
     if loaded.drafter is None:
         raise UserError("runtime tune needs a drafter (the model has none)")
@@ -421,9 +422,10 @@ def tune(loaded: Any, spec: MethodSpec, backend: Any, conditions: Sequence[int],
 
 
 def on_tree(spec: MethodSpec, tree: str) -> MethodSpec:
-    """`spec`'s drafting and acceptance over the static tree `tree`, uncut: lantern++ as it is,
-    sd as lantern++ at lambda 1 (exact acceptance over any tree, not only its chain)."""
-    if spec.method == "sd":
+    """`spec`'s drafting and acceptance over the static tree `tree`, uncut: a method drafting a
+    tree (lantern++) as it is, one drafting a chain (sd) as lantern++ at lambda 1 (exact
+    acceptance over any tree, not only its chain)."""
+    if spec.decl.tree == "chain":
         return replace(spec, method="lantern++", tree=tree, lantern_lambda=1.0, dynamic_depth=None)
     return replace(spec, tree=tree, dynamic_depth=None)
 

@@ -30,13 +30,17 @@ def test_no_private_decoder_name_outside_core():
 
 
 def test_method_names_are_declared_once():
-    """The core's table is the list of methods; profiles and the option declarations take it."""
-    from runtime.core.methods import METHOD_TABLE
-    from runtime.method_options import METHOD_ORDER
-    from runtime.profiles import AUTO_METHODS, METHOD_NAMES
+    """The declared rows are the methods: one table and one list of names (`runtime.method_options`),
+    which the core, the profiles and the CLI take as they are."""
+    from runtime import core, profiles
+    from runtime.cli import options
+    from runtime.core import methods
+    from runtime.method_options import METHOD_DECLS, METHOD_TABLE, METHODS
 
-    assert tuple(METHOD_TABLE) == METHOD_ORDER == METHOD_NAMES
-    assert "sjd" in METHOD_NAMES and set(AUTO_METHODS) == set(METHOD_NAMES) - {"lantern"}
+    assert METHODS == tuple(d.name for d in METHOD_DECLS) == tuple(METHOD_TABLE)
+    assert core.METHODS is METHODS and methods.METHOD_TABLE is METHOD_TABLE and profiles.METHODS is METHODS
+    assert options.METHODS is METHODS
+    assert "sjd" in METHODS and set(profiles.AUTO_METHODS) == set(METHODS) - {"lantern"}
 
 
 # imports of another module's underscored names still allowed, each with its reason (the

@@ -15,9 +15,8 @@ their iteration cost with random weights is not theirs; they are refused here.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -25,6 +24,7 @@ import torch
 
 from runtime.core import Decoder, MethodSpec
 from runtime.errors import UserError, did_you_mean
+from runtime.method_options import METHOD_TABLE
 from runtime.models.configs import GPTConfig, gpt_config
 from runtime.step_timing import StepTimes, random_models, random_neighbours, time_steps
 
@@ -88,7 +88,7 @@ def model_shape(name: str) -> ModelShape:
 
 
 def check_projectable(spec: MethodSpec) -> None:
-    if spec.method == "ddd" or spec.dynamic_depth is not None:
+    if spec.decl.checks or spec.dynamic_depth is not None:
         raise UserError(f"{spec.method}{' with --dynamic-depth' if spec.dynamic_depth is not None else ''} drafts "
                         "to a depth the trained weights decide, so random weights cannot stand in for its cost; "
                         "project a fixed-depth method")
@@ -142,7 +142,7 @@ def spec_from_run(run: Any, sampling: Any) -> MethodSpec:
         del given["tree"]
     if p.proactive:
         given["proactive"] = tuple(int(x) for x in p.proactive.split("x"))
-    if run.method == "sjd":
+    if METHOD_TABLE[run.method].chooses_relaxation:
         given["relax"] = "lambda" if p.lantern_lambda is not None else "delta" if p.lantern_delta is not None else "none"
     return MethodSpec(method=run.method, sampling=SamplingParams(
         greedy=sampling.greedy, temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,

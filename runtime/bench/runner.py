@@ -26,7 +26,7 @@ from runtime.core import MethodSpec
 from runtime.core.opcount import phase_ops
 from runtime.core.law import bound_warning
 from runtime.errors import UserError, did_you_mean
-from runtime.method_options import OPTION_TYPES
+from runtime.method_options import METHOD_TABLE, OPTION_TYPES, Drafting, RelaxKind
 from runtime.loading import LoadedModel
 from runtime.pipeline import make_decoder, run_generation
 from runtime.settings import resolve_spec
@@ -93,7 +93,8 @@ def plan_runs(methods: Sequence[str], sweeps: Sequence[str]) -> list[PlannedRun]
         method = base.method
         variants = [dict(base.overrides)]
         for field, _, target_method, values in swept:
-            if (target_method is None and method in ("lantern", "lantern++") or target_method == method
+            relaxed = METHOD_TABLE[method].relaxation != RelaxKind.NONE  # a sweep names no method: theirs
+            if (target_method is None and relaxed or target_method == method
                     or target_method == "*"):
                 variants = [dict(v, **{field: value}) for v in variants for value in values]
         plan.extend(PlannedRun(method, {k: x for k, x in v.items() if k != "batch_size"}, v.get("batch_size"))
@@ -149,7 +150,7 @@ def bench(loaded: LoadedModel, backend: Any, profile: Any, plan: Sequence[Planne
         nonlocal done
         if timed:
             backend.reset_peak_memory()
-        measure = measure_law and not timed and law[i] is None and specs[i].drafting != "none"
+        measure = measure_law and not timed and law[i] is None and specs[i].drafting != Drafting.NONE
         decoder.measure_law = measure
         try:
             out = run_generation(loaded, specs[i], conditions, seed=seed, backend=backend, decoder=decoder)
@@ -173,7 +174,7 @@ def bench(loaded: LoadedModel, backend: Any, profile: Any, plan: Sequence[Planne
 
     def law_pass(i: int, decoder: Any) -> None:
         """The law measured in an extra untimed pass, where no warm-up pass measured it."""
-        if measure_law and law[i] is None and specs[i].drafting != "none":
+        if measure_law and law[i] is None and specs[i].drafting != Drafting.NONE:
             one_pass(i, decoder, timed=False, counted=False)
 
     def traced_pass(i: int, decoder: Any) -> None:
@@ -241,17 +242,19 @@ def bench(loaded: LoadedModel, backend: Any, profile: Any, plan: Sequence[Planne
 
 
 def _label(spec: MethodSpec, batch_size: int = 1) -> str:
+    """A run's progress label: its method and settings as its result will be labelled."""
+    params = method_params(spec, graph=False, batch_size=batch_size).label()
+    return spec.method if params == "-" else f"{spec.method} [{params}]"
+
+
+def method_params(spec: MethodSpec, *, graph: bool, batch_size: int) -> schema.MethodParams:
+    """The settings `spec` records (`describe`) under the result file's field names."""
     d = spec.describe()
-    keys = ["tree", "lantern_lambda", "lantern_delta", "relax_rule", "ddd_threshold", "dynamic_depth"]
-    if spec.method == "sjd":  # its defaults too, except the switched-off extras
-        keys += ["window", "init", "coupling"] + [k for k, off in (("proactive", None), ("accept", "exact"))
-                                                  if d[k] != off]
-    if spec.method == "pjd":
-        keys += ["pjd_window", "pjd_rows", "init"] + (["accept"] if d["accept"] != "exact" else [])
-    extra = " ".join(f"{k}={d[k]}" for k in keys if k in d)
-    if batch_size > 1:
-        extra += f" batch={batch_size}"
-    return f"{spec.method} {extra}".strip()
+    recorded = {k: d.get(k) for k in schema.MethodParams.model_fields if k in OPTION_TYPES}
+    return schema.MethodParams(**{
+        **recorded, "tree": d.get("tree", "dynamic" if spec.drafting == Drafting.DYNAMIC else None),
+        "proactive": "x".join(map(str, d["proactive"])) if d.get("proactive") else None,
+        "graph": graph, "batch_size": batch_size})
 
 
 def _device_ops(decoder: Any, conditions: Sequence[Any], backend: Any, roof: Any) -> dict[str, schema.DeviceOps]:
@@ -288,13 +291,7 @@ def _run_result(spec: MethodSpec, out: Any, latencies: list[float], peak_bytes: 
                 quality: schema.Quality, device_ops: dict[str, schema.DeviceOps] | None = None, batch_size: int = 1,
                 state_bytes: int | None = None, phases: dict[str, schema.Phase] | None = None,
                 per_image: list[list[float]] | None = None, law: dict[str, Any] | None = None) -> schema.RunResult:
-    d = spec.describe()
-    # the settings the method records (`describe`), under the file's field names
-    recorded = {k: d.get(k) for k in schema.MethodParams.model_fields if k in OPTION_TYPES}
-    params = schema.MethodParams(**{
-        **recorded, "tree": d.get("tree", "dynamic" if spec.drafting == "dynamic" else None),
-        "proactive": "x".join(map(str, d["proactive"])) if d.get("proactive") else None,
-        "graph": bool(backend.graph_mode), "batch_size": batch_size})
+    params = method_params(spec, graph=bool(backend.graph_mode), batch_size=batch_size)
     if phases is None:
         phases = mean_phases([out.phases])
     st = out.stats

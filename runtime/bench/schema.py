@@ -37,6 +37,7 @@ from pydantic_core import PydanticCustomError
 
 from runtime.atomic import atomic_write_text
 from runtime.errors import UserError
+from runtime.method_options import OPTIONS_BY_NAME
 from runtime.validation import (METHOD_PATTERN as _METHOD_PATTERN, SHA256_PATTERN as _SHA256_PATTERN, Bool,
                                 Count, NonNegative, Number, Positive, PositiveInt, Text, Unit, describe, join_path as _join)
 
@@ -245,12 +246,9 @@ class MethodParams(_Model):
         return " ".join(parts + ["graph"] * self.graph) or "-"
 
 
-_LABELS = {"tree": "tree", "lantern_k": "k", "lantern_lambda": "lambda", "lantern_delta": "delta", "depth": "depth",
-           "top_k_draft": "topk", "total_tokens": "total", "window": "window", "init": "init",
-           "coupling": "coupling", "proactive": "proactive", "accept": "accept", "ddd_threshold": "ddd",
-           "ddd_check_every": "check", "ddd_min_depth": "min", "dynamic_depth": "dyn", "batch_size": "batch", "relax_rule": "rule",
-           "group_window": "gwindow", "group_gap": "ggap", "group_dist": "gdist", "pjd_window": "pwindow",
-           "pjd_rows": "prows"}
+# a run's label: each set field under its option's short name (`runtime.method_options`), in field order
+_LABELS = {name: "batch" if name == "batch_size" else OPTIONS_BY_NAME[name].short
+           for name in MethodParams.model_fields if name != "graph"}
 
 
 class RunStats(_Model):

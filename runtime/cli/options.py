@@ -15,7 +15,7 @@ from typing import Annotated, Any, Callable, Optional, Sequence
 import typer
 
 from runtime.errors import UserError
-from runtime.method_options import METHOD_OPTIONS, METHOD_ORDER, OPTIONS_BY_NAME, MethodFlags
+from runtime.method_options import METHOD_OPTIONS, METHODS, OPTIONS_BY_NAME, MethodFlags
 from runtime.device_setup import open_backend  # noqa: F401 - the commands' backend and profile, re-exported
 
 Model = Annotated[Optional[str], typer.Option("--model", help="'demo' (default), a bundle directory from 'runtime train demo', a model folder (Chameleon, Janus, Emu3: its config.json's model_type decides) or a Hugging Face Hub id such as deepseek-community/Janus-Pro-1B (resolved in the HF cache; HF_HOME, HF_HUB_OFFLINE).", rich_help_panel='Model')]
@@ -31,7 +31,7 @@ Device = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or hpu.",
 ProfileName = Annotated[Optional[str], typer.Option("--profile-name", help="Hardware profile name (cpu, rtx3090, h100, gaudi2) or a TOML file.", rich_help_panel='Device')]
 Graph = Annotated[Optional[bool], typer.Option("--graph/--no-graph", help="Capture the fixed-shape steps as device graphs (default: the profile's).", rich_help_panel='Device')]
 Dtype = Annotated[Optional[str], typer.Option("--dtype", help="bf16, fp16 or fp32 (default: the profile's).", rich_help_panel='Device')]
-Method = Annotated[Optional[str], typer.Option("--method", help=f"{', '.join(METHOD_ORDER[:-1])} or {METHOD_ORDER[-1]} (sjd and pjd need no drafter); run and serve also take auto (the profile's fastest lossless method at the batch occupancy, from runtime tune).", rich_help_panel='Method and sampling (every method)')]
+Method = Annotated[Optional[str], typer.Option("--method", help=f"{', '.join(METHODS[:-1])} or {METHODS[-1]} (sjd and pjd need no drafter); run and serve also take auto (the profile's fastest lossless method at the batch occupancy, from runtime tune).", rich_help_panel='Method and sampling (every method)')]
 Attention = Annotated[str, typer.Option("--attention", help="Attention kernel: auto (fastest available) or math (LlamaGen's reference kernel: bf16 tokens match the reference).", rich_help_panel='Method and sampling (every method)')]
 BatchSize = Annotated[Optional[int], typer.Option("--batch-size", help="Images decoded together (default: the profile's, 1); every image's tokens are the same at any batch size.", rich_help_panel='Device')]
 Classes = Annotated[Optional[str], typer.Option("--classes", help="Comma-separated class ids, cycled over the images (c2i).", rich_help_panel='Workload')]

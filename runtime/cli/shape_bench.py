@@ -15,6 +15,7 @@ from typing import Any
 
 from runtime.cli import options as opt
 from runtime.errors import UserError
+from runtime.method_options import METHOD_TABLE
 
 # bench flags that only shape the measured workload or the model: a projection uses neither
 _WORKLOAD_FLAGS = ("model", "gpt_model", "gpt_ckpt", "vq_ckpt", "drafter", "image_size", "classes", "num_images",
@@ -32,7 +33,6 @@ def bench_shape(args: dict[str, Any]) -> None:
     from runtime.bench.projection import Target, model_shape, project, projection_file, spec_from_run
     from runtime.roofline import device_roof
     from runtime.cli.app import INVOCATION
-    from runtime.settings import resolve_spec
 
     given = [f"--{k.replace('_', '-')}" for k in _WORKLOAD_FLAGS if args.get(k) is not None]
     given += ["--sweep"] if args["sweep"] else []
@@ -59,7 +59,8 @@ def bench_shape(args: dict[str, Any]) -> None:
         targets = [Target(f"{r.method} [{r.params.label()}]", spec_from_run(r, result.workload.sampling),
                           r.stats.mean_accepted_length,
                           f"{args['tau_from']}: {r.method} [{r.params.label()}] on {result.workload.model}")
-                   for r in result.runs if r.method != "ar" and r.method != "ddd" and r.params.dynamic_depth is None]
+                   for r in result.runs if r.method != "ar" and not METHOD_TABLE[r.method].checks
+                   and r.params.dynamic_depth is None]
         if not targets:
             raise UserError(f"{args['tau_from']}: no run to project (ar, ddd and --dynamic-depth runs are skipped)")
     else:

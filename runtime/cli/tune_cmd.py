@@ -12,6 +12,7 @@ import typer
 from runtime.cli import options as opt
 from runtime.cli.app import app
 from runtime.errors import UserError
+from runtime.method_options import METHOD_TABLE, RelaxKind
 
 
 @app.command("tune")
@@ -172,7 +173,7 @@ def _quality_options(budget: float | None, images: int | None, lambdas: str | No
         if given:
             raise UserError(f"{', '.join(given)} only set(s) up --quality-budget; add --quality-budget 1 or drop it")
         return None
-    if method != "lantern++":
+    if METHOD_TABLE[method].relaxation != RelaxKind.LAMBDA:
         raise UserError("--quality-budget chooses lantern++'s relaxation; --method sd is exact (drop one)")
     if not budget > 0:
         raise UserError(f"--quality-budget must be > 0 (multiples of the AR-vs-AR band), got {budget:g}")
@@ -284,7 +285,7 @@ def profile_toml(result: Any, base: Any, spec: Any, tree_file: str, record_file:
         "[method]",
         'name = "lantern++"',
     ]
-    if spec.method == "lantern++":
+    if spec.decl.relaxation == RelaxKind.LAMBDA:
         lines.append(f"lantern_lambda = {spec.lantern_lambda}")
         lines.append(f'relax_rule = "{spec.relax_rule}"')
     else:  # sd: exact acceptance over the tuned tree

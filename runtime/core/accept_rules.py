@@ -13,6 +13,7 @@ from runtime.core.relaxation import Relaxation
 from runtime.core.rng import CounterRNG
 from runtime.core.tree import TreeBuffers
 from runtime.errors import UserError
+from runtime.method_options import AcceptKind, RelaxKind
 
 if TYPE_CHECKING:
     from runtime.core.state import DecodeConfig
@@ -87,7 +88,7 @@ def acceptance_parts(config: DecodeConfig, neighbours: torch.Tensor | None) -> t
     the grouped rule (or None) of the method's acceptance."""
     spec = config.spec
     kind = spec.relaxation_kind
-    if kind != "none" and neighbours is None:
+    if kind != RelaxKind.NONE and neighbours is None:
         raise UserError(f"method {spec.method} needs the codebook neighbour table (pass the VQ model)")
     zero_neighbours = None
     if neighbours is not None:
@@ -97,6 +98,6 @@ def acceptance_parts(config: DecodeConfig, neighbours: torch.Tensor | None) -> t
     relax = Relaxation(kind, spec.lantern_delta, spec.lantern_lambda, neighbours, rule=spec.relax_rule,
                        zero_neighbours=zero_neighbours)
     group = None
-    if spec.accept == "grouped":
+    if spec.accept == AcceptKind.GROUPED:
         group = GroupRule.for_target(config.target, spec.group_window, spec.group_gap, spec.group_dist)
     return relax, group

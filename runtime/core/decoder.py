@@ -47,6 +47,7 @@ from runtime.core.state import (MODEL_PARTS, NO_POSITION, DecodeBuffers, DecodeC
                                 check_tree, lazy_head_mode)
 from runtime.core.tree import TreeBuffers
 from runtime.errors import UserError
+from runtime.method_options import Drafting
 
 if TYPE_CHECKING:
     from backends import Backend
@@ -133,7 +134,7 @@ class Decoder(SlotDecoder):
         # -- steps: eager until `capture_steps` swaps in captured replays ------------------
         # the draft as the policy's segments (one, unless its depth is decided as it goes),
         # and one verify / accept per tree prefix the policy may verify
-        self.draft_segments: list[Callable[[], None]] = self.policy.segments() if spec.drafting != "none" else []
+        self.draft_segments: list[Callable[[], None]] = self.policy.segments() if spec.drafting != Drafting.NONE else []
         self.draft_finish: Callable[[], None] | None = self.policy.finish()
         self.verify_at: dict[int, Callable[[], None]] = {d: self._verify_fn(p) for d, p in self.proposals.items()}
         self.accept_at: dict[int, Callable[[], None]] = {d: self._accept_fn(p) for d, p in self.proposals.items()}

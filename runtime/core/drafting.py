@@ -84,7 +84,6 @@ def child_scores(parent: torch.Tensor, logq: torch.Tensor, neg_inf: torch.Tensor
 class DraftPolicy:
     """Base: the AR policy (root only, nothing drafted). Subclasses override the hooks."""
 
-    kind = "none"
     sampled_q = False  # acceptance sees `view.q` (drafts were sampled from it)
     needs_q = False  # the loop allocates `q` (N+1, V)
     reads_p = False  # the policy reads the target's `p` (otherwise only acceptance does)

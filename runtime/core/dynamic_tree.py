@@ -35,7 +35,6 @@ class DynamicTreePolicy(DrafterPolicy):
     segments when none is; the final selection runs after the last segment that ran.
     """
 
-    kind = "dynamic"
     needs_q = False  # drafts are deterministic; the root's log q stays a local of the draft
 
     def build_tree(self, device: torch.device) -> TreeBuffers:

@@ -14,32 +14,39 @@ ranks (`batch_size=B` decodes B images at once; the tokens are the same for ever
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 import torch
 
 from runtime.core.decoder import Decoder
-from runtime.core.slots import RunStats, SlotDecoder
+from runtime.core.slots import ImageStats, RunStats, RunSummary, SlotDecoder
 from runtime.core.methods import MethodSpec
 from runtime.core.pjd_published import PublishedPJD
 from runtime.core.proximity import neighbour_table
 from runtime.core.rng import derive_seed
+from runtime.method_options import RelaxKind
 
 if TYPE_CHECKING:
     from backends import Backend
     from runtime.models.target import DrafterModel, Target
 
 
+class Codebook(Protocol):
+    """What a relaxed method needs of a VQ model: its codebook vectors (codes, dim)."""
+
+    def codebook_vectors(self, normalized: bool = ...) -> torch.Tensor: ...
+
+
 @dataclass
 class GenerationResult:
     tokens: torch.Tensor  # (num_images, block_size) long, CPU
-    stats: dict[str, Any]
+    stats: RunSummary
     seeds: list[int]
     # per image, workload order: (tokens accepted, target forwards); tau = their sums' ratio
     image_counts: list[tuple[int, int]] = field(default_factory=list)
 
 
-def neighbours_for(vq: Any, spec: MethodSpec, vocab_size: int) -> torch.Tensor | None:
+def neighbours_for(vq: Codebook, spec: MethodSpec, vocab_size: int) -> torch.Tensor | None:
     """The proximity table a relaxed method needs, from the VQ codebook (raw vectors, as LANTERN).
 
     Only the first `vocab_size` codes are tokens the GPT can emit (a GPT may use fewer tokens than
@@ -47,7 +54,7 @@ def neighbours_for(vq: Any, spec: MethodSpec, vocab_size: int) -> torch.Tensor |
     vocabulary larger than the codebook (Lumina-mGPT's row-end token) gets rows of valid codes.
     The table has lantern_k + 1 columns (at most V - 1).
     """
-    if spec.relaxation_kind == "none":
+    if spec.relaxation_kind == RelaxKind.NONE:
         return None
     codebook = vq.codebook_vectors(normalized=False)[:vocab_size]
     # k + 1 columns: the paper rule clears a rejected draft's k+1 nearest codes
@@ -77,7 +84,7 @@ def new_decoder(target: Target, drafter: DrafterModel | None, spec: MethodSpec, 
 
 def generate(target: Target, drafter: DrafterModel | None, spec: MethodSpec,
              conditions: Sequence[int] | torch.Tensor, *, cond_masks: torch.Tensor | None = None,
-             seed: int = 0, indices: Sequence[int] | None = None, vq: Any = None,
+             seed: int = 0, indices: Sequence[int] | None = None, vq: Codebook | None = None,
              neighbours: torch.Tensor | None = None, backend: Backend | None = None,
              decoder: SlotDecoder | None = None, batch_size: int = 1,
              on_image: Callable[[int, torch.Tensor], None] | None = None) -> GenerationResult:
@@ -111,7 +118,7 @@ def generate(target: Target, drafter: DrafterModel | None, spec: MethodSpec,
         work.append((cond, mask, seeds[j]))
     out = torch.zeros(n, target.config.block_size, dtype=torch.long)
 
-    def done(j: int, tokens: torch.Tensor, _stats: Any) -> None:
+    def done(j: int, tokens: torch.Tensor, _stats: ImageStats) -> None:
         out[j] = tokens.cpu()
         if on_image is not None:
             on_image(j, out[j])

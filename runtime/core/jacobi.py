@@ -34,7 +34,6 @@ residual, so a rejected first draft leaves K - 1 more chances at each of the fir
 
 from __future__ import annotations
 
-import math
 
 import torch
 
@@ -59,7 +58,6 @@ def proactive_tree(k: int, d: int, window: int) -> StaticTree:
 class JacobiPolicy(DraftPolicy):
     """The `jacobi` drafting policy (method sjd); see the module docstring."""
 
-    kind = "jacobi"
     needs_q = True
     reads_p = True  # stale proposals come from the target's last distributions
 
@@ -84,8 +82,7 @@ class JacobiPolicy(DraftPolicy):
     def bind(self, view: DraftView, committed: int) -> None:
         super().bind(view, committed)
         cfg, dev, w = self.config, self.config.device, self.window
-        # tokens per image row: the target's own (a layout with row-end tokens), else a square grid
-        grid = getattr(cfg.target.config, "row_width", 0) or int(round(math.sqrt(cfg.num_tokens)))
+        grid = cfg.target.row_width
         # how far back a fresh position copies its token from (0: uniform prior)
         self.offset = {"uniform": 0, "repeat-h": 1, "repeat-v": grid}[cfg.spec.init]
         self.last_n = torch.full((cfg.batch,), w + 1, dtype=torch.long, device=dev)  # everything fresh

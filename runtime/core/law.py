@@ -32,6 +32,7 @@ from runtime.core.relaxation import Relaxation, deterministic_stages, relaxed_mi
 from runtime.core.rng import CounterRNG
 from runtime.core.sampling import sample_without_replacement
 from runtime.core.tree import static_buffers, validate_paths
+from runtime.method_options import AcceptKind, Drafting, RelaxKind
 
 if TYPE_CHECKING:
     from runtime.core.methods import MethodSpec
@@ -130,7 +131,7 @@ def nominal_bound(p: torch.Tensor, xs: torch.Tensor, relax: Relaxation, q: torch
     target mass (sum over the children of p(x), or E_q[p(x)] for sampled drafts); 0 when exact."""
     if not relax.active:
         return torch.zeros(p.size(0), dtype=p.dtype, device=p.device)
-    if relax.kind == "delta":
+    if relax.kind == RelaxKind.DELTA:
         return torch.full((p.size(0),), relax.delta, dtype=p.dtype, device=p.device)
     if q is not None:
         mass = (q * p).sum(-1)
@@ -153,8 +154,8 @@ MIN_STEPS = 16  # fewer measured steps than this: no verdict
 def watches_law(spec: "MethodSpec") -> bool:
     """Whether a run of `spec` measures its law: a relaxed drafting method under sampling (greedy
     output is no draw from a law; grouped acceptance reports its own bound)."""
-    return (spec.drafting != "none" and spec.relaxation_kind != "none" and not spec.sampling.greedy
-            and spec.accept != "grouped")
+    return (spec.drafting != Drafting.NONE and spec.relaxation_kind != RelaxKind.NONE and not spec.sampling.greedy
+            and spec.accept != AcceptKind.GROUPED)
 
 
 def exceeds_bound(measured: float, bound: float) -> bool:
@@ -167,7 +168,7 @@ def bound_warning(spec: "MethodSpec", measured: float | None, bound: float | Non
     stated bound, else None."""
     if measured is None or bound is None or steps < MIN_STEPS or not exceeds_bound(measured, bound):
         return None
-    if spec.relaxation_kind == "delta":
+    if spec.relaxation_kind == RelaxKind.DELTA:
         setting, knob = f"delta {spec.lantern_delta:g}", "--lantern-delta"
     else:
         setting, knob = f"lambda {spec.lantern_lambda:g}", "--lantern-lambda"

@@ -52,17 +52,16 @@ from typing import Any
 
 from runtime.core.sampling import SamplingParams
 from runtime.errors import UserError, did_you_mean
-from runtime.method_options import DECLS_BY_NAME, METHOD_OPTIONS, OPTIONS_BY_NAME, MethodDecl, default
+from runtime.method_options import (METHOD_OPTIONS, METHOD_TABLE, METHODS, OPTIONS_BY_NAME, AcceptKind, Drafting,
+                                    MethodDecl, RelaxKind, default)
 
 
-
-# A method is one declared row (runtime.method_options.METHOD_DECLS: its drafting policy, its own
-# relaxation, whether --method auto may pick it, its tree, what result files record); the
-# acceptance rule object follows from it and the sampling settings
+# A method is one declared row of `METHOD_TABLE` (runtime.method_options: its drafting policy, its
+# own relaxation, whether --method auto may pick it, its tree, what result files record; `METHODS`
+# are their names in order); the acceptance rule object follows from it and the sampling settings
 # (`runtime.core.accept_rules.acceptance_rule`).
-METHOD_TABLE: dict[str, MethodDecl] = DECLS_BY_NAME
-METHODS = tuple(METHOD_TABLE)
-RELAXATIONS = ("none", "delta", "lambda")
+__all__ = ["METHOD_TABLE", "METHODS", "MethodSpec", "RELAXATIONS"]
+RELAXATIONS: tuple[str, ...] = tuple(RelaxKind)
 
 
 @dataclass(frozen=True)
@@ -115,14 +114,14 @@ class MethodSpec:
         if self.ddd_min_depth > self.ddd_max_depth:
             raise UserError(f"--ddd-min-depth {self.ddd_min_depth} exceeds --ddd-max-depth {self.ddd_max_depth}")
         self._check_jacobi()
-        if self.drafting == "dynamic":
+        if self.drafting == Drafting.DYNAMIC:
             # ddd: the tree must fill up even when drafting stops at the first check
             least = self.ddd_min_depth if self.decl.checks else self.depth
             limit = self.top_k_draft + least * self.top_k_draft ** 2
             if self.total_tokens - 1 > limit:
                 raise UserError(f"--total-tokens {self.total_tokens} exceeds the {limit + 1} nodes a "
                                 f"depth-{least}, top-k-{self.top_k_draft} EAGLE-2 tree can hold")
-        if self.dynamic_depth is not None and self.drafting != "static":
+        if self.dynamic_depth is not None and self.drafting != Drafting.STATIC:
             raise UserError(f"--dynamic-depth cuts a static tree (sd, lantern++), not --method {self.method}")
 
     def _check_jacobi(self) -> None:
@@ -141,7 +140,7 @@ class MethodSpec:
         if self.relax not in (None, self.own_relaxation) and not decl.chooses_relaxation:
             raise UserError(f"method {self.method} has its own relaxation ({self.own_relaxation}); a chosen "
                             "relaxation is for sjd")
-        if self.drafting != "jacobi":
+        if self.drafting != Drafting.JACOBI:
             return
         if self.proactive is not None:
             k, d = self.proactive
@@ -155,10 +154,10 @@ class MethodSpec:
         if s.greedy and self.coupling != "none":
             raise UserError(f"--coupling {self.coupling} does nothing with --greedy (greedy drafts are the argmax); "
                             "drop --coupling or use --sample")
-        if self.accept == "grouped":
+        if self.accept == AcceptKind.GROUPED:
             if s.greedy:
                 raise UserError("--accept grouped is a sampling rule; drop it or use --sample")
-            if self.relaxation_kind != "none":
+            if self.relaxation_kind != RelaxKind.NONE:
                 raise UserError("--accept grouped and --lantern-delta/--lantern-lambda are two relaxations; "
                                 "choose one")
             if self.proactive is not None:
@@ -170,8 +169,8 @@ class MethodSpec:
         return METHOD_TABLE[self.method]
 
     @property
-    def drafting(self) -> str:
-        """"none", "static", "dynamic", "jacobi" or "pjd"."""
+    def drafting(self) -> Drafting:
+        """The declared drafting kind."""
         return self.decl.drafting
 
     @property
@@ -197,21 +196,21 @@ class MethodSpec:
     @property
     def needs_drafter(self) -> bool:
         """Whether the method drafts with a trained drafter head (sd, eagle2, lantern, lantern++)."""
-        return self.drafting in ("static", "dynamic")
+        return self.drafting in (Drafting.STATIC, Drafting.DYNAMIC)
 
     @property
-    def own_relaxation(self) -> str:
+    def own_relaxation(self) -> RelaxKind:
         return self.decl.relaxation
 
     @property
-    def relaxation_kind(self) -> str:
-        """The relaxation in effect: "none", "delta" or "lambda"."""
+    def relaxation_kind(self) -> RelaxKind:
+        """The relaxation in effect (none where its bound is exact: delta 0, lambda 1)."""
         kind = self.relax if self.relax is not None else self.own_relaxation
-        if kind == "delta" and self.lantern_delta > 0:
-            return "delta"
-        if kind == "lambda" and self.lantern_lambda > 1:
-            return "lambda"
-        return "none"
+        if kind == RelaxKind.DELTA and self.lantern_delta > 0:
+            return RelaxKind.DELTA
+        if kind == RelaxKind.LAMBDA and self.lantern_lambda > 1:
+            return RelaxKind.LAMBDA
+        return RelaxKind.NONE
 
     @property
     def tree_spec(self) -> str:
@@ -223,17 +222,17 @@ class MethodSpec:
         declared `records`, a dynamic tree's expansions as `depth`, --dynamic-depth when on, and
         a chosen relaxation's or grouped acceptance's settings when in effect."""
         out: dict[str, Any] = {"method": self.method, **asdict(self.sampling)}
-        if self.drafting == "dynamic":
+        if self.drafting == Drafting.DYNAMIC:
             out["depth"] = self.expansions
         for name in self.decl.records:
             value = self.relaxation_kind if name == "relax" else getattr(self, name)
             out[name] = list(value) if name == "proactive" and value else value
         if self.dynamic_depth is not None:
             out["dynamic_depth"] = self.dynamic_depth
-        if self.decl.chooses_relaxation and self.relaxation_kind != "none":
-            bound = "lantern_delta" if self.relaxation_kind == "delta" else "lantern_lambda"
+        if self.decl.chooses_relaxation and self.relaxation_kind != RelaxKind.NONE:
+            bound = "lantern_delta" if self.relaxation_kind == RelaxKind.DELTA else "lantern_lambda"
             out.update({"lantern_k": self.lantern_k, bound: getattr(self, bound), "relax_rule": self.relax_rule})
-        if self.accept == "grouped":
+        if self.accept == AcceptKind.GROUPED:
             out.update(group_window=self.group_window, group_gap=self.group_gap, group_dist=self.group_dist)
         return out
 
@@ -253,14 +252,14 @@ class MethodSpec:
         profile or --tree the spec was resolved with."""
         names = ["greedy", "temperature", "top_k", "top_p", "cfg", "cfg_interval"]
         names += [n for n in self.decl.records if n != "relax"]
-        if self.drafting == "dynamic":
+        if self.drafting == Drafting.DYNAMIC:
             names.append(self.decl.expansions or "depth")
         if self.dynamic_depth is not None:
             names.append("dynamic_depth")
-        if self.decl.chooses_relaxation and self.relaxation_kind != "none":
-            bound = "lantern_delta" if self.relaxation_kind == "delta" else "lantern_lambda"
+        if self.decl.chooses_relaxation and self.relaxation_kind != RelaxKind.NONE:
+            bound = "lantern_delta" if self.relaxation_kind == RelaxKind.DELTA else "lantern_lambda"
             names += ["lantern_k", bound, "relax_rule"]
-        if self.accept == "grouped":
+        if self.accept == AcceptKind.GROUPED:
             names += ["group_window", "group_gap", "group_dist"]
         args = ["--method", self.method]
         for name in dict.fromkeys(names):

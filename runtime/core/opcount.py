@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from runtime.method_options import Drafting
+
 PHASES = ("draft", "verify", "accept")
 # aten ops that return an alias of their input without being flagged as views
 _ALIASES = frozenset({"_unsafe_view", "_reshape_alias", "alias", "lift_fresh"})
@@ -71,7 +73,7 @@ def phase_ops(decoder: Any, cond: torch.Tensor, cond_mask: torch.Tensor | None =
     """
     decoder.prefill(cond, cond_mask, seed)
     steps = {"verify": decoder.verify_step, "accept": decoder.accept_step}
-    if decoder.config.spec.drafting != "none":
+    if decoder.config.spec.drafting != Drafting.NONE:
         steps = {"draft": decoder.draft_step, **steps}
     totals = {name: 0 for name in steps}
     done = 0

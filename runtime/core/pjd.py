@@ -46,7 +46,6 @@ PRIOR_STREAM = 3
 class PJDPolicy(JacobiPolicy):
     """The `pjd` drafting policy: sjd's frontier window plus R - 1 lookahead rows."""
 
-    kind = "pjd"
 
     def build_tree(self, device: torch.device) -> TreeBuffers:
         spec = self.config.spec
@@ -64,7 +63,7 @@ class PJDPolicy(JacobiPolicy):
         super().bind(view, committed)
         cfg, dev, w1 = self.config, self.config.device, self.window + 1
         s, b, e = cfg.num_tokens, cfg.batch, self.extra
-        grid = getattr(cfg.target.config, "row_width", 0) or int(round(s ** 0.5))
+        grid = cfg.target.row_width
         stride = max(grid - w1, w1)
         row = torch.arange(1, self.rows_ahead + 1, device=dev).repeat_interleave(w1)  # (E,) row k of each node
         col = torch.arange(w1, device=dev).repeat(self.rows_ahead)  # (E,) index within its row

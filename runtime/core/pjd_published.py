@@ -48,6 +48,7 @@ under greedy decoding; with `pjd_rows` 1 and greedy decoding it is AR token for 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
@@ -128,9 +129,8 @@ class PublishedPJD(SlotDecoder):
         self.timer: PhaseTimer | None = None
         self.measure_law = False  # record each token's p and its TV from AR's at the end (`_law`)
         b, dev, s = config.batch, config.device, config.num_tokens
-        tcfg = target.config
-        self.width = int(getattr(tcfg, "row_width", 0) or round(s ** 0.5))  # C
-        self.row_end = int(getattr(tcfg, "newline", -1)) if getattr(tcfg, "row_width", 0) else -1
+        self.width = target.row_width  # C
+        self.row_end = target.row_end
         self.codes_per_row = self.width - 1 if self.row_end >= 0 else self.width  # K
         self.grid_rows = s // self.width  # G
         if self.grid_rows * self.width != s:
@@ -296,7 +296,7 @@ class PublishedPJD(SlotDecoder):
             self.backend.mark_step()
 
     # -- host side --------------------------------------------------------------------------------
-    def _phase(self, name: str) -> Any:
+    def _phase(self, name: str) -> contextlib.AbstractContextManager[None]:
         return phase_timer(self.timer).phase(name)
 
     def _start(self, i: int, request: SlotRequest) -> _Image:
@@ -458,7 +458,7 @@ class PublishedPJD(SlotDecoder):
         # the walk: per image, per window; the first ongoing row's final token is sampled after it
         final_at = torch.zeros(b, dtype=torch.long)  # node whose p (or residual) gives the token
         residual = torch.zeros(b, dtype=torch.bool)
-        walks: list[Any] = [None] * b
+        walks: list[list[tuple[int, int, int, int | None]]] = [[] for _ in range(b)]  # (start, length, accepted, rejected at)
         for i, windows in enumerate(plans):
             if windows is None or self.images[i] is None:
                 continue

@@ -11,16 +11,17 @@ from runtime.core.dynamic_tree import DynamicTreePolicy
 from runtime.core.static_tree import StaticTreePolicy
 from runtime.core.jacobi import JacobiPolicy
 from runtime.core.pjd import PJDPolicy
+from runtime.method_options import Drafting
 
 if TYPE_CHECKING:
     from runtime.core.state import DecodeConfig
 
-POLICIES: dict[str, type[DraftPolicy]] = {
-    "none": DraftPolicy,  # AR: the root alone
-    "static": StaticTreePolicy,  # a drafter head over a static tree (sd chains, LANTERN++ trees)
-    "dynamic": DynamicTreePolicy,  # a drafter head over an EAGLE-2 dynamic tree (eagle2, ddd, lantern)
-    "jacobi": JacobiPolicy,  # no drafter: the target's own predictions over a window (sjd)
-    "pjd": PJDPolicy,  # sjd's window plus lookahead rows below it in the same forward (pjd)
+POLICIES: dict[Drafting, type[DraftPolicy]] = {
+    Drafting.NONE: DraftPolicy,  # AR: the root alone
+    Drafting.STATIC: StaticTreePolicy,  # a drafter head over a static tree (sd chains, LANTERN++ trees)
+    Drafting.DYNAMIC: DynamicTreePolicy,  # a drafter head over an EAGLE-2 dynamic tree (eagle2, ddd, lantern)
+    Drafting.JACOBI: JacobiPolicy,  # no drafter: the target's own predictions over a window (sjd)
+    Drafting.PJD: PJDPolicy,  # sjd's window plus lookahead rows below it in the same forward (pjd)
 }
 
 

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from runtime.core.tree import TreeBuffers
-from runtime.method_options import RELAX_RULES
+from runtime.method_options import RELAX_RULES, RelaxKind
 
 EPS = 1e-12  # guards divisions by a probability mass
 
@@ -50,7 +50,7 @@ class Relaxation:
     reference clears x's k+1 nearest codes); None: `neighbours` itself.
     """
 
-    kind: str = "none"
+    kind: RelaxKind = RelaxKind.NONE
     delta: float = 0.0
     lam: float = 1.0
     neighbours: torch.Tensor | None = None
@@ -59,7 +59,7 @@ class Relaxation:
 
     @property
     def active(self) -> bool:
-        return (self.kind == "delta" and self.delta > 0) or (self.kind == "lambda" and self.lam > 1)
+        return (self.kind == RelaxKind.DELTA and self.delta > 0) or (self.kind == RelaxKind.LAMBDA and self.lam > 1)
 
     @property
     def paper(self) -> bool:
@@ -121,7 +121,7 @@ def _proximity_set(mass: torch.Tensor, rx: torch.Tensor, relax: Relaxation) -> t
     """(..., k) bool: which of x's nearest neighbours (target masses `mass` (..., k), nearest
     first) the proximity set holds, given x's own mass rx (...): the longest prefix whose
     cumulative mass stays within the bound."""
-    if relax.kind == "delta":
+    if relax.kind == RelaxKind.DELTA:
         bound = relax.delta * (rx > 0)
     else:
         bound = (relax.lam - 1.0) * rx
@@ -157,7 +157,7 @@ def relaxed_mixture(r: torch.Tensor, q: torch.Tensor, relax: Relaxation,
     nb_flat = nb.flatten(-2)
     r_cand, q_cand = r.gather(-1, cand), q.gather(-1, cand)
     mass = r.gather(-1, nb_flat).view(nb.shape)
-    if relax.kind == "delta":
+    if relax.kind == RelaxKind.DELTA:
         bound = relax.delta * (r_cand > 0)
     else:
         bound = (relax.lam - 1.0) * r_cand
@@ -205,7 +205,7 @@ def _deterministic_stages(xs: torch.Tensor, p: torch.Tensor, relax: Relaxation
     sorted_mass[..., 1:].masked_fill_(ranked[..., 1:] == ranked[..., :-1], 0.0)
     mass = sorted_mass.scatter(-1, order, sorted_mass)
     px, nbm = mass[..., :k], mass[..., k:].view(b, n_par, k, -1)
-    if relax.kind == "delta":
+    if relax.kind == RelaxKind.DELTA:
         nbm = nbm * (px > 0)[..., None]  # a draft of probability 0 gets no budget
         inside = (nbm.flatten(-2).cumsum(-1) <= relax.delta).view(nbm.shape)
     else:
@@ -312,7 +312,7 @@ def _budget(rx: torch.Tensor, z: torch.Tensor, nbm: torch.Tensor, relax: Relaxat
     none for a draft of probability 0) or (lambda - 1) R(x).
     """
     cum = nbm.cumsum(-1)
-    if relax.kind == "delta":
+    if relax.kind == RelaxKind.DELTA:
         assert relax.zero is not None, "the paper rule's budget needs the neighbour table"
         bound = torch.where(rx > 0, z * relax.delta, relax.zero)
     else:

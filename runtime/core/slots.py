@@ -24,7 +24,7 @@ import contextlib
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Protocol, cast, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Protocol, TypedDict, cast, runtime_checkable
 
 import torch
 
@@ -42,7 +42,7 @@ class SlotRequest:
     """One image to decode in a slot: key (the caller's name for it, returned with its result),
     cond (1,) label or (1, cls, caption_dim) / (1, cls) prompt, mask (1, cls) or None, seed (its
     random stream: its tokens depend on nothing else)."""
-    key: Any
+    key: Any  # the caller's (a job, an index): handed back as given
     cond: torch.Tensor
     mask: torch.Tensor | None
     seed: int
@@ -52,7 +52,7 @@ class SlotRequest:
 class Finished:
     """A done image: its slot, its request's key, tokens (block_size,) on the device, statistics."""
     slot: int
-    key: Any
+    key: Any  # the caller's (a job, an index): handed back as given
     tokens: torch.Tensor
     stats: ImageStats
 
@@ -61,7 +61,7 @@ class NonFiniteError(UserError):
     """A model produced NaN or infinite logits while decoding (named part, first token index)."""
 
 
-def nonfinite_error(part: str, key: Any, index: int, dtype: torch.dtype) -> NonFiniteError:
+def nonfinite_error(part: str, key: object, index: int, dtype: torch.dtype) -> NonFiniteError:
     """The one line a NaN or inf in `part`'s logits for image `key` at image token `index` gives."""
     return NonFiniteError(f"the {part} produced NaN or infinite logits for image {key} at image token {index} "
                           f"({str(dtype).replace('torch.', '')}); decoding stopped. Finite weights overflow in "
@@ -134,7 +134,7 @@ class RunStats:
         self.law_bound += s.law_bound
         self.law_steps += s.law_steps
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> RunSummary:
         """tau = tokens produced (bonus included) per target forward; mean_drafted_depth =
         tree levels drafted per iteration (every image's prefill is a forward, not an iteration);
         step_tvd / step_tvd_bound: mean TV distance of a step's output law from the target and
@@ -153,6 +153,21 @@ class RunStats:
             "step_tvd_bound": self.law_bound / self.law_steps if self.law_steps else None,
             "law_steps": self.law_steps,
         }
+
+
+class RunSummary(TypedDict):
+    """`RunStats.summary()`: a run's statistics as result files record them."""
+
+    mean_accepted_length: float
+    target_forwards: int
+    tokens: int
+    step_compression: float
+    per_depth_acceptance: list[float]
+    mean_relaxation_mass: float
+    mean_drafted_depth: float
+    step_tvd: float | None
+    step_tvd_bound: float | None
+    law_steps: int
 
 
 @runtime_checkable

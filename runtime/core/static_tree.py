@@ -26,7 +26,6 @@ class StaticTreePolicy(DrafterPolicy):
     without replacement (Gumbel-top-k) from the parent's q, so acceptance sees q.
     """
 
-    kind = "static"
 
     @property
     def sampled_q(self) -> bool:  # type: ignore[override]

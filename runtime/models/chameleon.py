@@ -177,6 +177,11 @@ class PromptedDecoding(CachedDecoding):
     provides `config` (a ChameleonConfig), `embed_tokens` (the whole vocabulary), `tok_embeddings`
     (image tokens), `layers`, `norm`, `rope` and `logits`."""
 
+    @property
+    def row_end(self) -> int:
+        """Lumina-mGPT's and Emu3's row-end token (`config.newline`) where rows have one, else -1."""
+        return int(self.config.newline) if self.config.row_width else -1  # type: ignore[attr-defined]
+
     def for_prompts(self, length: int) -> Any:
         """Fix the prompt length L (`config.cls_token_num`) that decoders built next will use."""
         if length < 2:

@@ -45,6 +45,16 @@ class Target(Protocol):
         """Largest sequence position the rotary table covers, plus one."""
         ...
 
+    @property
+    def row_width(self) -> int:
+        """Image tokens per row, a row-end token included (a square grid's side where none)."""
+        ...
+
+    @property
+    def row_end(self) -> int:
+        """The token that ends every image row (Lumina-mGPT's, Emu3's), or -1 (a plain grid)."""
+        ...
+
     def new_cache(self, batch: int, capacity: int, device: torch.device | str,
                   dtype: torch.dtype | None = None) -> StaticKVCache: ...
 
@@ -120,6 +130,16 @@ class CachedDecoding:
     # what a padded condition's queries see in the prefill (`run_prefix`); None: nothing but
     # themselves hidden too
     prefix_rule: PrefixRule | None = None
+
+    @property
+    def row_width(self) -> int:
+        """Image tokens per row, a row-end token included (a square grid's side where none)."""
+        return int(self.config.grid_size)  # type: ignore[attr-defined]
+
+    @property
+    def row_end(self) -> int:
+        """The token that ends every image row, or -1 (a plain grid)."""
+        return -1
 
     def new_cache(self, batch: int, capacity: int, device: torch.device | str,
                   dtype: torch.dtype | None = None) -> StaticKVCache:

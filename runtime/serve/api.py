@@ -29,12 +29,13 @@ import secrets
 import time
 import uuid
 from dataclasses import dataclass
-from collections.abc import AsyncIterator, Callable
-from typing import Any, Literal
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+import torch
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -43,7 +44,7 @@ from runtime.loading import LoadedModel
 from runtime.serve.conditions import Conditioner
 from runtime.serve.edge import (DEFAULT_MAX_REQUEST_BYTES, BearerAuth, BodyLimit, JsonCors, RequestContext, cut,
                                 error_body, error_response, route_path)
-from runtime.serve.engine import Engine, Job, QueueFull
+from runtime.serve.engine import Done, DoneInfo, Engine, Job, QueueFull
 from runtime.serve.metrics import ServeMetrics
 from runtime.serve.page import add_page
 
@@ -189,7 +190,7 @@ class Refusal:
     message: str
     code: str | None = None
 
-    def response(self, headers: dict[str, str] | None = None) -> Any:
+    def response(self, headers: dict[str, str] | None = None) -> JSONResponse:
         return error_response(self.status, self.message, param=self.param, code=self.code, headers=headers)
 
 
@@ -228,9 +229,10 @@ def create_app(engine: Engine, served: "Served", http: HttpOptions | None = None
     (runtime/serve/edge.py), error handlers, probes and metrics, the models, the page and the
     images route."""
     http = http or HttpOptions()
-    docs: dict[str, Any] = {} if http.docs else {"docs_url": None, "redoc_url": None, "openapi_url": None}
     app = FastAPI(title="lantern-runtime", version=served.version, lifespan=_lifespan(engine, served),
-                  description="Speculative visual autoregressive image generation (OpenAI images API).", **docs)
+                  description="Speculative visual autoregressive image generation (OpenAI images API).",
+                  docs_url="/docs" if http.docs else None, redoc_url="/redoc" if http.docs else None,
+                  openapi_url="/openapi.json" if http.docs else None)
     metrics = ServeMetrics(engine, served.method)
     app.state.metrics = metrics
     _add_middleware(app, served, http, metrics)
@@ -275,11 +277,11 @@ def _add_error_handlers(app: FastAPI, http: HttpOptions) -> None:
     the framework's 404 and 405."""
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> Any:
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         return _validation_refusal(exc).response()
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(request: Request, exc: StarletteHTTPException) -> Any:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         where = f"{request.method} {cut(route_path(request.scope))}"
         if exc.status_code == 404:
             message = (f"no route {where}; this server answers POST /v1/images/generations, GET /v1/models, "
@@ -299,8 +301,8 @@ def _add_probes(app: FastAPI, engine: Engine, served: "Served", http: HttpOption
     async def health() -> dict[str, str]:
         return {"status": "draining" if served.draining else "ok"}
 
-    @app.get("/ready", responses={503: {"model": ErrorBody}})
-    async def ready() -> Any:
+    @app.get("/ready", response_model=None, responses={503: {"model": ErrorBody}})
+    async def ready() -> JSONResponse | dict[str, object]:
         if not engine.ready.is_set() or served.draining:
             state = "draining" if served.draining else "warming_up"
             return error_response(503, f"not ready: {state.replace('_', ' ')}", code=state,
@@ -315,7 +317,7 @@ def _add_probes(app: FastAPI, engine: Engine, served: "Served", http: HttpOption
         return {"version": served.version, "model": served.model, "method": served.method}
 
     @app.get("/info", response_model=ServerInfo)
-    async def info() -> Any:
+    async def info() -> ServerInfo:
         classes = not served.text
         return ServerInfo(model=served.model, names=served.names, method=served.method, version=served.version,
                           prompt="class" if classes else "text",
@@ -335,11 +337,11 @@ def _add_models(app: FastAPI, served: "Served") -> None:
     """OpenAI's model list and model card: the served names (--served-model-name)."""
 
     @app.get("/v1/models", response_model=ModelList)
-    async def models() -> Any:
+    async def models() -> ModelList:
         return ModelList(data=[ModelCard(id=name, created=served.created) for name in served.names])
 
     @app.get("/v1/models/{model:path}", response_model=ModelCard, responses={404: {"model": ErrorBody}})
-    async def model_card(model: str) -> Any:
+    async def model_card(model: str) -> JSONResponse | ModelCard:
         if model not in served.names:
             return served.unknown_model(model).response()
         return ModelCard(id=model, created=served.created)
@@ -352,7 +354,7 @@ def _add_generation(app: FastAPI, engine: Engine, served: "Served", metrics: Ser
               responses={400: {"model": ErrorBody}, 401: {"model": ErrorBody}, 404: {"model": ErrorBody},
                          413: {"model": ErrorBody}, 429: {"model": ErrorBody}, 500: {"model": ErrorBody},
                          503: {"model": ErrorBody}, 504: {"model": ErrorBody}})
-    async def generate(body: ImageRequest, request: Request) -> Any:
+    async def generate(body: ImageRequest, request: Request) -> Response | dict[str, object]:
         refusal = served.check(body)
         if refusal is not None:
             return refusal.response()
@@ -422,7 +424,7 @@ class _Disconnected(Exception):
     pass
 
 
-def _image_data(job: Job, tokens: Any, info: dict[str, Any], b64: str, body: ImageRequest,
+def _image_data(job: Job, tokens: torch.Tensor, info: DoneInfo, b64: str, body: ImageRequest,
                 served: "Served", seed: int) -> ImageData:
     conditioner = served.conditioner
     revised = (served.class_name(job.label) if job.label is not None
@@ -437,12 +439,12 @@ def _image_data(job: Job, tokens: Any, info: dict[str, Any], b64: str, body: Ima
 PROGRESS_EVERY_S = 0.5  # a streamed request hears of its images' progress at most this often
 
 
-def _event(kind: str, body: dict[str, Any]) -> str:
+def _event(kind: str, body: Mapping[str, object]) -> str:
     """One server-sent event, named as OpenAI names its image streaming events."""
     return f"event: {kind}\ndata: {json.dumps({'type': kind, **body})}\n\n"
 
 
-async def _events(jobs: list[Job], waiting: list[asyncio.Future[Any]], body: ImageRequest, served: "Served",
+async def _events(jobs: list[Job], waiting: list[asyncio.Future[Done]], body: ImageRequest, served: "Served",
                   engine: Engine, seed: int) -> AsyncIterator[str]:
     """Server-sent events: `image_generation.progress` (index, tokens_done, tokens_total) while an
     image decodes, at most every PROGRESS_EVERY_S; with `partial_images` P, up to P
@@ -512,7 +514,7 @@ def _openai_quality(body: ImageRequest) -> str:
     return body.quality if body.quality in ("low", "medium", "high") else "auto"
 
 
-def _openai_completed(job: Job, body: ImageRequest, served: "Served", image_tokens: int) -> dict[str, Any]:
+def _openai_completed(job: Job, body: ImageRequest, served: "Served", image_tokens: int) -> dict[str, object]:
     """OpenAI's fields of an `image_generation.completed` event. `usage` counts model tokens: the
     input is the prompt as the model reads it (a class-conditional prompt is one class token; a
     caption or Chameleon prompt its unpadded tokens), the output the image's VQ tokens."""
@@ -524,7 +526,7 @@ def _openai_completed(job: Job, body: ImageRequest, served: "Served", image_toke
                       "input_tokens_details": {"text_tokens": prompt_tokens if served.text else 0, "image_tokens": 0}}}
 
 
-async def _until_done(waiting: list[asyncio.Future[Any]], request: Any, served: "Served") -> list[Any]:
+async def _until_done(waiting: list[asyncio.Future[Done]], request: Request, served: "Served") -> list[Done]:
     """The futures' results, checking every 0.25 s whether the client went away or the drain
     gave up on the requests in flight (`_Abandoned`)."""
     gathered = asyncio.gather(*waiting)
@@ -590,14 +592,14 @@ class Served:
         return Refusal(404, "model", f"the model {cut(model)!r} does not exist on this server; it serves {served} "
                        "(GET /v1/models lists them)", code="model_not_found")
 
-    def public_settings(self) -> dict[str, Any]:
+    def public_settings(self) -> dict[str, object]:
         """The served method's settings as /ready shows them: a tree file by its file name (a
         client learns no path of this machine)."""
         from pathlib import Path
 
-        settings: dict[str, Any] = self.spec.describe()
+        settings = self.spec.describe()
         if "tree" in settings and self.spec.tree_is_file:
-            settings["tree"] = Path(settings["tree"]).name
+            settings["tree"] = Path(str(settings["tree"])).name
         return settings
 
     def reproduce(self, method: str, body: ImageRequest, seed: int) -> str:
@@ -682,22 +684,20 @@ class Served:
                         f"the server with --{name.replace('_', '-')} {given:g}")
         return None
 
-    def preview(self, known: Any, total: int, output_format: str = "png", compression: int | None = None) -> str:
+    def preview(self, known: torch.Tensor, total: int, output_format: str = "png", compression: int | None = None) -> str:
         """An image still decoding (base64): the VQ decode of its first tokens `known` (k,) with
         the rest set to code 0, and the pixels of the positions not yet known painted gray. An AR
         model draws in raster order, so the known part is the top rows (and part of the next)."""
-        import torch
 
         tokens = torch.zeros(total, dtype=torch.long)
         tokens[: len(known)] = torch.as_tensor(known)
         return self.encode([tokens], output_format, compression, unknown_from=len(known))[0]
 
-    def encode(self, tokens: list[Any], output_format: str = "png", compression: int | None = None,
+    def encode(self, tokens: Sequence[torch.Tensor | Sequence[int]], output_format: str = "png", compression: int | None = None,
                unknown_from: int | None = None) -> list[str]:
         """The image file (base64) of each image's tokens, each decoded on its own (as `runtime
         run` decodes a one-image run): PNG (lossless, as `runtime run` writes), or JPEG / WebP at
         quality `compression` (0-100, default 100)."""
-        import torch
         from PIL import Image
 
         from runtime.pipeline import decode_tokens

@@ -10,7 +10,7 @@ image on that text; `revised(text)` -> the text as the model reads it.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 
@@ -29,18 +29,34 @@ class Conditioner(Protocol):
     def __call__(self, text: str) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
+class CaptionEncoder(Protocol):
+    """LlamaGen's T5 caption encoder, as `Captions` uses it."""
+
+    def normalize_text(self, text: str) -> str: ...
+
+    def encode(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+class PromptEncoder(Protocol):
+    """A Chameleon-family model's prompt tokenizer, as `TokenPrompts` uses it."""
+
+    def ids(self, text: str) -> list[int]: ...
+
+    def __call__(self, texts: list[str], length: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
 class Captions:
     """A LlamaGen t2i model's captions: T5 features (1, cls_token_num, caption_dim) in the model's
     dtype, left-padded to the model's caption length as LlamaGen's sampler pads them."""
 
-    def __init__(self, encoder: Any, device: Any, dtype: Any) -> None:
+    def __init__(self, encoder: CaptionEncoder, device: torch.device, dtype: torch.dtype) -> None:
         self.encoder, self.device, self.dtype = encoder, device, dtype
 
     def check(self, text: str) -> str | None:
         return "prompt: the caption is empty" if not text.strip() else None
 
     def revised(self, text: str) -> str:
-        return str(self.encoder.normalize_text(text))
+        return self.encoder.normalize_text(text)
 
     def run_flags(self) -> list[str]:
         return []  # the caption encoder is the server's --t5-path
@@ -55,7 +71,7 @@ class TokenPrompts:
     prompt length every captured step was built for (`runtime run --prompt-length` pads the same
     way, so a request's images equal that run's)."""
 
-    def __init__(self, encoder: Any, length: int, device: Any) -> None:
+    def __init__(self, encoder: PromptEncoder, length: int, device: torch.device) -> None:
         self.encoder, self.length, self.device = encoder, length, device
 
     def check(self, text: str) -> str | None:

@@ -24,9 +24,13 @@ import logging
 import signal
 import time
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING
 
 import uvicorn
+from starlette.types import ASGIApp
+
+if TYPE_CHECKING:
+    from runtime.serve.api import Served
 
 DEFAULT_SHUTDOWN_TIMEOUT_S = 25.0  # under Kubernetes' default 30 s grace period
 CLOSE_S = 2.0  # of the shutdown timeout, kept to answer the requests given up and close
@@ -38,7 +42,7 @@ class DrainingServer(uvicorn.Server):
     """uvicorn's server, draining `served`'s API requests before it closes (module docstring).
     `signals`: the stop signals received, in order (the command re-raises a SIGINT)."""
 
-    def __init__(self, config: uvicorn.Config, served: Any, shutdown_timeout_s: float) -> None:
+    def __init__(self, config: uvicorn.Config, served: Served, shutdown_timeout_s: float) -> None:
         super().__init__(config)
         self.served = served
         self.shutdown_timeout_s = shutdown_timeout_s
@@ -77,7 +81,7 @@ class DrainingServer(uvicorn.Server):
         return elapsed >= give_up_at + CLOSE_S / 2
 
 
-def server_config(app: Any, *, host: str, port: int, root_path: str = "") -> uvicorn.Config:
+def server_config(app: ASGIApp, *, host: str, port: int, root_path: str = "") -> uvicorn.Config:
     """uvicorn's settings for `runtime serve`: its own access log off (RequestContext logs each
     request with its id), its logging left as the command line set it (one format for every
     line: `runtime.cli.app.configure_logging`), lifespan on, and a short graceful shutdown (the drain has already

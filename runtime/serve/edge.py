@@ -25,13 +25,12 @@ import re
 import secrets
 import time
 import uuid
-from typing import Any, Awaitable, Callable, Mapping
+from typing import Awaitable, Callable, Mapping, Protocol, TypedDict
 
 from starlette.datastructures import Headers
 from starlette.middleware.cors import CORSMiddleware
-
-ASGIApp = Callable[[dict[str, Any], Callable[[], Awaitable[dict[str, Any]]],
-                    Callable[[dict[str, Any]], Awaitable[None]]], Awaitable[None]]
+from starlette.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 ECHO_CHARS = 60  # the most of anything a client sent that an error message repeats
 DEFAULT_MAX_REQUEST_BYTES = 1 << 20  # a request body past this gets 413 (--max-request-bytes)
@@ -52,21 +51,34 @@ def cut(text: str) -> str:
     return text if len(text) <= ECHO_CHARS else text[:ECHO_CHARS] + f"... ({len(text)} characters)"
 
 
-def error_body(status: int, message: str, *, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+class ErrorFields(TypedDict):
+    """The fields of OpenAI's error object."""
+
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorPayload(TypedDict):
+    """OpenAI's error body: `{"error": ErrorFields}`."""
+
+    error: ErrorFields
+
+
+def error_body(status: int, message: str, *, param: str | None = None, code: str | None = None) -> ErrorPayload:
     """OpenAI's error object: {"error": {"message", "type", "param", "code"}}."""
     return {"error": {"message": message, "type": ERROR_TYPES.get(status, "invalid_request_error"),
                       "param": param, "code": code}}
 
 
 def error_response(status: int, message: str, *, param: str | None = None, code: str | None = None,
-                   headers: Mapping[str, str] | None = None) -> Any:
+                   headers: Mapping[str, str] | None = None) -> JSONResponse:
     """A JSONResponse carrying `error_body`."""
-    from fastapi.responses import JSONResponse
-
     return JSONResponse(error_body(status, message, param=param, code=code), status_code=status, headers=headers)
 
 
-async def _send_error(send: Callable[[dict[str, Any]], Awaitable[None]], status: int, message: str, *,
+async def _send_error(send: Send, status: int, message: str, *,
                       code: str | None = None, headers: dict[str, str] | None = None) -> None:
     """Answer an error from a middleware (no Response object: plain ASGI messages)."""
     body = json.dumps(error_body(status, message, code=code)).encode()
@@ -76,15 +88,21 @@ async def _send_error(send: Callable[[dict[str, Any]], Awaitable[None]], status:
     await send({"type": "http.response.body", "body": body})
 
 
-def route_path(scope: Mapping[str, Any]) -> str:
+def route_path(scope: Scope) -> str:
     """The path the routes see: without --root-path where the server put it in front."""
     path, root = str(scope.get("path", "")), str(scope.get("root_path", ""))
     return path[len(root):] if root and path.startswith(root) else path
 
 
-def is_api(scope: dict[str, Any]) -> bool:
+def is_api(scope: Scope) -> bool:
     """Whether a request is to the OpenAI API (/v1/...), as opposed to probes, metrics and docs."""
     return route_path(scope).startswith("/v1/")
+
+
+class InFlight(Protocol):
+    """What `RequestContext` keeps count in (`api.Served`): the API requests in flight."""
+
+    in_flight: int
 
 
 class RequestContext:
@@ -95,10 +113,10 @@ class RequestContext:
     the drain waits for it to reach 0). An exception no route handled becomes OpenAI's 500 here
     (its traceback goes to the log, not to the client)."""
 
-    def __init__(self, app: ASGIApp, served: Any, count: Callable[[int], None] | None = None) -> None:
+    def __init__(self, app: ASGIApp, served: InFlight, count: Callable[[int], None] | None = None) -> None:
         self.app, self.served, self.count = app, served, count
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -110,7 +128,7 @@ class RequestContext:
         api = is_api(scope)
         started = time.perf_counter()
 
-        async def send_with_id(message: dict[str, Any]) -> None:
+        async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
                 message = {**message, "headers": [*message.get("headers", ()),
@@ -148,7 +166,7 @@ class BearerAuth:
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app, self.key = app, api_key.encode()
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not is_api(scope) or scope.get("method") == "OPTIONS":
             await self.app(scope, receive, send)
             return
@@ -174,11 +192,11 @@ class BodyLimit:
     def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app, self.limit = app, limit
 
-    def _refuse(self, send: Any, size: str) -> Awaitable[None]:
+    def _refuse(self, send: Send, size: str) -> Awaitable[None]:
         return _send_error(send, 413, f"the request body is {size}, more than this server's limit of {self.limit} "
                            "bytes (--max-request-bytes); send a smaller request", code="request_too_large")
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -204,9 +222,9 @@ class BodyLimit:
                 return
             if not message.get("more_body", False):
                 break
-        replay = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
+        replay: list[Message] = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
 
-        async def receive_again() -> dict[str, Any]:
+        async def receive_again() -> Message:
             return replay.pop() if replay else await receive()
 
         await self.app(scope, receive_again, send)
@@ -221,7 +239,7 @@ class JsonCors(CORSMiddleware):
     """Starlette's CORS middleware, whose refused preflight (`Disallowed CORS origin`, text) is
     answered as every other error: 400 with OpenAI's error body naming what was refused."""
 
-    def preflight_response(self, request_headers: Headers) -> Any:
+    def preflight_response(self, request_headers: Headers) -> Response:
         answer = super().preflight_response(request_headers)
         if answer.status_code == 200:
             return answer

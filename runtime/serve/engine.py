@@ -22,7 +22,7 @@ import threading
 import time
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable, TypedDict
 
 import torch
 
@@ -39,6 +39,20 @@ class QueueFull(Exception):
         self.retry_after = retry_after
 
 
+class DoneInfo(TypedDict):
+    """What the engine tells of a done image beside its tokens."""
+
+    tau: float  # tokens accepted per target forward
+    latency_s: float  # from queued to done
+    queue_s: float  # from queued to admitted
+    target_forwards: int
+    accepted_tokens: int
+    method: str  # the method that made it (under --method auto, the one in use then)
+
+
+Done = tuple[torch.Tensor, DoneInfo]  # a done image: its tokens (block_size,) long CPU and DoneInfo
+
+
 @dataclass
 class Job:
     """One image to make: class id `label` (or None and a text prompt's `cond` (1, L, ...) and
@@ -50,7 +64,7 @@ class Job:
     index: int
     label: int | None
     seed: int
-    future: Future[Any] = field(default_factory=Future)
+    future: Future[Done] = field(default_factory=Future)
     cond: torch.Tensor | None = None
     mask: torch.Tensor | None = None
     queued_at: float = field(default_factory=time.perf_counter)
@@ -224,7 +238,7 @@ class Engine:
 
     def __init__(self, decoders: dict[str, SlotDecoder], device: torch.device, *, max_queue: int = 64,
                  choose: Callable[[int], str] | None = None,
-                 on_done: Callable[[Job, dict[str, Any]], None] | None = None,
+                 on_done: Callable[[Job, DoneInfo], None] | None = None,
                  capture_count: dict[str, int] | None = None) -> None:
         self.decoders = decoders
         batch = next(iter(decoders.values())).config.batch
@@ -288,7 +302,7 @@ class Engine:
 
     def _done(self, job: Job, tokens: torch.Tensor, stats: ImageStats) -> None:
         now = time.perf_counter()
-        info = {"tau": stats.accepted_tokens / max(stats.target_forwards, 1),
+        info: DoneInfo = {"tau": stats.accepted_tokens / max(stats.target_forwards, 1),
                 "latency_s": now - job.queued_at, "queue_s": (job.started_at or now) - job.queued_at,
                 "target_forwards": stats.target_forwards, "accepted_tokens": stats.accepted_tokens,
                 "method": self.current}
@@ -389,13 +403,13 @@ class Engine:
 PROGRESS_EVERY = 8
 
 
-def _settle(future: Future[Any], result: Any = None, error: BaseException | None = None) -> None:
+def _settle(future: Future[Done], result: Done | None = None, error: BaseException | None = None) -> None:
     """Resolve a job's future, unless the server thread cancelled it meanwhile (a client that went
     away): that race must not raise in the engine thread, where it would fail the other images."""
     try:
         if error is not None:
             future.set_exception(error)
-        else:
+        elif result is not None:
             future.set_result(result)
     except InvalidStateError:
         pass

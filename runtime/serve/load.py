@@ -37,7 +37,75 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable, TypedDict, cast
+
+
+class ServedImage(TypedDict, total=False):
+    """The fields of an answer's image the load test reads."""
+
+    seed: int
+    tokens: list[int]
+
+
+class Answer(TypedDict, total=False):
+    """A generation answer as the load test reads it: its images, or OpenAI's error."""
+
+    data: list[ServedImage]
+    error: dict[str, str]
+
+
+class LoadRequest(TypedDict):
+    prompt: str
+    n: int
+    seed: int
+    return_tokens: bool
+
+
+class Record(TypedDict, total=False):
+    """One request of the load (empty: never sent); seconds from the load's start."""
+
+    request: LoadRequest
+    status: int  # 0: no answer
+    seconds: float
+    sent_s: float
+    answered_s: float
+    data: list[ServedImage]
+    error: dict[str, str] | None
+
+
+class Probe(TypedDict):
+    """One round of the drain probes: each answer's status (0: none) and the 503's Retry-After."""
+
+    at_s: float
+    health: int
+    ready: int
+    generate: int
+    retry_after: str | None
+
+
+class Ready(TypedDict, total=False):
+    """The fields of the server's /ready the load test reads."""
+
+    method: str
+    batch_size: int
+    settings: dict[str, object]
+
+
+class Offline(TypedDict):
+    """The served images made again by `runtime run`'s decoder in one process."""
+
+    images: int
+    seconds: float
+    images_per_s: float
+    batch_size: int
+    method: str
+
+
+class Latency(TypedDict, total=False):
+    p50: float
+    p90: float
+    p99: float
+    mean: float
 
 
 def _free_port() -> int:
@@ -46,14 +114,14 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _post(url: str, body: dict[str, Any], timeout: float) -> tuple[int, dict[str, Any]]:
+def _post(url: str, body: LoadRequest, timeout: float) -> tuple[int, Answer]:
     """(HTTP status, JSON answer); status 0 when no answer came (connection refused or dropped)."""
     request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as r:
-            return r.status, json.loads(r.read())
+            return r.status, cast(Answer, json.loads(r.read()))
     except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read() or b"{}")
+        return err.code, cast(Answer, json.loads(err.read() or b"{}"))
     except (OSError, http.client.HTTPException) as err:  # refused, reset, closed mid-answer
         return 0, {"error": {"message": f"{type(err).__name__}: {err}", "type": "connection"}}
 
@@ -69,14 +137,14 @@ def percentile(values: list[float], q: float) -> float:
 
 def run_load(base: str, *, requests: int, concurrency: int, max_n: int, classes: int, timeout: float,
              stop_after: int | None = None, stop: Callable[[], None] | None = None
-             ) -> tuple[list[dict[str, Any]], float, float | None]:
+             ) -> tuple[list[Record], float, float | None]:
     """Send the requests from `concurrency` threads; (per-request records, wall seconds, seconds
     from the start to the stop or None).
 
     With `stop_after`, `stop()` (the SIGTERM) is called once that many requests are answered;
     requests not sent by then are not sent (their records stay empty) and those in flight finish
     or are refused. A record's `sent_s` / `answered_s` count seconds from the start."""
-    records: list[dict[str, Any]] = [{} for _ in range(requests)]
+    records: list[Record] = [{} for _ in range(requests)]
     todo = iter(range(requests))
     lock = threading.Lock()
     answered = [0]
@@ -89,7 +157,7 @@ def run_load(base: str, *, requests: int, concurrency: int, max_n: int, classes:
                 k = None if stopped_at else next(todo, None)
             if k is None:
                 return
-            body = {"prompt": str(k % classes), "n": 1 + k % max_n, "seed": k, "return_tokens": True}
+            body: LoadRequest = {"prompt": str(k % classes), "n": 1 + k % max_n, "seed": k, "return_tokens": True}
             start = time.perf_counter()
             status, answer = _post(base + "/v1/images/generations", body, timeout)
             while status == 429 and not stopped_at:  # the queue is full: wait a moment, then again
@@ -146,11 +214,11 @@ def main(argv: list[str] | None = None) -> int:
                                 stdout=server_log, stderr=subprocess.STDOUT)
     try:
         deadline = time.time() + 600
-        ready: dict[str, Any] = {}
+        ready: Ready = {}
         while time.time() < deadline and proc.poll() is None:
             try:
                 with urllib.request.urlopen(base + "/ready", timeout=2) as r:
-                    ready = json.loads(r.read())
+                    ready = cast(Ready, json.loads(r.read()))
                     break
             except (OSError, ValueError):
                 time.sleep(0.5)
@@ -158,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"the server did not become ready; see {log}", file=sys.stderr)
             return 1
         classes = 12  # the demo's; a c2i model has at least as many
-        probes: list[dict[str, Any]] = []
+        probes: list[Probe] = []
 
         def stop() -> None:
             proc.send_signal(signal.SIGTERM)
@@ -188,22 +256,22 @@ def main(argv: list[str] | None = None) -> int:
     result = _result(args, args_in, records, ready, wall, failed, exit_code, mismatches, offline, probes, drain_ok,
                      stopped_s, outcome, metrics)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
+    latency = _latency(records)
     print(f"{result['images']} images from {args.requests} requests ({args.concurrency} clients) in {wall:.1f} s: "
-          f"{result['images_per_s']:.3f} images/s served, {offline.get('images_per_s', 0):.3f} offline "
-          f"(batch {ready.get('batch_size')}); latency p50 {result['latency_s'].get('p50', 0):.2f} s, "
-          f"p99 {result['latency_s'].get('p99', 0):.2f} s; {len(failed)} failed, {mismatches} token mismatches, "
+          f"{result['images_per_s']:.3f} images/s served, {offline['images_per_s']:.3f} offline "
+          f"(batch {ready.get('batch_size')}); latency p50 {latency.get('p50', 0):.2f} s, "
+          f"p99 {latency.get('p99', 0):.2f} s; {len(failed)} failed, {mismatches} token mismatches, "
           f"server exit {exit_code}" + (f"; SIGTERM at {stopped_s:.1f} s: {outcome}, drain visible: {drain_ok}"
                                         if stopped_s is not None else ""))
     return 0 if not failed and not mismatches and exit_code == 0 and drain_ok is not False else 1
 
 
-def _result(args: argparse.Namespace, args_in: list[str], records: list[dict[str, Any]], ready: dict[str, Any],
-            wall: float, failed: list[Any], exit_code: int, mismatches: int, offline: dict[str, Any],
-            probes: list[dict[str, Any]], drain_ok: bool | None, stopped_s: float | None, outcome: dict[str, Any],
-            metrics: str) -> dict[str, Any]:
+def _result(args: argparse.Namespace, args_in: list[str], records: list[Record], ready: Ready,
+            wall: float, failed: list[Record], exit_code: int, mismatches: int, offline: Offline,
+            probes: list[Probe], drain_ok: bool | None, stopped_s: float | None, outcome: dict[str, int],
+            metrics: str) -> dict[str, object]:
     """The load test's result file: what was asked, what the server answered, the offline check."""
     images = sum(len(r["data"]) for r in records if r.get("status") == 200)
-    latencies = [r["seconds"] for r in records if r.get("status") == 200]
     return {
         "command": ["python", "-m", "runtime.serve.load", *args_in],
         "server": ready, "requests": args.requests, "concurrency": args.concurrency, "images": images,
@@ -211,20 +279,28 @@ def _result(args: argparse.Namespace, args_in: list[str], records: list[dict[str
         "sigterm_after": args.sigterm_after, "sigterm_at_s": stopped_s, "outcome": outcome,
         "drain_probes": probes, "drain_visible": drain_ok,
         "wall_s": wall, "images_per_s": images / wall if wall else 0.0,
-        "latency_s": {"p50": percentile(latencies, 0.5), "p90": percentile(latencies, 0.9),
-                      "p99": percentile(latencies, 0.99), "mean": statistics.fmean(latencies)} if latencies else {},
+        "latency_s": _latency(records),
         "offline": offline,
-        "served_over_offline": (images / wall) / offline["images_per_s"] if offline.get("images_per_s") else None,
+        "served_over_offline": (images / wall) / offline["images_per_s"] if offline["images_per_s"] else None,
         "metrics": metrics,
         "records": [{k: v for k, v in r.items() if k != "data"} | {"seeds": [d["seed"] for d in r.get("data", [])]}
                     for r in records],
     }
 
 
-def _probe_drain(base: str, proc: subprocess.Popen[str], probes: list[dict[str, Any]]) -> None:
+def _latency(records: list[Record]) -> Latency:
+    """Percentiles of the answered requests' seconds ({} when none was answered)."""
+    latencies = [r["seconds"] for r in records if r.get("status") == 200]
+    if not latencies:
+        return {}
+    return {"p50": percentile(latencies, 0.5), "p90": percentile(latencies, 0.9),
+            "p99": percentile(latencies, 0.99), "mean": statistics.fmean(latencies)}
+
+
+def _probe_drain(base: str, proc: subprocess.Popen[str], probes: list[Probe]) -> None:
     """While the server drains (until it exits): `/health`, `/ready` and a new generation every
     0.2 s, their statuses (0: no answer) and whether the 503 named a Retry-After."""
-    def status(path: str, body: dict[str, Any] | None = None) -> tuple[int, str | None]:
+    def status(path: str, body: LoadRequest | None = None) -> tuple[int, str | None]:
         request = urllib.request.Request(base + path, data=None if body is None else json.dumps(body).encode(),
                                          headers={"Content-Type": "application/json"})
         try:
@@ -239,7 +315,7 @@ def _probe_drain(base: str, proc: subprocess.Popen[str], probes: list[dict[str, 
     while proc.poll() is None:
         health, _ = status("/health")
         ready, _ = status("/ready")
-        generate, retry = status("/v1/images/generations", {"prompt": "1", "n": 1, "seed": 0})
+        generate, retry = status("/v1/images/generations", {"prompt": "1", "n": 1, "seed": 0, "return_tokens": False})
         if proc.poll() is None or health:
             probes.append({"at_s": time.perf_counter() - t0, "health": health, "ready": ready,
                            "generate": generate, "retry_after": retry})
@@ -249,7 +325,7 @@ def _probe_drain(base: str, proc: subprocess.Popen[str], probes: list[dict[str, 
 ADMITTED_BEFORE_S = 1.0  # a request sent this long before the SIGTERM has surely been admitted
 
 
-def _judge(records: list[dict[str, Any]], stopped_s: float | None) -> tuple[list[dict[str, Any]], dict[str, int]]:
+def _judge(records: list[Record], stopped_s: float | None) -> tuple[list[Record], dict[str, int]]:
     """(the failed requests, counts of each outcome). Without a stop every request must get all its
     images. With one, a request sent ADMITTED_BEFORE_S before it must too (nothing admitted is
     lost); one sent later may instead be refused (no answer, or 503), but never half-served."""
@@ -271,8 +347,8 @@ def _judge(records: list[dict[str, Any]], stopped_s: float | None) -> tuple[list
     return failed, outcome
 
 
-def _offline(records: list[dict[str, Any]], serve_args: list[str], ready: dict[str, Any],
-             verify: int) -> tuple[int, dict[str, Any]]:
+def _offline(records: list[Record], serve_args: list[str], ready: Ready,
+             verify: int) -> tuple[int, Offline]:
     """(token mismatches among `verify` requests, offline throughput of every image served)."""
     import torch
 
@@ -283,10 +359,10 @@ def _offline(records: list[dict[str, Any]], serve_args: list[str], ready: dict[s
     from runtime.pipeline import make_decoder, timed_many
     from runtime.settings import resolve_spec
 
-    def flag(name: str, default: Any = None) -> Any:
+    def flag(name: str, default: str | None = None) -> str | None:
         return serve_args[serve_args.index(name) + 1] if name in serve_args else default
 
-    backend, prof = open_backend(flag("--device", "auto"), flag("--profile-name"),
+    backend, prof = open_backend(flag("--device") or "auto", flag("--profile-name"),
                                  False if "--no-graph" in serve_args else (True if "--graph" in serve_args else None),
                                  flag("--dtype"))
     size = flag("--image-size")
@@ -297,7 +373,7 @@ def _offline(records: list[dict[str, Any]], serve_args: list[str], ready: dict[s
                         revision=flag("--model-revision"))
     settings = dict(ready.get("settings", {}))  # the server's resolved method, as result files record it
     if settings.get("proactive"):
-        settings["proactive"] = "x".join(map(str, settings["proactive"]))
+        settings["proactive"] = "x".join(map(str, cast(list[int], settings["proactive"])))
     flags = {k: v for k, v in settings.items() if k in OPTION_TYPES or k in SAMPLING_KEYS}
     spec = resolve_spec(ready.get("method"), flags, prof, loaded.recommended)
     served = [r for r in records if r.get("status") == 200]

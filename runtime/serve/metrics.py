@@ -3,7 +3,12 @@ as in the tests, do not collide)."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable, Iterator
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+
+    from runtime.serve.engine import DoneInfo, Engine, Job
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
 TAU_BUCKETS = (1, 1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 8)
@@ -13,10 +18,10 @@ class _EngineCounters:
     """Counters the engine thread keeps (it counts without knowing of Prometheus), exposed as
     counters (`_total`) at scrape time."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
-    def collect(self) -> Any:
+    def collect(self) -> Iterator[Metric]:
         from prometheus_client.core import CounterMetricFamily
 
         yield CounterMetricFamily("lantern_images_failed", "Images an engine error failed (since start).",
@@ -29,7 +34,7 @@ class ServeMetrics:
     """Gauges read from the engine at scrape time, counters and histograms fed as requests are
     answered and images done, and the process's own (`process_*`: CPU, memory, open files)."""
 
-    def __init__(self, engine: Any, method: str) -> None:
+    def __init__(self, engine: Engine, method: str) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, ProcessCollector
 
         self.registry = registry = CollectorRegistry()
@@ -84,7 +89,7 @@ class ServeMetrics:
         """One API request answered with `status` (0: the client went away before any answer)."""
         self.requests.labels(code=str(status)).inc()
 
-    def observe(self, job: Any, info: dict[str, Any]) -> None:
+    def observe(self, job: Job, info: DoneInfo) -> None:
         self.images.inc()
         self.latency.observe(info["latency_s"])
         self.queue_time.observe(info["queue_s"])

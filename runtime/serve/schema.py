@@ -9,16 +9,15 @@ import json
 import sys
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 
-def openapi_schema() -> dict[str, Any]:
+def openapi_schema() -> dict[str, object]:
     """The schema, its version field normalised to "VERSION" (it is the package's version)."""
     from runtime.serve.api import create_app
 
     engine = SimpleNamespace(ready=None, decoder=None, stats=None, queue_depth=0, on_done=None)
     served = SimpleNamespace(version="VERSION", method="-", names=["-"], in_flight=0)
-    schema: dict[str, Any] = create_app(engine, served).openapi()  # type: ignore[arg-type]
+    schema: dict[str, object] = create_app(engine, served).openapi()  # type: ignore[arg-type]
     return schema
 
 
