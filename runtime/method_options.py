@@ -123,6 +123,7 @@ METHOD_DECLS: tuple[MethodDecl, ...] = (
                records=("pjd_window", "pjd_rows", "init", "accept")),
 )
 METHOD_TABLE: dict[str, MethodDecl] = {d.name: d for d in METHOD_DECLS}
+BASELINE = "ar"  # the method every speedup is measured against (one target forward per token)
 METHODS: tuple[str, ...] = tuple(d.name for d in METHOD_DECLS)
 
 SAMPLING_PANEL = "Method and sampling (every method)"

@@ -28,10 +28,10 @@ import torch
 from runtime.core import Decoder, MethodSpec, SamplingParams, neighbours_for
 from runtime.core.opcount import phase_ops
 from runtime.core.sampling import sample
-from runtime.method_options import METHOD_TABLE, METHODS, Drafting
+from runtime.method_options import BASELINE, METHOD_TABLE, METHODS, Drafting
 
 # every method but AR, each checked against AR greedy (relaxation off)
-CHECKED = tuple(m for m in METHODS if m != "ar")
+CHECKED = tuple(m for m in METHODS if m != BASELINE)
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """Nothing outside `runtime/core/` reaches a private name of the decoder: tune, selfcheck, the
-projection and the step timing use its public steps (`Decoder` docstring)."""
+projection and the step timing use its public steps (`DecodeSteps` docstring)."""
 
 import re
 from pathlib import Path
@@ -8,8 +8,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _private_names() -> set[str]:
-    """Private attributes and methods the decoder defines (`def _x` or `self._x = ...`)."""
-    text = (ROOT / "runtime" / "core" / "decoder.py").read_text()
+    """Private attributes and methods the decoder defines (`def _x` or `self._x = ...`), its
+    slot API (decoder.py) and its steps (steps.py)."""
+    text = "".join((ROOT / "runtime" / "core" / name).read_text() for name in ("decoder.py", "steps.py"))
     names = set(re.findall(r"def (_[a-z][a-z0-9_]*)\(", text))
     names |= set(re.findall(r"self\.(_[a-z][a-z0-9_]*)\s*(?::[^=\n]+)?=", text))
     return names

@@ -63,5 +63,5 @@ def test_steps_never_read_the_device(method, greedy):
     with SyncCounter() as counter:
         _, stats = dec.generate_one(torch.tensor([2]), None, seed=1)
     iterations = stats.target_forwards - 1
-    checks = 1 + len(dec.policy.checks)  # the done check, plus one per depth check reached
+    checks = 1 + len(dec.policy.depth.checks)  # the done check, plus one per depth check reached
     assert iterations <= counter.count <= checks * iterations + 1 + 8  # + prefill + statistics

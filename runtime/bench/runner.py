@@ -26,7 +26,7 @@ from runtime.core import MethodSpec
 from runtime.core.opcount import phase_ops
 from runtime.core.law import bound_warning
 from runtime.errors import UserError, did_you_mean
-from runtime.method_options import METHOD_TABLE, OPTION_TYPES, Drafting, RelaxKind
+from runtime.method_options import BASELINE, METHOD_TABLE, OPTION_TYPES, Drafting, RelaxKind
 from runtime.loading import LoadedModel
 from runtime.pipeline import make_decoder, run_generation
 from runtime.settings import resolve_spec
@@ -325,11 +325,11 @@ def _qualities(loaded: LoadedModel, specs: Sequence[MethodSpec], images: Sequenc
 
     labels = np.asarray(conditions)
     scores = [demo_scores(loaded.bundle, im, labels) for im in images]
-    base = next((s for s, spec in zip(scores, specs) if spec.method == "ar"), None)
+    base = next((s for s, spec in zip(scores, specs) if spec.method == BASELINE), None)
     out = []
     for score, spec in zip(scores, specs):
         figures = demo_quality(score, reps=QUALITY_RESAMPLES)
-        if base is not None and spec.method != "ar":
+        if base is not None and spec.method != BASELINE:
             figures.update(demo_quality_vs(score, base, reps=QUALITY_RESAMPLES))
         flat: dict[str, float] = {}
         for name, e in figures.items():

@@ -37,7 +37,7 @@ from pydantic_core import PydanticCustomError
 
 from runtime.atomic import atomic_write_text
 from runtime.errors import UserError
-from runtime.method_options import OPTIONS_BY_NAME
+from runtime.method_options import BASELINE, OPTIONS_BY_NAME
 from runtime.validation import (METHOD_PATTERN as _METHOD_PATTERN, SHA256_PATTERN as _SHA256_PATTERN, Bool,
                                 Count, NonNegative, Number, Positive, PositiveInt, Text, Unit, describe, join_path as _join)
 
@@ -45,7 +45,6 @@ SCHEMA_VERSION = 2  # 1: images_per_s and speedup_vs_ar from p50 (upgraded on lo
 Backend = Literal["cpu", "cuda", "hpu"]
 Schedule = Literal["interleaved", "sequential"]
 DeviceOpsPhase = Literal["draft", "verify", "accept"]
-AR_METHOD = "ar"
 # Relative tolerance for derived fields (speedup, images/s): the writer computes them exactly,
 # this only absorbs rounding by hand-made or third-party writers.
 DERIVED_RTOL = 1e-3
@@ -492,7 +491,7 @@ def _float_or_none(value: float | None) -> float | None:
 
 def ar_baseline(runs: Sequence[RunResult], batch_size: int | None = None) -> RunResult | None:
     """The run speedups are measured against: the first `ar` run (at `batch_size`, when given), or None."""
-    return next((run for run in runs if run.method == AR_METHOD
+    return next((run for run in runs if run.method == BASELINE
                  and (batch_size is None or run.params.batch_size == batch_size)), None)
 
 

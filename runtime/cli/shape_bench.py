@@ -15,7 +15,7 @@ from typing import Any
 
 from runtime.cli import options as opt
 from runtime.errors import UserError
-from runtime.method_options import METHOD_TABLE
+from runtime.method_options import BASELINE, METHOD_TABLE
 
 # bench flags that only shape the measured workload or the model: a projection uses neither
 _WORKLOAD_FLAGS = ("model", "gpt_model", "gpt_ckpt", "vq_ckpt", "drafter", "image_size", "classes", "num_images",
@@ -59,7 +59,7 @@ def bench_shape(args: dict[str, Any]) -> None:
         targets = [Target(f"{r.method} [{r.params.label()}]", spec_from_run(r, result.workload.sampling),
                           r.stats.mean_accepted_length,
                           f"{args['tau_from']}: {r.method} [{r.params.label()}] on {result.workload.model}")
-                   for r in result.runs if r.method != "ar" and not METHOD_TABLE[r.method].checks
+                   for r in result.runs if r.method != BASELINE and not METHOD_TABLE[r.method].checks
                    and r.params.dynamic_depth is None]
         if not targets:
             raise UserError(f"{args['tau_from']}: no run to project (ar, ddd and --dynamic-depth runs are skipped)")
@@ -120,7 +120,7 @@ def _given_tau_targets(methods: str | None, tau: float, flags: dict[str, Any], p
     from runtime.settings import resolve_spec
 
     entries = [m.strip() for m in (methods or "").split(",") if m.strip()]
-    if not entries or any(e.split(":")[0] == "ar" for e in entries):
+    if not entries or any(e.split(":")[0] == BASELINE for e in entries):
         raise UserError("--tau projects the methods named in --methods (not ar: it is the baseline every "
                         "projection is measured against)")
     targets = []

@@ -12,7 +12,7 @@ import typer
 from runtime.cli import options as opt
 from runtime.cli.app import app
 from runtime.errors import UserError
-from runtime.method_options import METHOD_TABLE, RelaxKind
+from runtime.method_options import METHOD_TABLE, Drafting, RelaxKind
 
 
 @app.command("tune")
@@ -73,7 +73,7 @@ def tune_cmd(
                                    ("--ranks", ranks, 1, 8), ("--num-images", num_images, 1, 1024)):
         if not low <= value <= high:
             raise UserError(f"{name} must be in [{low}, {high}], got {value}")
-    if method not in ("lantern++", "sd"):
+    if method not in METHOD_TABLE or METHOD_TABLE[method].drafting != Drafting.STATIC:
         raise UserError(f"--method {method}: runtime tune chooses a static tree, for lantern++ or sd")
     thresholds = _thresholds(ddd_thresholds)
     occupancy_list = _occupancies(occupancies)

@@ -1,4 +1,4 @@
-"""Drafting policies: what fills the tree the shared decoding loop (decoder.py) verifies.
+"""Drafting policies: what fills the tree the shared decoding loop (steps.py) verifies.
 
 A policy owns the tree shape and whatever state its drafts come from; the loop owns the rest
 (target cache, p, acceptance, output). The policy is built from the loop's `DecodeConfig`
@@ -30,8 +30,12 @@ its other steps. Policies:
     jacobi     no drafter: the target's own predictions over a window of future positions
                (sjd; see jacobi.py)
 
-`sampled_q` says whether acceptance must see `q` (drafts sampled from it) or treats the
-drafts as deterministic (top-k / EAGLE-2, `q` None).
+A simple policy implements five hooks: `build_tree`, `bind`, `start`, `draft`, `committed`;
+its read-only flags (`sampled_q`: acceptance must see `q`, the drafts were sampled from it,
+else they are deterministic, top-k / EAGLE-2, `q` None; `needs_q`, `reads_p`, `extra`) say what
+the loop allocates and hands over. A draft whose depth is decided per iteration (ddd,
+--dynamic-depth) keeps those hooks in one object, `policy.depth` (a `DepthControl`: segments,
+checks, the prefix verified, each image's depth).
 """
 
 from __future__ import annotations
@@ -84,17 +88,35 @@ def child_scores(parent: torch.Tensor, logq: torch.Tensor, neg_inf: torch.Tensor
 class DraftPolicy:
     """Base: the AR policy (root only, nothing drafted). Subclasses override the hooks."""
 
-    sampled_q = False  # acceptance sees `view.q` (drafts were sampled from it)
-    needs_q = False  # the loop allocates `q` (N+1, V)
-    reads_p = False  # the policy reads the target's `p` (otherwise only acceptance does)
-    # Nodes verified after the tree in the same forward that acceptance never judges (pjd's
-    # lookahead rows): a policy with extra > 0 hands them over as its proposals' `lookahead`.
-    extra = 0
     view: DraftView  # set by `bind`
+
+    @property
+    def sampled_q(self) -> bool:
+        """Acceptance sees `view.q` (the drafts were sampled from it)."""
+        return False
+
+    @property
+    def needs_q(self) -> bool:
+        """The loop allocates `q` (N+1, V)."""
+        return False
+
+    @property
+    def reads_p(self) -> bool:
+        """The policy reads the target's `p` (otherwise only acceptance does)."""
+        return False
+
+    @property
+    def extra(self) -> int:
+        """Nodes verified after the tree in the same forward that acceptance never judges (pjd's
+        lookahead rows): a policy with extra > 0 hands them over as its proposals' `lookahead`."""
+        return 0
 
     def __init__(self, config: DecodeConfig) -> None:
         self.config = config
         self.tree = self.build_tree(config.device)
+        # how deep each iteration drafts: the whole tree here; a policy whose depth is decided
+        # per iteration (ddd, --dynamic-depth) sets its own in `bind`
+        self.depth: DepthControl = DepthControl(self)
 
     def build_tree(self, device: torch.device) -> TreeBuffers:
         z = torch.zeros(1, dtype=torch.long, device=device)
@@ -120,7 +142,7 @@ class DraftPolicy:
     def proposal(self, depth: int) -> DraftProposal:
         """What the draft hands to verify and accept when the tree is verified down to `depth`
         (one of `verified_depths()`): views of the buffers it fills, the same every iteration."""
-        tree = self.prefix_tree(depth)
+        tree = self.depth.prefix_tree(depth)
         view = self.view
         return DraftProposal(depth=depth, tree=tree, tokens=view.tokens[:, : tree.size],
                              q=self.q[:, : tree.size] if self.sampled_q else None, lookahead=self.lookahead())
@@ -147,41 +169,53 @@ class DraftPolicy:
     def committed(self, path: torch.Tensor, n: torch.Tensor, block: torch.Tensor) -> None:
         """Update the policy's state after acceptance (inside the accept step)."""
 
-    # -- drafts of a depth decided per iteration (ddd, --dynamic-depth) -------------------------
-    # The draft runs as `segments()`, each captured on its own; after segment i in `checks`
-    # the host reads `go_on` (B,) bool and stops drafting when no image wants more. Then
-    # `finish()` (if any) runs, and `verified_depth(segments run)` says which prefix of the
-    # tree the loop verifies (None: the whole tree).
-    checks: frozenset[int] = frozenset()
+    def accept_uniforms(self) -> torch.Tensor | None:
+        """(B, N+1+V) uniforms the draft drew for the sampled acceptance of this iteration
+        (what `accept_sampling` would draw next), or None: acceptance draws its own."""
+        return None
+
+
+class DepthControl:
+    """How deep a policy drafts each iteration (`DraftPolicy.depth`). This base: the whole tree,
+    drafted in one step and verified whole. A draft whose depth is decided per iteration (ddd,
+    --dynamic-depth) runs as `segments()`, each captured on its own; after segment i in
+    `checks` the host reads `go_on` (B,) bool and stops drafting when no image wants more. Then
+    `finish()` (if any) runs, and `verified_depth(segments run)` says which prefix of the tree
+    the loop verifies, one of `verified_depths()` (one captured verify / accept each)."""
+
+    def __init__(self, policy: DraftPolicy) -> None:
+        self.policy = policy
+
+    @property
+    def checks(self) -> frozenset[int]:
+        """The segments after which the host reads `go_on`."""
+        return frozenset()
 
     @property
     def go_on(self) -> torch.Tensor:
+        """(B,) bool: the images that want more levels (read after a segment in `checks`)."""
         raise NotImplementedError
 
     def segments(self) -> list[Callable[[], None]]:
-        return [self.draft]
+        return [self.policy.draft]
 
     def finish(self) -> Callable[[], None] | None:
+        """A step run after the segments that ran (None: nothing)."""
         return None
 
     def verified_depths(self) -> tuple[int, ...]:
         """The tree prefixes (by depth) the loop may verify: one captured verify/accept each."""
-        return (self.tree.max_depth,)
+        return (self.policy.tree.max_depth,)
 
     def verified_depth(self, segments_run: int) -> int:
-        return self.tree.max_depth
+        return self.policy.tree.max_depth
 
     def prefix_tree(self, depth: int) -> TreeBuffers:
         """The tree cut to its depths <= depth (one of `verified_depths()`)."""
-        return self.tree
+        return self.policy.tree
 
     def drafted_levels(self) -> torch.Tensor | None:
         """(B,) long tree levels drafted this iteration when it varies per image, else None."""
-        return None
-
-    def accept_uniforms(self) -> torch.Tensor | None:
-        """(B, N+1+V) uniforms the draft drew for the sampled acceptance of this iteration
-        (what `accept_sampling` would draw next), or None: acceptance draws its own."""
         return None
 
     def depth_cap(self) -> torch.Tensor | None:
@@ -199,7 +233,9 @@ class DrafterPolicy(DraftPolicy):
     through the drafter (level 0). A new image's pending block is its first token.
     """
 
-    needs_q = True
+    @property
+    def needs_q(self) -> bool:
+        return True
 
     def __init__(self, config: DecodeConfig) -> None:
         if config.drafter is None:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from runtime.core.drafting import LOG_FLOOR, STOPPED, DrafterPolicy, below_negative, child_scores
+from runtime.core.drafting import LOG_FLOOR, STOPPED, DepthControl, DrafterPolicy, below_negative, child_scores
 from runtime.core.tree import TreeBuffers, buffers_from_parents, tree_constants
 
 if TYPE_CHECKING:
@@ -35,7 +35,9 @@ class DynamicTreePolicy(DrafterPolicy):
     segments when none is; the final selection runs after the last segment that ran.
     """
 
-    needs_q = False  # drafts are deterministic; the root's log q stays a local of the draft
+    @property
+    def needs_q(self) -> bool:
+        return False  # drafts are deterministic; the root's log q stays a local of the draft
 
     def build_tree(self, device: torch.device) -> TreeBuffers:
         spec, b = self.config.spec, self.config.batch
@@ -113,34 +115,14 @@ class DynamicTreePolicy(DrafterPolicy):
         self.level_offsets = torch.arange(e, device=dev)  # expansion l sits at drafter position length - 1 + l
         bounds = [0, *spec.ddd_checks, e]
         self._spans = list(zip(bounds[:-1], bounds[1:]))  # expansions of each segment
-
-    # -- the draft as segments ---------------------------------------------------------------
-    @property
-    def checks(self) -> frozenset[int]:  # type: ignore[override]
-        return frozenset(range(len(self._spans) - 1))
-
-    @property
-    def go_on(self) -> torch.Tensor:
-        return self.alive & self.view.live().bool()
-
-    def segments(self) -> list[Callable[[], None]]:
-        if len(self._spans) == 1:
-            return [self.draft]
-        (first, last), rest = self._spans[0], self._spans[1:]
-        return ([lambda: self._run_segment(first, last, start=True)]
-                + [lambda a=a, z=z: self._run_segment(a, z) for a, z in rest])
-
-    def finish(self) -> Callable[[], None] | None:
-        return None if len(self._spans) == 1 else self._select
-
-    def drafted_levels(self) -> torch.Tensor | None:
-        return self.drafted if self.config.spec.ddd_checks else None
+        if len(self._spans) > 1:
+            self.depth = DDDChecks(self)
 
     def draft(self) -> None:
         if len(self._spans) == 1:  # EAGLE-2 in one step: every expansion, then the selection
             self._segment(0, self.config.spec.expansions, start=True)
         else:
-            for seg in self.segments():
+            for seg in self.depth.segments():
                 seg()
         self._select()
 
@@ -259,6 +241,35 @@ class DynamicTreePolicy(DrafterPolicy):
         buffers_from_parents(parent, torch.sum(sib, -1, out=t.rank), t.max_depth, t.max_children,
                              earlier_sibling=sib, consts=self._tree_consts, out=t)
         _into(view.tokens[:, 1:], torch.gather, tok, 1, sel)
+
+
+class DDDChecks(DepthControl):
+    """ddd: the expansions in segments between the checks of `MethodSpec.ddd_checks`; after each
+    check the host reads whether any image is still drafting (`alive`), then the selection
+    (`_select`) runs over what was expanded. The whole tree is verified; an image's drafted
+    levels are its own."""
+
+    policy: DynamicTreePolicy
+
+    @property
+    def checks(self) -> frozenset[int]:
+        return frozenset(range(len(self.policy._spans) - 1))
+
+    @property
+    def go_on(self) -> torch.Tensor:
+        return self.policy.alive & self.policy.view.live().bool()
+
+    def segments(self) -> list[Callable[[], None]]:
+        policy = self.policy
+        (first, last), rest = policy._spans[0], policy._spans[1:]
+        return ([lambda: policy._run_segment(first, last, start=True)]
+                + [lambda a=a, z=z: policy._run_segment(a, z) for a, z in rest])
+
+    def finish(self) -> Callable[[], None]:
+        return self.policy._select
+
+    def drafted_levels(self) -> torch.Tensor:
+        return self.policy.drafted
 
 
 def _into(out: torch.Tensor, op: Callable[..., torch.Tensor], *args: Any) -> None:

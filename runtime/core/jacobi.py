@@ -58,11 +58,16 @@ def proactive_tree(k: int, d: int, window: int) -> StaticTree:
 class JacobiPolicy(DraftPolicy):
     """The `jacobi` drafting policy (method sjd); see the module docstring."""
 
-    needs_q = True
-    reads_p = True  # stale proposals come from the target's last distributions
+    @property
+    def needs_q(self) -> bool:
+        return True
 
     @property
-    def sampled_q(self) -> bool:  # type: ignore[override]
+    def reads_p(self) -> bool:
+        return True  # stale proposals come from the target's last distributions
+
+    @property
+    def sampled_q(self) -> bool:
         return not self.config.params.greedy
 
     def build_tree(self, device: torch.device) -> TreeBuffers:

@@ -55,7 +55,7 @@ class PJDPolicy(JacobiPolicy):
         return static_buffers(chain_tree(self.window)).to(device)
 
     @property
-    def extra(self) -> int:  # type: ignore[override]
+    def extra(self) -> int:
         """Lookahead nodes verified after the tree: (R - 1) rows of W."""
         return self.rows_ahead * (self.window + 1)
 

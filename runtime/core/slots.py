@@ -7,8 +7,9 @@ request: `admit` -> `step` -> `finished` -> `release`. `SlotDecoder` is that con
 rest callers use (progress, previews, capture, the compile key, state size, the phase timer,
 law measurement). Two loops implement it (`runtime.core.generate.LOOPS`):
 
-    Decoder       runtime/core/decoder.py: every method that commits tokens in raster order
-                  (each iteration extends the image's prefix: AR, the drafter trees, sjd, pjd)
+    Decoder       runtime/core/decoder.py (its phase steps: steps.py): every method that
+                  commits tokens in raster order (each iteration extends the image's prefix:
+                  AR, the drafter trees, sjd, pjd)
     PublishedPJD  runtime/core/pjd_published.py: pjd's released loop (`--accept published`),
                   which commits tokens of several rows ahead of the raster frontier, so an
                   image's state is a set of committed positions, not a prefix length

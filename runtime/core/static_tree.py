@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from runtime.core.drafting import DrafterPolicy
+from runtime.core.drafting import DepthControl, DrafterPolicy
 from runtime.core.rng import neg_exponential_from_uniform
 from runtime.core.tree import StaticTree, TreeBuffers, load_tree, static_buffers
 
@@ -28,7 +28,7 @@ class StaticTreePolicy(DrafterPolicy):
 
 
     @property
-    def sampled_q(self) -> bool:  # type: ignore[override]
+    def sampled_q(self) -> bool:
         return not self.config.params.greedy
 
     @property
@@ -108,12 +108,6 @@ class StaticTreePolicy(DrafterPolicy):
             return view.rng.uniform(cfg.batch, self.tree.size + cfg.vocab)
         return None
 
-    def depth_cap(self) -> torch.Tensor | None:
-        return self.cut if self.config.spec.dynamic_depth is not None else None
-
-    def drafted_levels(self) -> torch.Tensor | None:
-        return self.depth_cap()  # an image's drafted levels are its own cut
-
     def _pick(self, d: int, noise: torch.Tensor | None, one_step: bool) -> None:
         """Level d's tokens: each parent's top-k (greedy) or k samples without replacement, from
         the q of the previous level's forwarded rows (`forwarded[one_step]`)."""
@@ -177,41 +171,9 @@ class StaticTreePolicy(DrafterPolicy):
         self.cut = torch.full((cfg.batch,), self.tree.max_depth, dtype=torch.long, device=cfg.device)
         self.noise = None if cfg.params.greedy else torch.zeros(
             cfg.batch, self.levels[-1][0], cfg.vocab, device=cfg.device)
+        self.depth = StaticCut(self)
 
-    # -- --dynamic-depth: one segment per level, cut at the first improbable depth -------------
-    @property
-    def checks(self) -> frozenset[int]:  # type: ignore[override]
-        if self.config.spec.dynamic_depth is None:
-            return frozenset()
-        return frozenset(range(self.tree.max_depth - 1))
-
-    @property
-    def go_on(self) -> torch.Tensor:
-        return self.confident & self.view.live().bool()
-
-    def segments(self) -> list[Callable[[], None]]:
-        if self.config.spec.dynamic_depth is None:
-            return [self.draft]
-        return [self._first_level] + [lambda d=d: self._next_level(d) for d in range(1, self.tree.max_depth)]
-
-    def verified_depths(self) -> tuple[int, ...]:
-        if self.config.spec.dynamic_depth is None:
-            return (self.tree.max_depth,)
-        return tuple(range(1, self.tree.max_depth + 1))
-
-    def prefix_tree(self, depth: int) -> TreeBuffers:
-        if depth == self.tree.max_depth:
-            return self.tree
-        paths = tuple(p for p in self.static.paths if len(p) <= depth)
-        return static_buffers(StaticTree(f"{self.static.name}[:{depth}]", paths)).to(self.config.device)
-
-    def verified_depth(self, segments_run: int) -> int:
-        """Segments 0..i ran and the check after i failed: levels 1..i+1 are drafted and level
-        i+2 is not to be verified, so depths <= i+1 are kept."""
-        if self.config.spec.dynamic_depth is None or segments_run >= self.tree.max_depth:
-            return self.tree.max_depth  # one segment, or every level's: the whole tree
-        return segments_run
-
+    # -- --dynamic-depth (`StaticCut`): one segment per level, cut at the first improbable depth
     # The cut is decided before the level it judges is sampled (a cut that looked at the sampled
     # drafts' own probabilities would verify some drafts more often than others, which moves the
     # output away from the target's law): level d+1 is verified when the best path probability
@@ -256,6 +218,48 @@ class StaticTreePolicy(DrafterPolicy):
         self.confident.copy_(reach.amax(-1) >= threshold)
         # the first failed check cuts the image at depth d (a later one cannot deepen it)
         self.cut.copy_(torch.where(self.confident | (self.cut <= d), self.cut, d))
+
+
+class StaticCut(DepthControl):
+    """--dynamic-depth: one segment per level; after each (but the deepest) the host reads
+    whether any image's next level can still reach the threshold (`StaticTreePolicy._decide`),
+    and the loop verifies the tree cut there. Each image's own cut (`policy.cut`, at or above
+    the batch's) caps its acceptance."""
+
+    policy: StaticTreePolicy
+
+    @property
+    def checks(self) -> frozenset[int]:
+        return frozenset(range(self.policy.tree.max_depth - 1))
+
+    @property
+    def go_on(self) -> torch.Tensor:
+        return self.policy.confident & self.policy.view.live().bool()
+
+    def segments(self) -> list[Callable[[], None]]:
+        policy = self.policy
+        return [policy._first_level] + [lambda d=d: policy._next_level(d) for d in range(1, policy.tree.max_depth)]
+
+    def verified_depths(self) -> tuple[int, ...]:
+        return tuple(range(1, self.policy.tree.max_depth + 1))
+
+    def prefix_tree(self, depth: int) -> TreeBuffers:
+        policy = self.policy
+        if depth == policy.tree.max_depth:
+            return policy.tree
+        paths = tuple(p for p in policy.static.paths if len(p) <= depth)
+        return static_buffers(StaticTree(f"{policy.static.name}[:{depth}]", paths)).to(policy.config.device)
+
+    def verified_depth(self, segments_run: int) -> int:
+        """Segments 0..i ran and the check after i failed: levels 1..i+1 are drafted and level
+        i+2 is not to be verified, so depths <= i+1 are kept."""
+        return min(segments_run, self.policy.tree.max_depth)  # every level's segment: the whole tree
+
+    def depth_cap(self) -> torch.Tensor:
+        return self.policy.cut
+
+    def drafted_levels(self) -> torch.Tensor:
+        return self.policy.cut  # an image's drafted levels are its own cut
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from runtime.bench.schema import (
     iter_differences,
     to_dict,
 )
+from runtime.method_options import BASELINE
 
 if TYPE_CHECKING:
     import numpy as np
@@ -323,7 +324,7 @@ def fastest_run(result: BenchResult) -> tuple[RunResult, float, "Interval | None
     best: tuple[RunResult, float, Any] | None = None
     for run in result.runs:
         base = ar_baseline(result.runs, run.params.batch_size)
-        if run.method == "ar" or base is None:
+        if run.method == BASELINE or base is None:
             continue
         ci = speedup_ci(run, base)
         point = ci.point if ci is not None else run.speedup_vs_ar
@@ -380,7 +381,7 @@ def bench_warnings(result: BenchResult) -> list[str]:
         out.append(f"only {result.workload.num_images} images (fewer than {MIN_IMAGES}): tau and quality vary "
                    "with the images drawn")
     for run in result.runs:
-        ci = speedup_ci(run, ar_baseline(result.runs, run.params.batch_size)) if run.method != "ar" else None
+        ci = speedup_ci(run, ar_baseline(result.runs, run.params.batch_size)) if run.method != BASELINE else None
         if ci is not None and ci.contains(1.0):
             out.append(f"`{run.method}` ({run.params.label()}): its speedup interval {fmt_interval(ci)} spans 1: "
                        "not distinguishable from ar")

@@ -20,6 +20,7 @@ from runtime.bench.schema import (
     RunResult,
     ar_baseline,
 )
+from runtime.method_options import BASELINE
 
 if TYPE_CHECKING:
     import numpy as np
@@ -90,7 +91,7 @@ def plot_speedups(benches: Sequence[BenchFile]) -> Rendered | None:
     labels: list[str] = []
     for bench in benches:
         for run in bench.result.runs:
-            if run.speedup_vs_ar is not None and run.method != "ar" and run_label(run) not in labels:
+            if run.speedup_vs_ar is not None and run.method != BASELINE and run_label(run) not in labels:
                 labels.append(run_label(run))
     if not labels:
         return None
@@ -123,7 +124,7 @@ def plot_speedups(benches: Sequence[BenchFile]) -> Rendered | None:
 def plot_speedup_vs_tau(bench: BenchFile) -> Rendered | None:
     """Speedup against tau, one point per run: the gap to the dashed line speedup = tau is what
     the iteration costs beyond an AR step. None without an ar baseline or a drafted run."""
-    runs = [r for r in bench.result.runs if r.speedup_vs_ar is not None and r.method != "ar"]
+    runs = [r for r in bench.result.runs if r.speedup_vs_ar is not None and r.method != BASELINE]
     if not runs:
         return None
     fig = _new_figure(6.0, 3.8)
@@ -190,7 +191,7 @@ def image_comparisons(bench: BenchFile, slug: str) -> list[Block]:
     from runtime.bench.grids import read_grid
 
     runs = bench.result.runs
-    ar_index = next((i for i, r in enumerate(runs) if r.method == "ar"), None)
+    ar_index = next((i for i, r in enumerate(runs) if r.method == BASELINE), None)
     ar_grid = read_grid(bench.path, ar_index) if ar_index is not None else None
     if ar_grid is None:
         return []
@@ -300,7 +301,7 @@ def _quality_values(run: RunResult) -> dict[str, tuple[float, float | None, floa
     out = quality_estimates(run)
     if run.stats.step_tvd is not None:
         out["step tvd"] = (run.stats.step_tvd, None, None)
-    elif run.method == "ar":
+    elif run.method == BASELINE:
         out["step tvd"] = (0.0, None, None)
     return out
 
@@ -323,7 +324,7 @@ def plot_speed_quality(bench: BenchFile) -> Rendered | None:
     point; vertical bars are the figures' 95% bootstrap intervals over images. None without a
     sweep that has speedups and quality."""
     swept = sweep_methods(bench.result)
-    runs = [r for r in bench.result.runs if r.method in swept or r.method == "ar"]
+    runs = [r for r in bench.result.runs if r.method in swept or r.method == BASELINE]
     values = {id(r): _quality_values(r) for r in runs}
     runs = [r for r in runs if values[id(r)] and r.speedup_vs_ar is not None]
     if not any(r.method in swept for r in runs):
@@ -338,7 +339,7 @@ def plot_speed_quality(bench: BenchFile) -> Rendered | None:
     lines = found[1] if found else [(m, [(0.0, r) for r in swept_runs if r.method == m]) for m in swept]
     for ax, metric in zip(axes, metrics):
         for r in runs:
-            if r.method == "ar" and metric in values[id(r)]:
+            if r.method == BASELINE and metric in values[id(r)]:
                 v, lo, hi = values[id(r)][metric]
                 ax.errorbar([r.speedup_vs_ar], [v], yerr=_yerr([(v, lo, hi)]), marker="s", color="black",
                             label="ar", capsize=2)

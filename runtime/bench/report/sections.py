@@ -51,6 +51,7 @@ from runtime.bench.schema import (
     RunResult,
     ar_baseline,
 )
+from runtime.method_options import BASELINE
 
 if TYPE_CHECKING:
 
@@ -287,7 +288,7 @@ def _cross_device_section(group: Sequence[BenchFile], slug: str) -> list[Block]:
                 ])
                 if d is not None:
                     points.append((bench, d, run, ar))
-        if len(points) >= 2 and method != "ar":
+        if len(points) >= 2 and method != BASELINE:
             explained.append(_explain(label, points))
     blocks.append(Table(
         ["method", "device", "tau", "speedup [95% CI]", "= tau (AR fwd / fwd)", "x step ratio", "images/s", "p50 s",
