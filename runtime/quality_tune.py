@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -34,6 +34,10 @@ from runtime.demo.quality import DemoScores
 from runtime.errors import UserError
 from runtime.pipeline import decode_tokens, make_decoder, timed_many
 from runtime.quality_budget import RESAMPLES, band, judge, paired
+
+if TYPE_CHECKING:
+    from backends import Backend
+
 
 # run seeds of the AR sets beside the candidates' `seed` (disjoint per-image seeds)
 BAND_SEED_OFFSET = 100
@@ -129,7 +133,7 @@ class Features:
         return extract(self.inception, _Set(images)).pool
 
 
-def quality_search(loaded: Any, spec: MethodSpec, backend: Any, classes: Sequence[int], *, images: int,
+def quality_search(loaded: Any, spec: MethodSpec, backend: Backend, classes: Sequence[int], *, images: int,
                    budget: float, lambdas: Sequence[float], rules: Sequence[str], batch_size: int, seed: int = 0,
                    inception: torch.nn.Module | None = None, reps: int = RESAMPLES,
                    progress: Callable[[str, int, int], None] | None = None) -> QualityChoice:

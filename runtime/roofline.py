@@ -23,11 +23,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
 from runtime.method_options import Drafting
+
+if TYPE_CHECKING:
+    from backends import Backend
+    from runtime.core.steps import DecodeSteps
+
 
 
 @dataclass(frozen=True)
@@ -92,7 +97,7 @@ def roof_for(device_name: str) -> Roof | None:
 _MEASURED: dict[tuple[torch.dtype, int], Roof] = {}
 
 
-def device_roof(backend: Any, profile: Any = None) -> Roof | None:
+def device_roof(backend: Backend, profile: Any = None) -> Roof | None:
     """The roof of the backend's device: the vendor table by device name; else the profile's
     measured `[roof]`; else, on a CPU, measured now (about a second). None for an accelerator
     missing from the table (its floor is then not shown)."""
@@ -257,7 +262,7 @@ def floors(work: dict[str, Work], medians: dict[str, float], roof: Roof, dtype: 
     return out
 
 
-def level_tokens(decoder: Any) -> list[int]:
+def level_tokens(decoder: DecodeSteps) -> list[int]:
     """Tokens each drafter forward runs: the root first, then at each level the nodes whose
     children it drafts (a static tree's nodes at that depth; EAGLE-2's top-k frontier)."""
     tree = decoder.policy.tree
@@ -267,7 +272,7 @@ def level_tokens(decoder: Any) -> list[int]:
     return [1] + [int((depth == d).sum()) for d in range(1, tree.max_depth)]
 
 
-def decoder_phases(decoder: Any, context: int | None = None) -> dict[str, Work]:
+def decoder_phases(decoder: DecodeSteps, context: int | None = None) -> dict[str, Work]:
     """The floor work of a built Decoder's phases (`draft` where it drafts, `verify`, `accept`)
     at `context` committed positions (default: the mean over an image, condition + half the
     image tokens). LlamaGen targets and drafters; {} for a target of another family."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -29,6 +29,10 @@ from runtime.core import Decoder, MethodSpec, SamplingParams, neighbours_for
 from runtime.core.opcount import phase_ops
 from runtime.core.sampling import sample
 from runtime.method_options import BASELINE, METHOD_TABLE, METHODS, Drafting
+
+if TYPE_CHECKING:
+    from backends import Backend
+
 
 # every method but AR, each checked against AR greedy (relaxation off)
 CHECKED = tuple(m for m in METHODS if m != BASELINE)
@@ -64,14 +68,14 @@ def _spec(method: str, greedy: bool, **kw: Any) -> MethodSpec:
     return MethodSpec(method, params, tree=kw.pop("tree", "chain3"), lantern_k=32, **kw)
 
 
-def _decode(bundle: Any, spec: MethodSpec, backend: Any, cls: int = 3, seed: int = 5) -> tuple[torch.Tensor, Decoder]:
+def _decode(bundle: Any, spec: MethodSpec, backend: Backend, cls: int = 3, seed: int = 5) -> tuple[torch.Tensor, Decoder]:
     nb = neighbours_for(bundle.vq, spec, bundle.gpt.config.vocab_size)
     dec = Decoder(bundle.gpt, bundle.drafter, spec, neighbours=nb, backend=backend)
     tokens, _ = dec.generate_one(torch.tensor([cls], device=bundle.gpt.tok_embeddings.weight.device), None, seed)
     return tokens.cpu(), dec
 
 
-def _no_sync(backend: Any, replay: Callable[[], None]) -> Callable[[], None]:
+def _no_sync(backend: Backend, replay: Callable[[], None]) -> Callable[[], None]:
     """`replay` that raises on a host sync inside it (CUDA sync debug mode); as is elsewhere."""
     if backend.name != "cuda":
         return replay
@@ -95,7 +99,7 @@ def _hpu_compilations() -> int | None:
     return int(stats.get("TotalNumber", 0))
 
 
-def check_graph_and_sync(bundle: Any, backend: Any) -> list[Check]:
+def check_graph_and_sync(bundle: Any, backend: Backend) -> list[Check]:
     """Graph == eager (greedy, fp32) for ar and lantern++, and no host sync inside replays."""
     checks = []
     if not backend.graph_mode:
@@ -138,7 +142,7 @@ def check_graph_and_sync(bundle: Any, backend: Any) -> list[Check]:
     return checks
 
 
-def check_greedy_exact(bundle: Any, backend: Any) -> Check:
+def check_greedy_exact(bundle: Any, backend: Backend) -> Check:
     """Every method with relaxation off equals AR greedy (eager steps on the device)."""
     ar, _ = _decode(bundle, _spec("ar", True), None)
     bad = []
@@ -155,7 +159,7 @@ def check_greedy_exact(bundle: Any, backend: Any) -> Check:
                  "; ".join(bad) or f"{', '.join(CHECKED)} and lantern++ --dynamic-depth equal AR greedy")
 
 
-def check_batch_invariance(bundle: Any, backend: Any) -> Check:
+def check_batch_invariance(bundle: Any, backend: Backend) -> Check:
     """Sampled tokens of three images at batch size 3 equal those decoded one at a time
     (eager steps on the device, fp32), for a static tree (lantern++) and a dynamic one (eagle2)."""
     from runtime.core import generate
@@ -186,7 +190,7 @@ def check_no_zero_probability(device: torch.device, draws: int = 100_000, vocab:
     return Check("no_zero_probability", bad == 0, f"{bad} of {draws} draws had probability 0")
 
 
-def measure_phases(bundle: Any, backend: Any) -> dict[str, Any]:
+def measure_phases(bundle: Any, backend: Backend) -> dict[str, Any]:
     """Seconds per phase (one image), ops per iteration, kernels and peak memory."""
     out = {}
     for method, greedy in (("ar", False), ("lantern++", False), ("lantern++", True)):
@@ -253,7 +257,7 @@ def measure_xl_shape(backends: dict[str, Any], repeats: int = 3, roof: Any = Non
     return out
 
 
-def run_selfcheck(backend: Any, *, xl: bool = True, progress: Callable[[str], None] | None = None,
+def run_selfcheck(backend: Backend, *, xl: bool = True, progress: Callable[[str], None] | None = None,
                   xl_backends: dict[str, Any] | None = None, roof: Any = None) -> SelfcheckReport:
     """Every check on `backend` (fp32); with `xl`, the LlamaGen-XL step costs on `xl_backends`
     (mode -> backend in the device's own dtype; default: `backend`, eager or captured as it is)."""

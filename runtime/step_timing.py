@@ -19,10 +19,11 @@ from runtime.core.opcount import PHASES
 from runtime.method_options import RelaxKind
 
 if TYPE_CHECKING:
+    from backends import Backend
     from runtime.core.decoder import Decoder
 
 
-def random_models(cfg: Any, backend: Any, seed: int = 0) -> tuple[Any, Any]:
+def random_models(cfg: Any, backend: Backend, seed: int = 0) -> tuple[Any, Any]:
     """(target, drafter) of the GPT config `cfg` on the backend's device and dtype, LlamaGen-initialised
     random weights (with a non-zero head, so distributions are not uniform)."""
     from runtime.models.configs import DrafterConfig
@@ -73,7 +74,7 @@ class StepTimes:
         return {p: list(getattr(self, p)) for p in PHASES}
 
 
-def time_steps(decoder: Decoder, backend: Any, *, warmup: int, iterations: int) -> StepTimes:
+def time_steps(decoder: Decoder, backend: Backend, *, warmup: int, iterations: int) -> StepTimes:
     """Time `iterations` decoding iterations, phase by phase, after `warmup` untimed ones.
 
     The steps run as the runtime runs them: captured replays in graph mode, eager otherwise.

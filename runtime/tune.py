@@ -42,7 +42,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
@@ -50,6 +50,10 @@ from runtime.core.methods import MethodSpec
 from runtime.core.tree import StaticTree, validate_paths
 from runtime.errors import UserError
 from runtime.method_options import Drafting
+
+if TYPE_CHECKING:
+    from backends import Backend
+
 
 Path_ = tuple[int, ...]
 
@@ -255,7 +259,7 @@ class TuneResult:
         return asdict(self)
 
 
-def _timed_rounds(steps: dict[str, Callable[[], None]], backend: Any, rounds: int) -> dict[str, float]:
+def _timed_rounds(steps: dict[str, Callable[[], None]], backend: Backend, rounds: int) -> dict[str, float]:
     """Median seconds of each step over `rounds` rounds that call every step once, in turn
     (interleaved, so drift in the machine's speed falls on all of them alike), device-synchronised,
     after two untimed calls each."""
@@ -293,7 +297,7 @@ def monotone(table: dict[int, float]) -> dict[int, float]:
 
 
 @torch.no_grad()
-def tune(loaded: Any, spec: MethodSpec, backend: Any, conditions: Sequence[int], *, batch_size: int = 1,
+def tune(loaded: Any, spec: MethodSpec, backend: Backend, conditions: Sequence[int], *, batch_size: int = 1,
          max_nodes: int = 32, max_depth: int = 6, ranks: int = 4, rounds: int = 30,
          ddd_thresholds: Sequence[float] = (-0.1, -0.3, -0.6, -1.0), ddd_images: int = 2,
          progress: Callable[[str, int, int], None] | None = None, seed: int = 0) -> TuneResult:
@@ -445,7 +449,7 @@ def _write_tree(tree: StaticTree) -> Path:
     return Path(name)
 
 
-def occupancy_table(loaded: Any, specs: dict[str, MethodSpec], backend: Any, conditions: Sequence[int],
+def occupancy_table(loaded: Any, specs: dict[str, MethodSpec], backend: Backend, conditions: Sequence[int],
                     occupancies: Sequence[int], *, seed: int = 0,
                     progress: Callable[[str, int, int], None] | None = None) -> list[dict[str, Any]]:
     """Which lossless method is fastest at each batch occupancy, measured: for each occupancy B

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from runtime.errors import UserError
+from runtime.method_options import METHODS
 from runtime.profiles import (
     Profile,
     default_profile_for,
@@ -103,7 +104,8 @@ def test_a_profile_may_pin_the_cfg_interval(tmp_path: Path) -> None:
         ("warmup = 2", "warmup = 1.5", "'bench.warmup' must be an integer >= 0, got 1.5"),
         ("lantern_k = 1000", "lantern_k = true", "'method.lantern_k' must be an integer >= 1, got True"),
         ("lantern_lambda = 2", "lantern_lambda = 0.5", "'method.lantern_lambda' must be a number >= 1"),
-        ('name = "lantern++"', 'name = "medusa"', "'method.name' must be one of 'ar', 'sd', 'eagle2'"),
+        ('name = "lantern++"', 'name = "medusa"',
+         "'method.name' must be one of " + ", ".join(repr(m) for m in METHODS) + ", got 'medusa'"),
         ("top_k_draft = 10", "top_p = 0", "'method.top_p' must be a number in (0, 1], got 0"),
         ("top_k_draft = 10", "cfg_interval = -2", "'method.cfg_interval' must be an integer >= -1, got -2"),
         ("repeats = 5", "", "missing key 'bench.repeats'"),

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -27,6 +27,10 @@ from runtime.errors import UserError, did_you_mean
 from runtime.method_options import METHOD_TABLE
 from runtime.models.configs import GPTConfig, gpt_config
 from runtime.step_timing import StepTimes, random_models, random_neighbours, time_steps
+
+if TYPE_CHECKING:
+    from backends import Backend
+
 
 
 @dataclass(frozen=True)
@@ -149,7 +153,7 @@ def spec_from_run(run: Any, sampling: Any) -> MethodSpec:
         cfg=sampling.cfg), **given)
 
 
-def project(shape: ModelShape, backend: Any, targets: Sequence[Target], *, warmup: int = 3, iterations: int = 20,
+def project(shape: ModelShape, backend: Backend, targets: Sequence[Target], *, warmup: int = 3, iterations: int = 20,
             batch_size: int = 1, progress: Callable[[str], None] | None = None,
             roof: Any = None) -> dict[str, Any]:
     """Measure the AR step and each target's iteration on `shape` (random weights) and project

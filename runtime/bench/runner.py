@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from datetime import datetime, timezone
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -30,6 +30,12 @@ from runtime.method_options import BASELINE, METHOD_TABLE, OPTION_TYPES, Draftin
 from runtime.loading import LoadedModel
 from runtime.pipeline import make_decoder, run_generation
 from runtime.settings import resolve_spec
+
+if TYPE_CHECKING:
+    from backends import Backend
+    from runtime.core import Decoder
+    from runtime.core.slots import SlotDecoder
+
 
 SWEEP_KEYS = {"lambda": ("lantern_lambda", float, "lantern++"), "delta": ("lantern_delta", float, "lantern"),
               "tree": ("tree", str, "lantern++"), "k": ("lantern_k", int, None), "batch": ("batch_size", int, "*")}
@@ -102,7 +108,7 @@ def plan_runs(methods: Sequence[str], sweeps: Sequence[str]) -> list[PlannedRun]
     return plan
 
 
-def bench(loaded: LoadedModel, backend: Any, profile: Any, plan: Sequence[PlannedRun], flags: dict[str, Any],
+def bench(loaded: LoadedModel, backend: Backend, profile: Any, plan: Sequence[PlannedRun], flags: dict[str, Any],
           conditions: Sequence[int], *, seed: int, warmup: int, repeats: int, quality: bool,
           command_line: Sequence[str], interleave: bool = True, batch_size: int = 1,
           progress: Callable[[str, int, int], None] | None = None,
@@ -146,7 +152,7 @@ def bench(loaded: LoadedModel, backend: Any, profile: Any, plan: Sequence[Planne
     state: list[int | None] = [None] * len(specs)
     law: list[dict[str, Any] | None] = [None] * len(specs)
 
-    def one_pass(i: int, decoder: Any, timed: bool, counted: bool = True) -> None:
+    def one_pass(i: int, decoder: SlotDecoder, timed: bool, counted: bool = True) -> None:
         nonlocal done
         if timed:
             backend.reset_peak_memory()
@@ -172,12 +178,12 @@ def bench(loaded: LoadedModel, backend: Any, profile: Any, plan: Sequence[Planne
         if progress is not None:
             progress(_label(specs[i], batches[i]), done, total_steps)
 
-    def law_pass(i: int, decoder: Any) -> None:
+    def law_pass(i: int, decoder: SlotDecoder) -> None:
         """The law measured in an extra untimed pass, where no warm-up pass measured it."""
         if measure_law and law[i] is None and specs[i].drafting != Drafting.NONE:
             one_pass(i, decoder, timed=False, counted=False)
 
-    def traced_pass(i: int, decoder: Any) -> None:
+    def traced_pass(i: int, decoder: SlotDecoder) -> None:
         if trace_dir is not None:
             with backend.profiler(trace_dir / f"{i:02d}.json.gz"):
                 run_generation(loaded, specs[i], list(conditions)[:batches[i]], seed=seed, backend=backend,
@@ -257,7 +263,7 @@ def method_params(spec: MethodSpec, *, graph: bool, batch_size: int) -> schema.M
         "graph": graph, "batch_size": batch_size})
 
 
-def _device_ops(decoder: Any, conditions: Sequence[Any], backend: Any, roof: Any) -> dict[str, schema.DeviceOps]:
+def _device_ops(decoder: Decoder, conditions: Sequence[Any], backend: Backend, roof: Any) -> dict[str, schema.DeviceOps]:
     """Ops per iteration of each phase (eager count, first condition), the kernels the
     compiler generated for the decoder's captured steps, and each phase's roofline floor per call
     (with a `roof`). Runs after the timed repeats."""
@@ -287,7 +293,7 @@ def mean_phases(per_repeat: Sequence[dict[str, dict[str, float]]]) -> dict[str, 
             for name in names}
 
 
-def _run_result(spec: MethodSpec, out: Any, latencies: list[float], peak_bytes: int | None, n: int, backend: Any,
+def _run_result(spec: MethodSpec, out: Any, latencies: list[float], peak_bytes: int | None, n: int, backend: Backend,
                 quality: schema.Quality, device_ops: dict[str, schema.DeviceOps] | None = None, batch_size: int = 1,
                 state_bytes: int | None = None, phases: dict[str, schema.Phase] | None = None,
                 per_image: list[list[float]] | None = None, law: dict[str, Any] | None = None) -> schema.RunResult:

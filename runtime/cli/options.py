@@ -10,13 +10,17 @@ import dataclasses
 import functools
 import inspect
 import typing
-from typing import Annotated, Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Optional, Sequence
 
 import typer
 
 from runtime.errors import UserError
 from runtime.method_options import METHOD_OPTIONS, METHODS, OPTIONS_BY_NAME, MethodFlags
 from runtime.device_setup import open_backend  # noqa: F401 - the commands' backend and profile, re-exported
+
+if TYPE_CHECKING:
+    from backends import Backend
+
 
 Model = Annotated[Optional[str], typer.Option("--model", help="'demo' (default), a bundle directory from 'runtime train demo', a model folder (Chameleon, Janus, Emu3: its config.json's model_type decides) or a Hugging Face Hub id such as deepseek-community/Janus-Pro-1B (resolved in the HF cache; HF_HOME, HF_HUB_OFFLINE).", rich_help_panel='Model')]
 ModelRevision = Annotated[Optional[str], typer.Option("--model-revision", help="Branch, tag or commit of a --model given by Hub id (default: main).", rich_help_panel='Model')]
@@ -112,7 +116,7 @@ class ModelSource:
         """The model options out of a command's parameters (`runtime sample` takes run's)."""
         return cls(**{name: params[name] for name, _, _ in MODEL_OPTIONS})
 
-    def load(self, backend: Any) -> Any:
+    def load(self, backend: Backend) -> Any:
         """The model on the backend's device and dtype (`runtime.loading.load_model`)."""
         from runtime.loading import load_model
 

@@ -11,7 +11,7 @@ import json
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -20,6 +20,10 @@ from runtime.cli.app import app
 from runtime.atomic import check_run_folder, publish_folder, staging_folder, writing
 from runtime.errors import UserError
 from runtime.cli.workload import merge_stats, process_group_backend, select, software_record, workload_conditions
+
+if TYPE_CHECKING:
+    from backends import Backend
+
 
 RESULT_SCHEMA_VERSION = 1
 
@@ -115,7 +119,7 @@ def run(
         set_attention_kernel(previous_kernel)
 
 
-def _idle_part(rank: int, backend: Any) -> dict[str, Any]:
+def _idle_part(rank: int, backend: Backend) -> dict[str, Any]:
     """The gathered record of a rank that made no image."""
     stats = {"target_forwards": 0, "tokens": 0, "mean_accepted_length": 0.0, "per_depth_acceptance": [],
              "mean_relaxation_mass": 0.0, "mean_drafted_depth": 0.0}

@@ -15,7 +15,7 @@ import sys
 import time
 import typing
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
@@ -24,6 +24,10 @@ from runtime.cli.app import app
 from runtime.cli.run_cmd import run
 from runtime.cli.workload import merge_stats, process_group_backend, select, software_record, workload_conditions
 from runtime.errors import UserError
+
+if TYPE_CHECKING:
+    from backends import Backend
+
 
 NOT_FROM_RUN = ("out", "force", "profile")  # run's own output options; sample has its own
 RESUME = "then run the same command again: it keeps the chunks already written"
@@ -155,7 +159,7 @@ def _parse_shard(text: str | None) -> tuple[int, int]:
     return i, n
 
 
-def _write_result(root: Path, summary: dict[str, Any], workload: dict[str, Any], spec: Any, backend: Any,
+def _write_result(root: Path, summary: dict[str, Any], workload: dict[str, Any], spec: Any, backend: Backend,
                   made: int, seconds: float, world: int) -> None:
     from rich.console import Console
 

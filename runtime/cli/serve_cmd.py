@@ -11,13 +11,17 @@ from __future__ import annotations
 import re
 import signal
 import sys
-from typing import Any, List, Optional
+from typing import TYPE_CHECKING, Any, List, Optional
 
 import typer
 
 from runtime.cli import options as opt
 from runtime.cli.app import app
 from runtime.errors import UserError
+
+if TYPE_CHECKING:
+    from backends import Backend
+
 
 
 @app.command("serve")
@@ -204,7 +208,7 @@ def _http_options(shutdown_timeout: float, max_request_bytes: int, api_key: str 
 DEFAULT_PROMPT_LENGTH = 64  # Chameleon prompts: tokens every captured step is built for
 
 
-def _conditioner(loaded: Any, backend: Any, t5_path: str | None, prompt_length: int | None) -> Any:
+def _conditioner(loaded: Any, backend: Backend, t5_path: str | None, prompt_length: int | None) -> Any:
     """How the served model reads a text prompt (None: class ids and names), refusing the flags
     that do nothing for it. Sets a Chameleon target's prompt length before its decoders are built."""
     from runtime.serve.conditions import Captions, TokenPrompts

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
@@ -13,6 +13,10 @@ from runtime.cli import options as opt
 from runtime.cli.app import app
 from runtime.errors import UserError
 from runtime.method_options import METHOD_TABLE, Drafting, RelaxKind
+
+if TYPE_CHECKING:
+    from backends import Backend
+
 
 
 @app.command("tune")
@@ -192,7 +196,7 @@ def _quality_options(budget: float | None, images: int | None, lambdas: str | No
     return {"budget": budget, "images": n, "lambdas": lams, "rules": names, "inception": inception}
 
 
-def _search_quality(loaded: Any, spec: Any, backend: Any, conditions: Any, batch: int, seed: int,
+def _search_quality(loaded: Any, spec: Any, backend: Backend, conditions: Any, batch: int, seed: int,
                     search: dict[str, Any], console: Any) -> Any:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 

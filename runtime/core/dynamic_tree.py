@@ -103,17 +103,24 @@ class DynamicTreePolicy(DrafterPolicy):
         params = cfg.params
         self._floor_logq = cfg.constrain is not None or (
             not params.greedy and (params.top_k > 0 or params.top_p < 1.0))
-        # the frontier between segments (ddd)
+        self.level_offsets = torch.arange(e, device=dev)  # expansion l sits at drafter position length - 1 + l
+        self._bind_segments()
+
+    def _bind_segments(self) -> None:
+        """ddd's state between segments: the frontier, which images still draft, the threshold,
+        the levels drafted, each segment's expansions and the depth control over them (one
+        segment without checks: EAGLE-2's whole tree)."""
+        cfg, dev, b = self.config, self.config.device, self.config.batch
+        k, e = cfg.spec.top_k_draft, cfg.spec.expansions
         self.frontier = {"tok": torch.zeros(b, k, dtype=torch.long, device=dev), "score": torch.zeros(b, k, device=dev),
                    "hidden": torch.zeros(cfg.rows, k, self.drafter.config.hidden_size, device=dev, dtype=cfg.dtype),
                    "mask": torch.zeros(cfg.rows, 1, k, self.dcache.capacity, device=dev,
                                        dtype=self.dcache.k_all.dtype)}
         self.alive = torch.ones(b, dtype=torch.bool, device=dev)  # ddd: still drafting
         # a tensor, so a captured step reads it at replay (runtime tune varies it in place)
-        self.threshold = torch.full((), float(spec.ddd_threshold), device=dev)
+        self.threshold = torch.full((), float(cfg.spec.ddd_threshold), device=dev)
         self.drafted = torch.ones(b, dtype=torch.long, device=dev)  # tree levels drafted this iteration
-        self.level_offsets = torch.arange(e, device=dev)  # expansion l sits at drafter position length - 1 + l
-        bounds = [0, *spec.ddd_checks, e]
+        bounds = [0, *cfg.spec.ddd_checks, e]
         self._spans = list(zip(bounds[:-1], bounds[1:]))  # expansions of each segment
         if len(self._spans) > 1:
             self.depth = DDDChecks(self)

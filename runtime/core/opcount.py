@@ -17,12 +17,15 @@ per iteration of each phase (draft / verify / accept).
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from runtime.method_options import Drafting
+
+if TYPE_CHECKING:
+    from runtime.core.state import DecodeBuffers, DecodeConfig
 
 PHASES = ("draft", "verify", "accept")
 # aten ops that return an alias of their input without being flagged as views
@@ -63,8 +66,23 @@ class OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+class PhaseSteps(Protocol):
+    """What `phase_ops` runs: the shared loop's eager steps (`runtime.core.steps.DecodeSteps`)."""
+
+    config: DecodeConfig
+    buffers: DecodeBuffers
+
+    def prefill(self, cond: torch.Tensor, cond_mask: torch.Tensor | None, seed: int | list[int]) -> None: ...
+
+    def draft_step(self) -> None: ...
+
+    def verify_step(self) -> None: ...
+
+    def accept_step(self) -> None: ...
+
+
 @torch.no_grad()
-def phase_ops(decoder: Any, cond: torch.Tensor, cond_mask: torch.Tensor | None = None, *,
+def phase_ops(decoder: PhaseSteps, cond: torch.Tensor, cond_mask: torch.Tensor | None = None, *,
               seed: int = 0, iterations: int = 4) -> dict[str, float]:
     """Mean non-view aten ops per iteration of each phase, from `iterations` eager iterations.
 

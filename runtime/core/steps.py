@@ -70,8 +70,8 @@ class DecodeSteps:
 
     What it holds: `config` (the frozen settings: spec, models, sizes, device), `buffers`
     (every tensor the phases share, `DecodeBuffers`), `policy` (the drafting policy, which owns
-    the tree: `policy.tree`), `proposals` (the policy's `DraftProposal` per verified depth),
-    the target's KV `cache`.
+    the tree, `policy.tree`, and how deep it drafts, `policy.depth`), `proposals` (the policy's
+    `DraftProposal` per verified depth) and the target's KV `cache`.
 
     The steps, public for the tools that time, count or wrap them (tune, selfcheck, the shape
     projection, opcount): `capture_steps(cond, mask)` captures every step once (graph mode);
@@ -123,17 +123,21 @@ class DecodeSteps:
         self.proposals = {d: self.policy.proposal(d) for d in depth.verified_depths()}
         self.variable_depth = len(self.proposals) > 1 or depth.drafted_levels() is not None
         self.measure_law, self.law_every, self._iteration = False, 1, 0
-
-        # -- steps: eager until `capture_steps` swaps in captured replays ------------------
-        # the draft as the policy's segments (one, unless its depth is decided as it goes),
-        # and one verify / accept per tree prefix the policy may verify
-        self.draft_segments: list[Callable[[], None]] = depth.segments() if spec.drafting != Drafting.NONE else []
-        self.draft_finish: Callable[[], None] | None = depth.finish()
-        self.verify_at: dict[int, Callable[[], None]] = {d: self._verify_fn(p) for d, p in self.proposals.items()}
-        self.accept_at: dict[int, Callable[[], None]] = {d: self._accept_fn(p) for d, p in self.proposals.items()}
+        self._eager_steps()
         self.captured = backend is None or not backend.graph_mode
         # kernels the graph compiler generated for each captured step (phase -> count)
         self.kernels_per_step: dict[str, int] = {}
+
+    def _eager_steps(self) -> None:
+        """The steps, eager until `capture_steps` swaps in captured replays: the draft as the
+        policy's segments (one, unless its depth is decided as it goes), and one verify /
+        accept per tree prefix the policy may verify."""
+        depth = self.policy.depth
+        self.draft_segments: list[Callable[[], None]] = (
+            depth.segments() if self.config.spec.drafting != Drafting.NONE else [])
+        self.draft_finish: Callable[[], None] | None = depth.finish()
+        self.verify_at: dict[int, Callable[[], None]] = {d: self._verify_fn(p) for d, p in self.proposals.items()}
+        self.accept_at: dict[int, Callable[[], None]] = {d: self._accept_fn(p) for d, p in self.proposals.items()}
 
     # ------------------------------------------------------------------------------------
     def capture_steps(self, cond: torch.Tensor, cond_mask: torch.Tensor | None) -> None:
