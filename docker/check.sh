@@ -38,7 +38,7 @@ tag=${CHECK_TAG:-lantern-runtime:$kind-check}
 net=${DOCKER_NET:-}
 port=8000  # the image's default command serves here; with no bridge network that is the host's port
 py=${PYTHON:-python}  # the host's Python with the official openai client (the test extra has it)
-grace=30 # docker stop's -t: compose.yaml's stop_grace_period and the Kubernetes manifest's grace
+grace=30 # docker stop's -t: compose.yaml's stop_grace_period (the server drains within 25 s)
 out=${CHECK_OUT:-results/containers_$kind${stand_in:+_stand_in}.json}
 work=$(mktemp -d)
 name=lantern-check-$kind-$$
@@ -47,7 +47,7 @@ order=()
 failed=0
 
 cleanup() {
-  docker rm -f "$name" "$name-ro" >/dev/null 2>&1 || true
+  docker rm -f "$name" >/dev/null 2>&1 || true
   rm -rf "$work"
 }
 trap cleanup EXIT

@@ -97,6 +97,11 @@ class MethodDecl:
     chooses_relaxation: bool = False
     records: tuple[str, ...] = ()
 
+    @property
+    def needs_drafter(self) -> bool:
+        """Whether it drafts with a trained drafter head (a static or a dynamic tree)."""
+        return self.drafting in (Drafting.STATIC, Drafting.DYNAMIC)
+
 
 _EAGLE = ("top_k_draft", "total_tokens")
 METHOD_DECLS: tuple[MethodDecl, ...] = (

@@ -196,7 +196,7 @@ class MethodSpec:
     @property
     def needs_drafter(self) -> bool:
         """Whether the method drafts with a trained drafter head (sd, eagle2, lantern, lantern++)."""
-        return self.drafting in (Drafting.STATIC, Drafting.DYNAMIC)
+        return self.decl.needs_drafter
 
     @property
     def own_relaxation(self) -> RelaxKind:
