@@ -29,6 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from runtime.atomic import atomic_path
+from runtime.cache_dirs import cache_root, root_is_chosen
 from runtime.errors import UserError
 
 DTYPES: dict[str, torch.dtype] = {
@@ -235,6 +236,14 @@ class Backend(abc.ABC):
             return obj.to(device=self.device)
         raise TypeError(f"to_device expects an nn.Module or a Tensor, got {type(obj).__name__}")
 
+    def prepare_inference(self, module: nn.Module) -> int:
+        """Ready a model's layers for decoding on this device; returns how many layers read
+        prepared weights. Idempotent, and a weight changed in place later is read as it is
+        (never a stale copy). Nothing here; the CPU backend prepacks its large linear layers
+        (`backends.cpu_packing`)."""
+        del module
+        return 0
+
     # -- synchronisation and timing -----------------------------------------------------------
 
     @abc.abstractmethod
@@ -300,28 +309,35 @@ class Backend(abc.ABC):
     @contextlib.contextmanager
     def compile_cache(self, key: str | None) -> Iterator[Path | None]:
         """While the steps of one configuration are compiled, point the compilers' on-disk caches
-        (:attr:`compile_cache_vars`) at ``$LANTERN_RUNTIME_CACHE/compile/<key>/``; yields that
-        folder, or None where nothing changes.
+        (:attr:`compile_cache_vars`) at ``<cache>/compile/<key>/``, where ``<cache>`` is
+        ``$LANTERN_RUNTIME_CACHE`` or ``~/.cache/lantern-runtime`` (`runtime.cache_dirs`); yields
+        that folder, or None where nothing changes.
 
-        ``key`` names every knob that sets a step's graph (the decoder's ``compile_key``: tree,
-        window, depth, batch, sampling constants, model shapes, dtype, torch version), so two
-        configurations never share a folder: one's artefacts are never offered to the other,
-        and a cache can be kept, shipped or deleted per configuration. Nothing changes without
-        ``LANTERN_RUNTIME_CACHE``, in eager mode, or where the user set a compiler's own
-        variable (that choice wins).
+        So a second process running the same configuration reads its compiled steps instead of
+        compiling them again (inductor's graph and AOT-autograd caches; what remains is dynamo's
+        trace). ``key`` names every knob that sets a step's graph (the decoder's ``compile_key``:
+        tree, window, depth, batch, sampling constants, model shapes, dtype, torch version), so
+        two configurations never share a folder: one's artefacts are never offered to the other,
+        and a cache can be kept, shipped or deleted per configuration. Nothing changes in eager
+        mode or where the user set a compiler's own variable (that choice wins). A chosen cache
+        that cannot be written is refused; the default one, unwritable, is skipped (the steps
+        compile as they would without it).
         """
-        root = os.environ.get("LANTERN_RUNTIME_CACHE")
         names = self.compile_cache_vars
-        if key is None or not root or not self.graph_mode or not names or any(n in os.environ for n in names):
+        if key is None or not self.graph_mode or not names or any(n in os.environ for n in names):
             yield None
             return
-        folder = Path(root) / "compile" / key
+        root = cache_root()
+        folder = root / "compile" / key
         try:
             for sub in names.values():
                 (folder / sub).mkdir(parents=True, exist_ok=True)
         except OSError as err:
-            raise UserError(f"LANTERN_RUNTIME_CACHE={root}: cannot create the compile cache {folder} ({err}); "
-                            "point it at a writable folder") from None
+            if root_is_chosen():
+                raise UserError(f"LANTERN_RUNTIME_CACHE={root}: cannot create the compile cache {folder} ({err}); "
+                                "point it at a writable folder") from None
+            yield None
+            return
         os.environ.update({n: str(folder / sub) for n, sub in names.items()})
         try:
             yield folder

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from runtime.cache_dirs import cache_root, root_is_chosen
 from runtime.errors import FILE_FAULTS, UserError
 
 logger = logging.getLogger(__name__)
@@ -23,9 +24,7 @@ logger = logging.getLogger(__name__)
 
 def cache_dir() -> Path:
     """`$LANTERN_RUNTIME_CACHE` or `~/.cache/lantern-runtime`, subfolder `proximity`."""
-    root = os.environ.get("LANTERN_RUNTIME_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "lantern-runtime")
-    return Path(root) / "proximity"
+    return cache_root() / "proximity"
 
 
 def codebook_hash(codebook: torch.Tensor) -> str:
@@ -65,7 +64,7 @@ def _cache_writable(directory: Path) -> bool:
 def _cache_fault(directory: Path, err: OSError) -> None:
     """A cache the user chose (LANTERN_RUNTIME_CACHE) must work; the default one is only an
     optimisation, so its fault is a warning and the table is rebuilt next run."""
-    if os.environ.get("LANTERN_RUNTIME_CACHE"):
+    if root_is_chosen():
         raise UserError(f"LANTERN_RUNTIME_CACHE={os.environ['LANTERN_RUNTIME_CACHE']}: cannot write the neighbour "
                         f"cache there ({err.strerror or err}); point it at a writable folder") from None
     logger.warning("neighbour cache not written to %s (%s); it is rebuilt next run", directory, err.strerror or err)

@@ -92,6 +92,9 @@ class DecodeSteps:
                             "(or use --accept exact)")
         self.config = config = DecodeConfig.for_models(target, drafter, spec, batch_size, lean_head=lazy_head)
         self.backend = backend
+        for model in (target, drafter):
+            if backend is not None and isinstance(model, torch.nn.Module):
+                backend.prepare_inference(model)
         self.timer: PhaseTimer | None = None
         b, dev = config.batch, config.device
 

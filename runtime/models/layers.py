@@ -81,6 +81,9 @@ def add_linear(x: torch.Tensor, inp: torch.Tensor, linear: nn.Linear) -> torch.T
     """x + linear(inp) as one matmul that accumulates into x (addmm), for a bias-free
     `linear`; x (..., out), inp (..., in). Rounds as a fused add does, so the drafter uses it
     and the target keeps LlamaGen's separate add."""
+    accumulate = getattr(linear, "add_into", None)  # a layer a backend prepacked (`prepare_inference`)
+    if accumulate is not None:
+        return accumulate(x, inp)
     lead = x.shape[:-1]
     out = torch.addmm(x.reshape(-1, x.size(-1)), inp.reshape(-1, inp.size(-1)), linear.weight.t())
     return out.view(*lead, x.size(-1))
