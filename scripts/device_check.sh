@@ -12,6 +12,8 @@
 #  1. selfcheck: graph == eager, exactness, no host sync, the demo's phases, and the LlamaGen-XL
 #     step in bf16, eager and captured, each phase against its roofline floor; then the tests
 #     marked cuda / hpu (bf16 decoding, capture == eager on the device);
+#     then the LlamaGen-XL target forward over T = 1..58 tokens against the AR step and its floor
+#     (python -m runtime.bench.verify_sweep);
 #  2. the LlamaGen-XL and -L shape tables in bf16 at batch 1 and 8 (CFG): AR step, chain3, chain6,
 #     naive_extend_57 and the EAGLE-2 tree, each phase against its floor, and the projected speedup
 #     of naive_extend_57 at the published LlamaGen-XL taus (LANTERN++ 2.67, the lossless static
@@ -77,6 +79,12 @@ step() {
   # pytest exits 5 when every test is deselected (no device of either kind): nothing failed
   TESTS="tests/test_accelerators.py tests/test_backends.py"
   step device_tests 60 bash -c "python3 -m pytest -q -p no:cacheprovider -m 'cuda or hpu' $TESTS; rc=\$?; [ \$rc = 5 ] && exit 0; exit \$rc"
+  # the target forward over T tokens against its AR step and floor, with the operators that take the time
+  # (on a CPU: plain and prepacked weights alternating; QUICK: eager at GPT-B size)
+  SWEEP_SHAPE="${SHAPES%% *}"
+  step "verify_sweep_${SWEEP_SHAPE}" 90 python3 -m runtime.bench.verify_sweep --shape "$SWEEP_SHAPE" --device "$DEVICE" \
+    $([ "$QUICK" = 1 ] && echo "--tokens 1,4 --rows 2 --repeats 3 --warmup 1" || echo "--graph --repeats 7") \
+    --out "$OUT/verify_sweep_${SWEEP_SHAPE}.json"
   for shape in $SHAPES; do
     for b in $BATCHES; do
       step "shape_${shape}_b$b" 90 runtime bench --shape "$shape" --device "$DEVICE" --profile-name "$PROFILE" $GRAPH \

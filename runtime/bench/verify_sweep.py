@@ -41,39 +41,45 @@ def _ratio_interval(num: Sequence[float], den: Sequence[float], draws: int = 200
     return {"point": float(np.median(a) / np.median(b)), "low": float(low), "high": float(high)}
 
 
-def _top_ops(step: Callable[[], Any], n: int = 6) -> list[dict[str, Any]]:
-    """The `n` operators with the most self time in one call of `step` (torch.profiler)."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+def _top_ops(step: Callable[[], Any], backend: Any, n: int = 6) -> list[dict[str, Any]]:
+    """The `n` operators with the most self time (host, and device where the profiler sees one)
+    in one call of `step` (torch.profiler)."""
+    with torch.profiler.profile(activities=backend.profiler_activities()) as prof:
         step()
-    rows = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)[:n]
-    return [{"op": e.key, "calls": int(e.count), "self_ms": e.self_cpu_time_total / 1e3} for e in rows]
+        backend.synchronize()
+    rows = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total + e.self_device_time_total,
+                  reverse=True)[:n]
+    return [{"op": e.key, "calls": int(e.count), "self_ms": (e.self_cpu_time_total + e.self_device_time_total) / 1e3}
+            for e in rows]
 
 
-def sweep(shape_name: str, tokens: Sequence[int], *, repeats: int, warmup: int, graph: bool, dtype: str = "fp32",
+def sweep(shape_name: str, tokens: Sequence[int], *, repeats: int, warmup: int, graph: bool, dtype: str | None = None,
+          device: str = "cpu",
           cfg_rows: Sequence[int] = (1, 2), progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     """Time the target forward of `shape_name` over each T in `tokens` (see the module doc);
     returns the JSON-ready body."""
     from backends import dtype_name, get_backend
     from runtime.bench.projection import model_shape
-    from runtime.roofline import measure_cpu_roof, target_forward, target_shape
+    from runtime.roofline import device_roof, target_forward, target_shape
     from runtime.step_timing import random_models
 
     shape = model_shape(shape_name)
     config = shape.config()
-    backend = get_backend("cpu", graph_mode=graph, dtype=dtype)
+    backend = get_backend(device, graph_mode=graph, dtype=dtype)
     target, _ = random_models(config, backend)
     context = config.cls_token_num + config.block_size // 2
-    roof = measure_cpu_roof(backend.dtype)
+    roof = device_roof(backend)
     stack = target_shape(config)
     itemsize = torch.empty((), dtype=backend.dtype).element_size()
     modes = [PLAIN, PREPARED] if backend.prepare_inference(target) else [PLAIN]
 
     def forward(rows: int, t: int) -> Callable[[], None]:
         cache = target.new_cache(rows, context + max(tokens) + 16, backend.device)
-        x = torch.randn(rows, t, config.dim, dtype=backend.dtype)
-        positions = torch.arange(context, context + t)
-        block = torch.ones(t, t, dtype=torch.bool).tril()
-        out = torch.empty(rows, t, config.vocab_size)
+        dev = backend.device
+        x = torch.randn(rows, t, config.dim, dtype=backend.dtype, device=dev)
+        positions = torch.arange(context, context + t, device=dev)
+        block = torch.ones(t, t, dtype=torch.bool, device=dev).tril()
+        out = torch.empty(rows, t, config.vocab_size, device=dev)
 
         def step() -> None:
             cache.length.fill_(context)
@@ -93,19 +99,22 @@ def sweep(shape_name: str, tokens: Sequence[int], *, repeats: int, warmup: int, 
                 for i in range(warmup + repeats):
                     for mode in modes:
                         _set_mode(backend, target, mode)
+                        backend.synchronize()
                         began = time.perf_counter()
                         steps[mode]()
+                        backend.synchronize()
                         if i >= warmup:
                             samples[mode].append(time.perf_counter() - began)
                 ops = {}
                 for mode in modes:
                     _set_mode(backend, target, mode)
-                    ops[mode] = _top_ops(steps[mode])
+                    ops[mode] = _top_ops(steps[mode], backend)
             work = target_forward(stack, config.vocab_size, rows=rows, tokens=t, context=context, itemsize=itemsize)
-            floor = work.floor_s(roof, dtype_name(backend.dtype))
+            floor = None if roof is None else work.floor_s(roof, dtype_name(backend.dtype))
             results.append({"tokens": t, "rows": rows, "seconds": samples, "floor_s": floor,
                             "median_s": {m: float(np.median(v)) for m, v in samples.items()},
-                            "over_floor": {m: float(np.median(v)) / floor for m, v in samples.items()},
+                            "over_floor": {m: float(np.median(v)) / floor if floor else None
+                                           for m, v in samples.items()},
                             "top_ops": ops})
     _set_mode(backend, target, modes[-1])
     for entry in results:
@@ -118,7 +127,7 @@ def sweep(shape_name: str, tokens: Sequence[int], *, repeats: int, warmup: int, 
                                               "vocab_size": config.vocab_size},
             "context": context, "dtype": dtype_name(backend.dtype), "graph": graph,
             "threads": torch.get_num_threads(), "modes": modes, "repeats": repeats, "warmup": warmup,
-            "roof": roof.to_dict(), "device": backend.info(), "runs": results}
+            "roof": None if roof is None else roof.to_dict(), "device": backend.info(), "runs": results}
 
 
 def _set_mode(backend: Any, target: torch.nn.Module, mode: str) -> None:
@@ -139,7 +148,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rows", default="1,2", help="model rows per image: 1 (no guidance), 2 (CFG)")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or hpu")
+    parser.add_argument("--dtype", default=None, choices=["fp32", "bf16"], help="default: the backend's")
     parser.add_argument("--graph", action="store_true", help="compile each forward (torch.compile) as graph mode does")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
@@ -155,7 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     try:
-        body = sweep(args.shape, tokens, repeats=args.repeats, warmup=args.warmup, graph=args.graph, dtype=args.dtype, cfg_rows=rows,
+        body = sweep(args.shape, tokens, repeats=args.repeats, warmup=args.warmup, graph=args.graph, dtype=args.dtype, device=args.device, cfg_rows=rows,
                      progress=lambda s: print(s, file=sys.stderr, flush=True))
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -164,8 +174,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     body["command_line"] = ["python", "-m", "runtime.bench.verify_sweep", *(argv if argv is not None else sys.argv[1:])]
     atomic_write_text(Path(args.out), json.dumps(body, indent=2))
     for r in body["runs"]:
-        cells = "  ".join(f"{m}: {r['median_s'][m] * 1e3:7.1f} ms ({r['over_floor'][m]:.2f}x floor, "
-                          f"{r['over_ar_step'][m]['point']:.2f}x step)" for m in body["modes"])
+        cells = "  ".join(f"{m}: {r['median_s'][m] * 1e3:7.1f} ms ("
+                          + (f"{r['over_floor'][m]:.2f}x floor, " if r["over_floor"][m] else "")
+                          + f"{r['over_ar_step'][m]['point']:.2f}x step)" for m in body["modes"])
         print(f"T={r['tokens']:3d} rows={r['rows']}  {cells}")
     return 0
 
