@@ -1,7 +1,7 @@
 """How long `runtime run` takes to start decoding, the first time a configuration runs in graph
 mode (its steps compile) and the times after (they load from the compile cache):
 
-    python -m runtime.bench.start_time --runs 3 --out results/cpu_start_time.json -- --device cpu --graph
+    python -m runtime.bench.start_time --runs 3 --out results/cpu_speed/start_time.json -- --device cpu --graph
 
 Each run is a fresh process, `runtime run --num-images 1 <args>`, all against one fresh
 `LANTERN_RUNTIME_CACHE`. A run's start is its process wall time less the decoding after the

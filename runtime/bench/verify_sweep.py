@@ -3,7 +3,7 @@ a model's shape (random weights), against its AR step (T = 1) and its floor, wit
 operators that take the time.
 
     python -m runtime.bench.verify_sweep --shape llamagen-xl --tokens 1,2,4,8,16,58 \\
-        --out results/cpu_xl_verify_sweep.json
+        --out results/cpu_speed/xl_verify_sweep_fp32.json
 
 Every T runs with and without classifier-free guidance's second row (`rows` 1 and 2 per image)
 and, on a backend that prepares weights (`Backend.prepare_inference`: the CPU's packed linear
