@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import errno
 import gzip
 import os
 import shutil
@@ -387,8 +388,33 @@ class Backend(abc.ABC):
         # capture. Each capture is meant, so lift the limit while compiling it; a later
         # unexpected recompile still meets the default limit (and shows in capture_count).
         with torch._dynamo.config.patch(recompile_limit=1_000_000, accumulated_recompile_limit=1_000_000):
-            replay()
+            try:
+                replay()
+            except Exception as err:  # the compilers wrap the file system's fault in their own errors
+                fault = _file_fault(err)
+                if fault is None:
+                    raise
+                where = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or "the compiler's cache"
+                raise UserError(f"graph mode: compiling step {name} could not write its kernels to {where} "
+                                f"({fault.strerror or fault}); free some space or raise the file size limit "
+                                "(ulimit -f), or pass --no-graph") from None
         return replay
+
+
+def _file_fault(err: BaseException) -> OSError | None:
+    """The OSError of a full disk, a file size limit, a read-only or forbidden folder anywhere in
+    `err`'s chain of causes, or None."""
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in _FILE_ERRNOS:
+            return current
+        current = current.__cause__ or current.__context__
+    return None
+
+
+_FILE_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT})
 
 
 def _eager_replay(fn: Callable[..., None], static_args: tuple[Tensor, ...]) -> Callable[[], None]:

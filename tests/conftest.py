@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import pytest
 import torch
 
 from runtime.models.configs import GPTConfig, VQConfig, gpt_config
+
+
+# Graph mode is the CPU profile's default; a test about graph mode asks for it (--graph,
+# graph_mode=True) and every other CLI run here, subprocesses included, is eager: compiling each
+# configuration a test touches tripled the suite's time. Set at import, before test modules copy
+# the environment for their subprocesses.
+os.environ.setdefault("LANTERN_GRAPH", "0")
 
 
 def tiny_gpt_config(model_type: str = "c2i") -> GPTConfig:
@@ -40,6 +48,23 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _session_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """One runtime cache for the session, every xdist worker and subprocess included, outside the
+    user's home: graph mode is the CPU profile's default, so the CLI tests compile steps, and a
+    configuration compiled by one test is loaded by the next. A test that sets its own
+    LANTERN_RUNTIME_CACHE (monkeypatch) still wins."""
+    if os.environ.get("LANTERN_RUNTIME_CACHE"):
+        yield
+        return
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "runtime-cache"
+    shared.mkdir(exist_ok=True)
+    os.environ["LANTERN_RUNTIME_CACHE"] = str(shared)
+    yield
+    os.environ.pop("LANTERN_RUNTIME_CACHE", None)
 
 
 @pytest.fixture

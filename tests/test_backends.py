@@ -441,3 +441,19 @@ def test_runtime_devices_fits_80_columns() -> None:
     assert completed.returncode == 0, completed.stderr
     assert max(len(line) for line in completed.stdout.splitlines()) <= 80
     assert "profile cpu" in completed.stdout
+
+
+def test_cpu_graph_mode_without_a_compiler_runs_eager_and_says_so(monkeypatch, caplog):
+    """Graph mode is the CPU profile's default; a host with no C++ compiler for inductor decodes
+    eagerly with one warning instead of failing at the first compile."""
+    import logging
+
+    import backends.cpu as cpu
+
+    monkeypatch.setattr(cpu.shutil, "which", lambda name: None)
+    with caplog.at_level(logging.WARNING, logger="backends.cpu"):
+        backend = get_backend("cpu", graph_mode=True)
+    assert backend.graph_mode is False
+    assert any("needs a C++ compiler" in r.getMessage() for r in caplog.records)
+    monkeypatch.undo()
+    assert get_backend("cpu", graph_mode=True).graph_mode is (cpu.cxx_compiler() is not None)

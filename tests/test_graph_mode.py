@@ -121,3 +121,26 @@ def test_compile_caches_are_keyed_on_every_shape_setting_knob(tmp_path, monkeypa
     backend = get_backend("cpu", graph_mode=True)
     with backend.compile_cache("ar-b1-x") as folder:
         assert folder is None and os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(mine)
+
+
+def test_compiled_steps_are_cached_by_default_and_an_unwritable_default_is_skipped(tmp_path, monkeypatch):
+    """Without LANTERN_RUNTIME_CACHE the compile cache is the user's cache folder
+    ($XDG_CACHE_HOME/lantern-runtime/compile/<key>), so a second process loads what the first
+    compiled; where that folder cannot be made the steps compile as they would without it."""
+    import os
+
+    monkeypatch.delenv("LANTERN_RUNTIME_CACHE", raising=False)
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    backend = get_backend("cpu", graph_mode=True)
+    with backend.compile_cache("ar-b1-x") as folder:
+        assert folder == tmp_path / "lantern-runtime" / "compile" / "ar-b1-x"
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(folder / "inductor")
+    assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocked))
+    with backend.compile_cache("ar-b1-x") as folder:
+        assert folder is None and "TORCHINDUCTOR_CACHE_DIR" not in os.environ
+    with get_backend("cpu", graph_mode=False).compile_cache("ar-b1-x") as folder:
+        assert folder is None  # eager: nothing compiles

@@ -123,6 +123,15 @@ def test_a_file_size_limit_is_one_line_and_the_resumed_folder_equals_an_uninterr
     assert made == (4 if stage == "first chunk" else 0)
 
 
+def test_graph_mode_that_cannot_write_its_kernels_is_one_line_naming_the_fix(tmp_path):
+    """Compiling the steps writes kernels to the compile cache; a file size limit there is one
+    line (exit 2) naming the limit and --no-graph, never the compiler's traceback."""
+    env = dict(ENV, LANTERN_GRAPH="1", LANTERN_RUNTIME_CACHE=str(tmp_path / "cache"))
+    out = tmp_path / "s"
+    refused(cli(*SAMPLE, "--out", str(out), file_limit=10_000, env=env), "graph mode: compiling step",
+            "could not write its kernels", os.strerror(errno.EFBIG), "ulimit -f", "--no-graph")
+
+
 def test_a_full_disk_is_one_line_and_the_resumed_folder_equals_an_uninterrupted_run(whole, tmp_path):
     patch = ("import errno, os, numpy\n"
              "def full(*a, **k):\n"

@@ -207,7 +207,8 @@ def test_method_auto_runs_the_tables_lossless_method_for_the_batch(tmp_path, run
         assert result["method"] == method and result["sampling_source"]["method"].startswith("--method auto")
         if method == "lantern++":
             assert result["sampling"]["lantern_lambda"] == 1.0  # auto is lossless: the exact tree
-    refused = run_cli("run", "--device", "cpu", "--method", "auto", "--out", str(tmp_path / "x"))
+    refused = run_cli("run", "--device", "cpu", "--profile-name", "cpu-tuned-greedy", "--method", "auto",
+                      "--out", str(tmp_path / "x"))
     assert refused.exit_code == 2 and "--method auto needs a profile with an [auto] table" in refused.stderr
     relaxed = run_cli("run", "--device", "cpu", "--profile-name", str(profile), "--method", "auto", "--lantern-lambda",
                       "3", "--out", str(tmp_path / "y"))

@@ -33,7 +33,7 @@ DrafterDir = Annotated[Optional[str], typer.Option("--drafter", help="LANTERN dr
 Trust = Annotated[bool, typer.Option("--trust-checkpoint", help="Allow checkpoints that contain pickled Python objects (only for files you trust).", rich_help_panel='Model')]
 Device = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or hpu.", rich_help_panel='Device')]
 ProfileName = Annotated[Optional[str], typer.Option("--profile-name", help="Hardware profile name (cpu, rtx3090, h100, gaudi2) or a TOML file.", rich_help_panel='Device')]
-Graph = Annotated[Optional[bool], typer.Option("--graph/--no-graph", help="Capture the fixed-shape steps as device graphs (default: the profile's).", rich_help_panel='Device')]
+Graph = Annotated[Optional[bool], typer.Option("--graph/--no-graph", envvar="LANTERN_GRAPH", show_envvar=True, help="Capture the fixed-shape steps as device graphs (default: the profile's; LANTERN_GRAPH=0 or 1 sets it for every command).", rich_help_panel='Device')]
 Dtype = Annotated[Optional[str], typer.Option("--dtype", help="bf16, fp16 or fp32 (default: the profile's).", rich_help_panel='Device')]
 Method = Annotated[Optional[str], typer.Option("--method", help=f"{', '.join(METHODS[:-1])} or {METHODS[-1]} (sjd and pjd need no drafter); run and serve also take auto (the profile's fastest lossless method at the batch occupancy, from runtime tune).", rich_help_panel='Method and sampling (every method)')]
 Attention = Annotated[str, typer.Option("--attention", help="Attention kernel: auto (fastest available) or math (LlamaGen's reference kernel: bf16 tokens match the reference).", rich_help_panel='Method and sampling (every method)')]
