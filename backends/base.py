@@ -391,6 +391,10 @@ class Backend(abc.ABC):
             try:
                 replay()
             except Exception as err:  # the compilers wrap the file system's fault in their own errors
+                broken = _compiler_error(err)
+                if broken is not None:
+                    raise UserError(f"graph mode: the C++ compiler failed on step {name} ({broken}); fix the "
+                                    "toolchain (g++ or clang++ and Python's headers), or pass --no-graph") from None
                 fault = _file_fault(err)
                 if fault is None:
                     raise
@@ -410,6 +414,21 @@ def _file_fault(err: BaseException) -> OSError | None:
         seen.add(id(current))
         if isinstance(current, OSError) and current.errno in _FILE_ERRNOS:
             return current
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _compiler_error(err: BaseException) -> str | None:
+    """The last `error:` line of a C++ compiler failure (inductor's CppCompileError), or the first
+    line of its "no working compiler" error, anywhere in `err`'s chain of causes; else None."""
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if type(current).__name__ in ("CppCompileError", "InvalidCxxCompiler"):
+            lines = [line.strip() for line in str(current).splitlines() if line.strip()]
+            errors = [line for line in lines if "error:" in line.lower()]
+            return ((errors or lines or ["C++ compile error"])[-1 if errors else 0])[:300]
         current = current.__cause__ or current.__context__
     return None
 

@@ -8,6 +8,7 @@ import shutil
 import platform
 import resource
 import sys
+import sysconfig
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -25,6 +26,16 @@ def cxx_compiler() -> str | None:
     for name in (os.environ.get("CXX"), "g++", "c++", "clang++"):
         if name and shutil.which(name):
             return name
+    return None
+
+
+def graph_toolchain_missing() -> str | None:
+    """What inductor lacks here to build CPU kernels (a C++ compiler, Python's C headers), or None."""
+    if cxx_compiler() is None:
+        return "a C++ compiler (g++ or clang++, or $CXX)"
+    include = sysconfig.get_path("include")
+    if not include or not os.path.isfile(os.path.join(include, "Python.h")):
+        return f"Python's C headers (Python.h in {include}: the python3-dev package)"
     return None
 
 
@@ -73,10 +84,11 @@ class CpuBackend(Backend):
         # slower with 2 threads than with 1). A user's OMP_NUM_THREADS still wins.
         if "OMP_NUM_THREADS" not in os.environ:
             torch.set_num_threads(1)
-        if graph_mode and cxx_compiler() is None:
-            # graph mode is the CPU profile's default; a host without a compiler still decodes
-            log.warning("graph mode needs a C++ compiler (g++ or clang++, or $CXX) to build its kernels and none is "
-                        "on PATH: steps run eagerly (install one for ~2.5x the images/s, or pass --no-graph)")
+        missing = graph_toolchain_missing() if graph_mode else None
+        if missing is not None:
+            # graph mode is the CPU profile's default; a host without the toolchain still decodes
+            log.warning("graph mode needs %s to build its kernels, and this host lacks it: steps run eagerly "
+                        "(install it for ~2.5x the images/s, or pass --no-graph)", missing)
             self.graph_mode = False
 
     @classmethod

@@ -444,8 +444,8 @@ def test_runtime_devices_fits_80_columns() -> None:
 
 
 def test_cpu_graph_mode_without_a_compiler_runs_eager_and_says_so(monkeypatch, caplog):
-    """Graph mode is the CPU profile's default; a host with no C++ compiler for inductor decodes
-    eagerly with one warning instead of failing at the first compile."""
+    """Graph mode is the CPU profile's default; a host with no C++ compiler or no Python headers
+    for inductor decodes eagerly with one warning instead of failing at the first compile."""
     import logging
 
     import backends.cpu as cpu
@@ -456,4 +456,9 @@ def test_cpu_graph_mode_without_a_compiler_runs_eager_and_says_so(monkeypatch, c
     assert backend.graph_mode is False
     assert any("needs a C++ compiler" in r.getMessage() for r in caplog.records)
     monkeypatch.undo()
-    assert get_backend("cpu", graph_mode=True).graph_mode is (cpu.cxx_compiler() is not None)
+    monkeypatch.setattr(cpu.sysconfig, "get_path", lambda name: "/nonexistent/include")
+    with caplog.at_level(logging.WARNING, logger="backends.cpu"):
+        assert get_backend("cpu", graph_mode=True).graph_mode is False
+    assert any("Python.h" in r.getMessage() for r in caplog.records)
+    monkeypatch.undo()
+    assert get_backend("cpu", graph_mode=True).graph_mode is (cpu.graph_toolchain_missing() is None)

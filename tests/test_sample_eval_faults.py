@@ -132,6 +132,18 @@ def test_graph_mode_that_cannot_write_its_kernels_is_one_line_naming_the_fix(tmp
             "could not write its kernels", os.strerror(errno.EFBIG), "ulimit -f", "--no-graph")
 
 
+def test_graph_mode_with_a_broken_compiler_is_one_line_naming_the_fix(tmp_path):
+    """A C++ compiler that exists but fails (here a silent script that always exits 1; a real one
+    prints its own diagnostics first) is one line (exit 2) naming the toolchain and --no-graph,
+    never inductor's traceback."""
+    broken = tmp_path / "cxx"
+    broken.write_text("#!/bin/sh\nexit 1\n")
+    broken.chmod(0o755)
+    env = dict(ENV, LANTERN_GRAPH="1", LANTERN_RUNTIME_CACHE=str(tmp_path / "cache"), CXX=str(broken))
+    refused(cli(*SAMPLE, "--out", str(tmp_path / "s"), env=env), "graph mode: the C++ compiler failed on step",
+            "fix the toolchain", "--no-graph")
+
+
 def test_a_full_disk_is_one_line_and_the_resumed_folder_equals_an_uninterrupted_run(whole, tmp_path):
     patch = ("import errno, os, numpy\n"
              "def full(*a, **k):\n"
