@@ -391,17 +391,21 @@ class Backend(abc.ABC):
             try:
                 replay()
             except Exception as err:  # the compilers wrap the file system's fault in their own errors
-                broken = _compiler_error(err)
-                if broken is not None:
-                    raise UserError(f"graph mode: the C++ compiler failed on step {name} ({broken}); fix the "
-                                    "toolchain (g++ or clang++ and Python's headers), or pass --no-graph") from None
-                fault = _file_fault(err)
-                if fault is None:
+                fault, broken = _file_fault(err), _compiler_error(err)
+                reason = (fault.strerror or str(fault)) if fault is not None else None
+                if reason is None and broken is not None and "File size limit exceeded" in broken:
+                    reason = f"{os.strerror(errno.EFBIG)}: {broken}"  # the compiler itself hit ulimit -f
+                elif reason is None and broken is not None and os.strerror(errno.ENOSPC) in broken:
+                    reason = broken
+                if reason is not None:
+                    where = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or "the compiler's cache"
+                    raise UserError(f"graph mode: compiling step {name} could not write its kernels to {where} "
+                                    f"({reason}); free some space or raise the file size limit (ulimit -f), "
+                                    "or pass --no-graph") from None
+                if broken is None:
                     raise
-                where = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or "the compiler's cache"
-                raise UserError(f"graph mode: compiling step {name} could not write its kernels to {where} "
-                                f"({fault.strerror or fault}); free some space or raise the file size limit "
-                                "(ulimit -f), or pass --no-graph") from None
+                raise UserError(f"graph mode: the C++ compiler failed on step {name} ({broken}); fix the "
+                                "toolchain (g++ or clang++ and Python's headers), or pass --no-graph") from None
         return replay
 
 
