@@ -409,31 +409,30 @@ class Backend(abc.ABC):
         return replay
 
 
-def _file_fault(err: BaseException) -> OSError | None:
-    """The OSError of a full disk, a file size limit, a read-only or forbidden folder anywhere in
-    `err`'s chain of causes, or None."""
+def _causes(err: BaseException) -> Iterator[BaseException]:
+    """`err`, then its chain of causes (each once)."""
     seen: set[int] = set()
     current: BaseException | None = err
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        if isinstance(current, OSError) and current.errno in _FILE_ERRNOS:
-            return current
+        yield current
         current = current.__cause__ or current.__context__
-    return None
+
+
+def _file_fault(err: BaseException) -> OSError | None:
+    """The OSError of a full disk, a file size limit, a read-only or forbidden folder anywhere in
+    `err`'s chain of causes, or None."""
+    return next((c for c in _causes(err) if isinstance(c, OSError) and c.errno in _FILE_ERRNOS), None)
 
 
 def _compiler_error(err: BaseException) -> str | None:
     """The last `error:` line of a C++ compiler failure (inductor's CppCompileError), or the first
     line of its "no working compiler" error, anywhere in `err`'s chain of causes; else None."""
-    seen: set[int] = set()
-    current: BaseException | None = err
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if type(current).__name__ in ("CppCompileError", "InvalidCxxCompiler"):
-            lines = [line.strip() for line in str(current).splitlines() if line.strip()]
+    for cause in _causes(err):
+        if type(cause).__name__ in ("CppCompileError", "InvalidCxxCompiler"):
+            lines = [line.strip() for line in str(cause).splitlines() if line.strip()]
             errors = [line for line in lines if "error:" in line.lower()]
             return ((errors or lines or ["C++ compile error"])[-1 if errors else 0])[:300]
-        current = current.__cause__ or current.__context__
     return None
 
 

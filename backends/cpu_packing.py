@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import weakref
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -212,9 +212,3 @@ def unpack_linears(module: nn.Module) -> int:
 def packed_count(module: nn.Module) -> int:
     """How many layers of `module` read a current packed copy now."""
     return sum(1 for m in module.modules() if isinstance(m, PackedLinear) and _lookup(m.weight) is not None)
-
-
-def describe() -> dict[str, Any]:
-    """What the packing does here, for a backend's info."""
-    ok, why = available()
-    return {"packed_linear": ok, **({"packed_linear_why_not": why} if not ok else {})}
