@@ -241,7 +241,14 @@ class Backend(abc.ABC):
         """Ready a model's layers for decoding on this device; returns how many layers read
         prepared weights. Idempotent, and a weight changed in place later is read as it is
         (never a stale copy). Nothing here; the CPU backend prepacks its large linear layers
-        (`backends.cpu_packing`)."""
+        (`backends.cpu_packing`) and, in graph mode, compiles its small ones' matmuls as
+        reductions (`backends.cpu_small_linear`)."""
+        del module
+        return 0
+
+    def release_inference(self, module: nn.Module) -> int:
+        """Undo `prepare_inference` on a model (a plain baseline in the same process); returns how
+        many layers it restored."""
         del module
         return 0
 

@@ -147,11 +147,30 @@ class CpuBackend(Backend):
             return max_rss if sys.platform == "darwin" else max_rss * 1024
 
     def prepare_inference(self, module: torch.nn.Module) -> int:
-        """Prepack the large linear layers' weights (`backends.cpu_packing`): 2-16-row matmuls
-        read them at the 1-row rate."""
+        """Prepack the large linear layers' weights (`backends.cpu_packing`: 2-16-row matmuls
+        read them at the 1-row rate); in graph mode the small ones compile their few-row
+        matmuls as fused reductions (`backends.cpu_small_linear`)."""
         from backends.cpu_packing import pack_linears
+        from backends.cpu_small_linear import reduce_small_linears
 
-        return pack_linears(module)
+        return pack_linears(module) + (reduce_small_linears(module) if self.graph_mode else 0)
+
+    def release_inference(self, module: torch.nn.Module) -> int:
+        """Undo `prepare_inference`: packed copies dropped, every layer back in its own class."""
+        from backends.cpu_packing import unpack_linears
+        from backends.cpu_small_linear import restore_small_linears
+
+        return unpack_linears(module) + restore_small_linears(module)
 
     def _capture(self, fn: Callable[..., None], static_args: tuple[Tensor, ...], name: str) -> Callable[[], None]:
-        return self._compile_counted(fn, static_args, name, "inductor")
+        replay = self._compile_counted(fn, static_args, name, "inductor")
+
+        def unguarded() -> None:
+            # A captured step reads the same buffers, shapes and settings on every call, so
+            # dynamo's guard check before each replay (0.2-0.3 ms on the demo's steps, over a
+            # hundred parameter and state tensors) decides nothing; only the guards that tell
+            # apart steps compiled from one function still run.
+            with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+                replay()
+
+        return unguarded

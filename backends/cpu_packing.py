@@ -9,10 +9,10 @@ rate up to M ~ 8 and halves the time at M = 16-58 (0.66 ms at M = 4). bf16 gains
 
 How: `pack_linears(module)` reorders the weight of every `nn.Linear` large enough to gain
 (`MIN_PACKED_ELEMENTS`) and swaps the layer's class for a subclass whose matmul is
-`packed_linear`; parameters, state-dict keys and hooks stay as they were. The packed copy sits
-in a table keyed by the weight's storage, checked against the weight's version counter on every
-call, so a weight changed in place (training) silently falls back to `F.linear` until packed
-again. Under `torch.compile` the matmul is the custom op `lantern_cpu::packed_linear` (inductor
+`packed_linear` (`backends.layer_swap`); parameters, state-dict keys and hooks stay as they were.
+The packed copy sits in a table keyed by the weight's storage, checked against the weight's
+version counter on every call, so a weight changed in place (training) silently falls back to
+`F.linear` until packed again. Under `torch.compile` the matmul is the custom op `lantern_cpu::packed_linear` (inductor
 calls it as an extern kernel; a packed oneDNN tensor cannot be a graph input). Costs: a second
 copy of the packed weights in memory, so a model is packed only where the host has room.
 """
@@ -27,6 +27,8 @@ from typing import cast
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from backends.layer_swap import restore_class, swap_class
 
 log = logging.getLogger(__name__)
 
@@ -96,11 +98,17 @@ def _(x: Tensor, inp: Tensor, weight: Tensor) -> Tensor:
     return torch.empty_like(x)
 
 
+def addmm_linear(x: Tensor, inp: Tensor, weight: Tensor) -> Tensor:
+    """x + inp @ weight.T as one addmm (the plain form of a layer's `add_into`); x (..., out),
+    inp (..., in)."""
+    lead = x.shape[:-1]
+    return torch.addmm(x.reshape(-1, x.size(-1)), inp.reshape(-1, inp.size(-1)), weight.t()).view(*lead, -1)
+
+
 def _add_linear(x: Tensor, inp: Tensor, weight: Tensor) -> Tensor:
     packed = _lookup(weight)
     if packed is None:
-        lead = x.shape[:-1]
-        return torch.addmm(x.reshape(-1, x.size(-1)), inp.reshape(-1, inp.size(-1)), weight.t()).view(*lead, -1)
+        return addmm_linear(x, inp, weight)
     summed: Tensor = torch.ops.mkldnn._linear_pointwise.binary(inp, x, packed, None, "add")
     return summed
 
@@ -126,21 +134,6 @@ class PackedLinear(nn.Linear):
         if torch.compiler.is_compiling():
             return cast(Tensor, _packed_add_linear_op(x, inp, self.weight))
         return _add_linear(x, inp, self.weight)
-
-
-_PACKED_CLASSES: dict[type, type] = {nn.Linear: PackedLinear}
-_ORIGINAL_CLASSES: dict[type, type] = {PackedLinear: nn.Linear}
-
-
-def _packed_class(cls: type) -> type:
-    """`cls` with its matmul packed: PackedLinear for nn.Linear; for a subclass, a class whose
-    MRO puts `cls` first (its own forward kept) and PackedLinear's matmul where it calls
-    `nn.Linear.forward` (super().forward)."""
-    if cls not in _PACKED_CLASSES:
-        made = type(f"Packed{cls.__name__}", (cls, PackedLinear), {"__module__": __name__})
-        globals()[made.__name__] = made  # importable by name, so a packed model still pickles
-        _PACKED_CLASSES[cls], _ORIGINAL_CLASSES[made] = made, cls
-    return _PACKED_CLASSES[cls]
 
 
 def available() -> tuple[bool, str]:
@@ -192,8 +185,7 @@ def pack_linears(module: nn.Module) -> int:
         _TABLE[key] = _Packed(weakref.ref(layer.weight), layer.weight._version, packed)
         weakref.finalize(layer.weight, _TABLE.pop, key, None)
     for layer in layers:
-        if not isinstance(layer, PackedLinear):
-            layer.__class__ = _packed_class(type(layer))
+        swap_class(layer, PackedLinear)
     return len(layers)
 
 
@@ -204,8 +196,7 @@ def unpack_linears(module: nn.Module) -> int:
     for layer in module.modules():
         if isinstance(layer, PackedLinear):
             _TABLE.pop(_key(layer.weight), None)
-            layer.__class__ = _ORIGINAL_CLASSES[type(layer)]
-            restored += 1
+            restored += restore_class(layer, PackedLinear)
     return restored
 
 

@@ -33,8 +33,15 @@ def test_projection_interval_brackets_the_point_and_shrinks_with_samples():
 
 
 def test_every_named_shape_builds_its_config():
-    assert set(SHAPES) == {"llamagen-b", "llamagen-l", "llamagen-xl", "llamagen-xxl", "chameleon-7b", "janus-pro-1b",
-                           "janus-pro-7b", "emu3-8b"}
+    assert set(SHAPES) == {"demo", "llamagen-b", "llamagen-l", "llamagen-xl", "llamagen-xxl", "chameleon-7b",
+                           "janus-pro-1b", "janus-pro-7b", "emu3-8b"}
+    from runtime.demo.bundle import load_demo_bundle
+
+    demo, packaged = model_shape("demo").config(), load_demo_bundle().gpt.config
+    assert [getattr(demo, k) for k in ("n_layer", "n_head", "dim", "ffn_hidden", "block_size", "vocab_size",
+                                       "num_classes", "cls_token_num")] == \
+        [getattr(packaged, k) for k in ("n_layer", "n_head", "dim", "ffn_hidden", "block_size", "vocab_size",
+                                        "num_classes", "cls_token_num")]
     shapes = {name: model_shape(name).config() for name in ("janus-pro-1b", "janus-pro-7b", "emu3-8b")}
     assert [(c.n_layer, c.n_head, c.kv_heads, c.dim, c.ffn_hidden, c.block_size, c.vocab_size)
             for c in shapes.values()] == [(24, 16, 16, 2048, 5632, 576, 16384), (30, 32, 32, 4096, 11008, 576, 16384),

@@ -55,6 +55,12 @@ class ModelShape:
 
 
 SHAPES: dict[str, ModelShape] = {s.name: s for s in (
+    # the packaged demo's target (runtime/assets/demo): 16 layers of width 128 (SwiGLU 384), 4
+    # heads, 64 px = 16x16 tokens of a 512-code VQ with 4 px per token
+    ModelShape("demo", "GPT-B", 64, 512, "the packaged demo's shape: 16 layers, width 128, 16x16 tokens, 512 codes",
+               (("cfg", 3.0), ("top_k", 0), ("temperature", 1.0), ("top_p", 1.0)),
+               overrides=(("n_layer", 16), ("n_head", 4), ("dim", 128), ("multiple_of", 64), ("num_classes", 12)),
+               downsample=4),
     ModelShape("llamagen-b", "GPT-B", 256, 16384, "LlamaGen GPT-B c2i, 256 px (16x16 tokens), 111M"),
     ModelShape("llamagen-l", "GPT-L", 256, 16384, "LlamaGen GPT-L c2i, 256 px (16x16 tokens), 343M"),
     ModelShape("llamagen-xl", "GPT-XL", 256, 16384, "LlamaGen GPT-XL c2i, 256 px (16x16 tokens), 775M"),

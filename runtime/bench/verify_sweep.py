@@ -134,9 +134,7 @@ def _set_mode(backend: Any, target: torch.nn.Module, mode: str) -> None:
     if mode == PREPARED:
         backend.prepare_inference(target)
     else:
-        from backends.cpu_packing import unpack_linears
-
-        unpack_linears(target)
+        backend.release_inference(target)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -40,7 +40,7 @@ def bench(
     num_images: opt.NumImages = None,
     seed: opt.Seed = 0,
     batch_size: opt.BatchSize = None,
-    shape: Optional[str] = typer.Option(None, "--shape", help="Project instead of measure: time AR and each method's iteration on a model shape with random weights (llamagen-b, llamagen-l, llamagen-xl, llamagen-xxl, chameleon-7b, janus-pro-1b, janus-pro-7b, emu3-8b) and report tau x AR step / iteration; needs --tau-from or --tau."),
+    shape: Optional[str] = typer.Option(None, "--shape", help="Project instead of measure: time AR and each method's iteration on a model shape with random weights (demo, llamagen-b, llamagen-l, llamagen-xl, llamagen-xxl, chameleon-7b, janus-pro-1b, janus-pro-7b, emu3-8b) and report tau x AR step / iteration; needs --tau-from or --tau."),
     tau_from: Optional[str] = typer.Option(None, "--tau-from", help="--shape: a bench result file; every run in it is projected with the tau it measured."),
     tau: Optional[float] = typer.Option(None, "--tau", help="--shape: the tau (measured on a trained model) of the methods in --methods; an entry may give its own as METHOD:tau=X."),
     iterations: int = typer.Option(20, "--iterations", help="--shape: timed iterations per method."),

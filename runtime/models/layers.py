@@ -18,9 +18,9 @@ from runtime.models.kv_cache import StaticKVCache
 #   "auto": PyTorch picks (flash / memory-efficient / math, whatever fits the inputs);
 #   "math": the math kernel only, as LlamaGen's sampling forces it. In bf16 the fused kernels
 #           accumulate differently, and tokens part from the reference after 15-20 tokens.
-# One process-wide setting, read when a step runs or is traced: torch.compile guards on it
-# (a change recompiles) and a captured graph keeps the kernel it was captured with, so set it
-# before building the decoder. fp32 results agree between the two up to rounding.
+# One process-wide setting, read when a step runs or is traced: a captured graph keeps the kernel
+# it was captured with (the CPU's compiled steps replay without dynamo's guard check, CUDA graphs
+# replay as recorded), so set it before building the decoder. fp32 results agree between the two up to rounding.
 ATTENTION_KERNELS: tuple[str, ...] = ("auto", "math")
 _attention_kernel = "auto"
 
@@ -81,7 +81,7 @@ def add_linear(x: torch.Tensor, inp: torch.Tensor, linear: nn.Linear) -> torch.T
     """x + linear(inp) as one matmul that accumulates into x (addmm), for a bias-free
     `linear`; x (..., out), inp (..., in). Rounds as a fused add does, so the drafter uses it
     and the target keeps LlamaGen's separate add."""
-    accumulate = getattr(linear, "add_into", None)  # a layer a backend prepacked (`prepare_inference`)
+    accumulate = getattr(linear, "add_into", None)  # a layer a backend prepared (`prepare_inference`)
     if accumulate is not None:
         return accumulate(x, inp)
     lead = x.shape[:-1]
