@@ -12,9 +12,11 @@ How: `pack_linears(module)` reorders the weight of every `nn.Linear` large enoug
 `packed_linear` (`backends.layer_swap`); parameters, state-dict keys and hooks stay as they were.
 The packed copy sits in a table keyed by the weight's storage, checked against the weight's
 version counter on every call, so a weight changed in place (training) silently falls back to
-`F.linear` until packed again. Under `torch.compile` the matmul is the custom op `lantern_cpu::packed_linear` (inductor
-calls it as an extern kernel; a packed oneDNN tensor cannot be a graph input). Costs: a second
-copy of the packed weights in memory, so a model is packed only where the host has room.
+`F.linear` until packed again. Under `torch.compile` the matmul is the custom op
+`lantern_cpu::packed_linear` (inductor calls it as an extern kernel; a packed oneDNN tensor
+cannot be a graph input). Costs: a second copy of the packed weights in memory, so a model is
+packed only where the host has room. The layers below the threshold are
+`backends.cpu_small_linear`'s.
 """
 
 from __future__ import annotations

@@ -7,9 +7,10 @@ fit the core's L2 cache, MKL's GEMM takes 26-37 us per such call (one thread, AM
 weights arrive at about 7 GB/s, a fifth of what a plain read of them gets), and oneDNN's packed
 path (`backends.cpu_packing`) more, its fixed cost per call being larger. As
 `(x[..., None, :] * W).sum(-1)` inductor reads each weight row once per input row in a vectorised
-loop and fuses the norm or activation before it; on the demo, compiled, the AR step (2 rows)
-fell from 5.0 to 3.0 ms and the 4-token verify (8 rows) from 6.1 to 5.3 ms. At 16 rows the
-reduction loses (8.8 against 11.9 ms: the horizontal sums grow with the rows), so it runs up to
+loop and fuses the norm or activation before it; the demo's compiled target forward with CFG
+went from 5.39 to 3.35 ms at 1 token (2 rows) and from 5.28 to 4.51 ms at 4 tokens (8 rows)
+(`results/cpu_speed/demo_verify_sweep_graph.json`). At 16 rows the reduction loses (8.8 against
+11.9 ms in a first test: the horizontal sums grow with the rows), so it runs up to
 `MAX_ROWS` rows and the layer's plain matmul beyond. Where a model's small weights stay in L2
 from one call to the next (a one-layer drafter run once per draft level: 1 MB of them against
 this core's 1 MiB L2), MKL's kernel is the faster one (the demo's chain3 draft: 1.07 ms plain,
