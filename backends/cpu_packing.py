@@ -145,11 +145,17 @@ def available() -> tuple[bool, str]:
     return True, ""
 
 
-def packable(module: nn.Module) -> list[nn.Linear]:
-    """The layers of `module` that `pack_linears` packs: CPU `nn.Linear`s of fp32 / bf16 with at
-    least MIN_PACKED_ELEMENTS weights."""
+def cpu_linears(module: nn.Module) -> list[nn.Linear]:
+    """The `nn.Linear`s of `module` whose weights are fp32 / bf16 on the CPU: what the CPU backend
+    prepares, packed (`packable`) or reduced (`backends.cpu_small_linear`) by size."""
     return [m for m in module.modules() if isinstance(m, nn.Linear) and m.weight.device.type == "cpu"
-            and m.weight.dtype in PACKABLE_DTYPES and m.weight.numel() >= MIN_PACKED_ELEMENTS]
+            and m.weight.dtype in PACKABLE_DTYPES]
+
+
+def packable(module: nn.Module) -> list[nn.Linear]:
+    """The layers of `module` that `pack_linears` packs: `cpu_linears` with at least
+    MIN_PACKED_ELEMENTS weights."""
+    return [m for m in cpu_linears(module) if m.weight.numel() >= MIN_PACKED_ELEMENTS]
 
 
 def _available_bytes() -> int | None:

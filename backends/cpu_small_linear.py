@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from backends.cpu_packing import MIN_PACKED_ELEMENTS, PACKABLE_DTYPES, addmm_linear
+from backends.cpu_packing import MIN_PACKED_ELEMENTS, addmm_linear, cpu_linears
 from backends.layer_swap import restore_class, swap_class
 
 # rows of one matmul up to which the reduction wins (measured: 8 wins, 16 loses; see above)
@@ -57,6 +57,11 @@ def _reduced(x: Tensor) -> bool:
     return torch.compiler.is_compiling() and x.numel() <= MAX_ROWS * x.size(-1)
 
 
+def _reduce(x: Tensor, weight: Tensor) -> Tensor:
+    """x @ weight.T as a multiply and a sum over the input features; x (..., in) -> (..., out)."""
+    return (x.unsqueeze(-2) * weight).sum(-1)
+
+
 class ReducedLinear(nn.Linear):
     """An `nn.Linear` whose matmul of at most MAX_ROWS rows, in a compiled step, is a multiply
     and a sum over the input features; x (..., in) -> (..., out)."""
@@ -64,22 +69,21 @@ class ReducedLinear(nn.Linear):
     def forward(self, x: Tensor) -> Tensor:
         if not _reduced(x):
             return F.linear(x, self.weight, self.bias)
-        out = (x.unsqueeze(-2) * self.weight).sum(-1)
+        out = _reduce(x, self.weight)
         return out if self.bias is None else out + self.bias
 
     def add_into(self, x: Tensor, inp: Tensor) -> Tensor:
         """x + self(inp) for a bias-free layer (the drafter's `add_linear`): the reduction's sum
         added in the same loop where it runs, else one addmm. x (..., out), inp (..., in)."""
         if _reduced(inp):
-            return x + (inp.unsqueeze(-2) * self.weight).sum(-1)
+            return x + _reduce(inp, self.weight)
         return addmm_linear(x, inp, self.weight)
 
 
 def small_linears(module: nn.Module) -> list[nn.Linear]:
-    """The layers `reduce_small_linears` swaps: CPU fp32 / bf16 `nn.Linear`s below the packing
-    threshold (`MIN_PACKED_ELEMENTS`)."""
-    return [m for m in module.modules() if isinstance(m, nn.Linear) and m.weight.device.type == "cpu"
-            and m.weight.dtype in PACKABLE_DTYPES and m.weight.numel() < MIN_PACKED_ELEMENTS]
+    """The layers `reduce_small_linears` swaps: the CPU backend's linears (`cpu_linears`) below
+    the packing threshold (`MIN_PACKED_ELEMENTS`)."""
+    return [m for m in cpu_linears(module) if m.weight.numel() < MIN_PACKED_ELEMENTS]
 
 
 def reduce_small_linears(module: nn.Module, min_bytes: int | None = None) -> int:

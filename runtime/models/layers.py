@@ -20,7 +20,8 @@ from runtime.models.kv_cache import StaticKVCache
 #           accumulate differently, and tokens part from the reference after 15-20 tokens.
 # One process-wide setting, read when a step runs or is traced: a captured graph keeps the kernel
 # it was captured with (the CPU's compiled steps replay without dynamo's guard check, CUDA graphs
-# replay as recorded), so set it before building the decoder. fp32 results agree between the two up to rounding.
+# replay as recorded), so set it before building the decoder. fp32 results agree between the two
+# up to rounding.
 ATTENTION_KERNELS: tuple[str, ...] = ("auto", "math")
 _attention_kernel = "auto"
 
