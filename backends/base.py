@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import errno
 import gzip
 import os
 import shutil
@@ -29,6 +28,7 @@ from typing import Any, ClassVar, Protocol, TypeVar
 import torch
 from torch import Tensor, nn
 
+from backends.compile_faults import compile_fault, held_compiler_logs
 from runtime.atomic import atomic_path
 from runtime.cache_dirs import cache_root, root_is_chosen
 from runtime.errors import UserError
@@ -327,12 +327,14 @@ class Backend(abc.ABC):
         tree, window, depth, batch, sampling constants, model shapes, dtype, torch version), so
         two configurations never share a folder: one's artefacts are never offered to the other,
         and a cache can be kept, shipped or deleted per configuration. Nothing changes in eager
-        mode or where the user set a compiler's own variable (that choice wins). A chosen cache
+        mode or where the user set a compiler's own variable (that choice wins; a variable holding
+        the compiler's default is not a choice: inductor writes its default into the environment
+        the first time anything compiles, and child processes inherit it). A chosen cache
         that cannot be written is refused; the default one, unwritable, is skipped (the steps
         compile as they would without it).
         """
         names = self.compile_cache_vars
-        if key is None or not self.graph_mode or not names or any(n in os.environ for n in names):
+        if key is None or not self.graph_mode or not names or any(map(_user_chose, names)):
             yield None
             return
         root = cache_root()
@@ -346,12 +348,16 @@ class Backend(abc.ABC):
                                 "point it at a writable folder") from None
             yield None
             return
+        previous = {n: os.environ.get(n) for n in names}
         os.environ.update({n: str(folder / sub) for n, sub in names.items()})
         try:
             yield folder
         finally:
-            for n in names:
-                os.environ.pop(n, None)
+            for n, value in previous.items():
+                if value is None:
+                    os.environ.pop(n, None)
+                else:
+                    os.environ[n] = value
 
     def capture(self, fn: Callable[..., None], *static_args: Tensor, name: str) -> Callable[[], None]:
         """Capture the fixed-shape in-place step ``fn(*static_args)``; return a replay callable.
@@ -394,56 +400,32 @@ class Backend(abc.ABC):
         # step per tree level) share a cache whose default limit of 8 entries would fail the 9th
         # capture. Each capture is meant, so lift the limit while compiling it; a later
         # unexpected recompile still meets the default limit (and shows in capture_count).
-        with torch._dynamo.config.patch(recompile_limit=1_000_000, accumulated_recompile_limit=1_000_000):
+        with torch._dynamo.config.patch(recompile_limit=1_000_000, accumulated_recompile_limit=1_000_000), \
+                held_compiler_logs() as release_logs:
             try:
                 replay()
             except Exception as err:  # the compilers wrap the file system's fault in their own errors
-                fault, broken = _file_fault(err), _compiler_error(err)
-                reason = (fault.strerror or str(fault)) if fault is not None else None
-                if reason is None and broken is not None and "File size limit exceeded" in broken:
-                    reason = f"{os.strerror(errno.EFBIG)}: {broken}"  # the compiler itself hit ulimit -f
-                elif reason is None and broken is not None and os.strerror(errno.ENOSPC) in broken:
-                    reason = broken
-                if reason is not None:
-                    where = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or "the compiler's cache"
-                    raise UserError(f"graph mode: compiling step {name} could not write its kernels to {where} "
-                                    f"({reason}); free some space or raise the file size limit (ulimit -f), "
-                                    "or pass --no-graph") from None
-                if broken is None:
+                message = compile_fault(err, name)
+                if message is None:
+                    release_logs()
                     raise
-                raise UserError(f"graph mode: the C++ compiler failed on step {name} ({broken}); fix the "
-                                "toolchain (g++ or clang++ and Python's headers), or pass --no-graph") from None
+                raise UserError(message) from None
+            release_logs()
         return replay
 
 
-def _causes(err: BaseException) -> Iterator[BaseException]:
-    """`err`, then its chain of causes (each once)."""
-    seen: set[int] = set()
-    current: BaseException | None = err
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        yield current
-        current = current.__cause__ or current.__context__
-
-
-def _file_fault(err: BaseException) -> OSError | None:
-    """The OSError of a full disk, a file size limit, a read-only or forbidden folder anywhere in
-    `err`'s chain of causes, or None."""
-    return next((c for c in _causes(err) if isinstance(c, OSError) and c.errno in _FILE_ERRNOS), None)
-
-
-def _compiler_error(err: BaseException) -> str | None:
-    """The last `error:` line of a C++ compiler failure (inductor's CppCompileError), or the first
-    line of its "no working compiler" error, anywhere in `err`'s chain of causes; else None."""
-    for cause in _causes(err):
-        if type(cause).__name__ in ("CppCompileError", "InvalidCxxCompiler"):
-            lines = [line.strip() for line in str(cause).splitlines() if line.strip()]
-            errors = [line for line in lines if "error:" in line.lower()]
-            return ((errors or lines or ["C++ compile error"])[-1 if errors else 0])[:300]
-    return None
-
-
-_FILE_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT})
+def _user_chose(variable: str) -> bool:
+    """Whether the compiler cache `variable` is set to something other than the compiler's default."""
+    value = os.environ.get(variable)
+    if value is None:
+        return False
+    if variable != "TORCHINDUCTOR_CACHE_DIR":
+        return True
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    except ImportError:  # a torch without inductor's helper: any value is a choice
+        return True
+    return os.path.abspath(value) != os.path.abspath(default_cache_dir())
 
 
 def _eager_replay(fn: Callable[..., None], static_args: tuple[Tensor, ...]) -> Callable[[], None]:

@@ -122,6 +122,16 @@ def test_compile_caches_are_keyed_on_every_shape_setting_knob(tmp_path, monkeypa
     with backend.compile_cache("ar-b1-x") as folder:
         assert folder is None and os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(mine)
 
+    # inductor writes its default into the environment when anything compiles outside a compile
+    # cache (and child processes inherit it): that value is not a user's choice
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
+    with backend.compile_cache("ar-b1-x") as folder:
+        assert folder == tmp_path / "compile" / "ar-b1-x"
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(folder / "inductor")
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == default_cache_dir()  # restored as it was
+
 
 def test_compiled_steps_are_cached_by_default_and_an_unwritable_default_is_skipped(tmp_path, monkeypatch):
     """Without LANTERN_RUNTIME_CACHE the compile cache is the user's cache folder
@@ -144,3 +154,37 @@ def test_compiled_steps_are_cached_by_default_and_an_unwritable_default_is_skipp
         assert folder is None and "TORCHINDUCTOR_CACHE_DIR" not in os.environ
     with get_backend("cpu", graph_mode=False).compile_cache("ar-b1-x") as folder:
         assert folder is None  # eager: nothing compiles
+
+
+def test_compiler_logs_are_held_while_a_step_compiles_and_released_unless_replaced():
+    """What torch logs during a compile reaches its handlers, in order, once released; a fault
+    worded as one line of the runtime's own drops the compiler's account of it."""
+    import logging
+
+    from backends.compile_faults import held_compiler_logs
+
+    logger = logging.getLogger("torch._inductor.output_code")
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    keep = Keep()
+    owner = logging.getLogger("torch._inductor")
+    owner.addHandler(keep)
+    try:
+        with held_compiler_logs() as release:
+            logger.error("first")
+            logger.error("second")
+            assert seen == []
+            release()
+            logger.error("after release")
+        assert seen == ["first", "second", "after release"]
+        seen.clear()
+        with held_compiler_logs():
+            logger.error("replaced by one line")
+        logger.error("outside")
+        assert seen == ["outside"]
+    finally:
+        owner.removeHandler(keep)

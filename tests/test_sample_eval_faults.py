@@ -132,6 +132,26 @@ def test_graph_mode_that_cannot_write_its_kernels_is_one_line_naming_the_fix(tmp
             "could not write its kernels", os.strerror(errno.EFBIG), "ulimit -f", "--no-graph")
 
 
+def test_a_compile_cache_that_lost_its_kernels_under_a_file_limit_is_still_one_line(tmp_path):
+    """A compile cache whose graphs are kept but whose kernels are gone (a cleaner took them)
+    rebuilds them while loading a graph, where inductor logs an error of its own before raising:
+    still one line. The environment carries inductor's default cache variable, as a process
+    started by one that compiled anything inherits it: the runtime's cache is still the one used."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    cache = tmp_path / "cache"
+    env = dict(ENV, LANTERN_GRAPH="1", LANTERN_RUNTIME_CACHE=str(cache), TORCHINDUCTOR_CACHE_DIR=default_cache_dir())
+    first = cli(*SAMPLE, "--out", str(tmp_path / "first"), env=env)
+    assert first.returncode == 0, first.stderr
+    kernels = list((cache / "compile").rglob("*.so"))
+    assert kernels, "the steps compiled somewhere other than the runtime's cache"
+    for kernel in kernels:
+        kernel.unlink()
+    line = refused(cli(*SAMPLE, "--out", str(tmp_path / "s"), file_limit=10_000, env=env),
+                   "could not write its kernels", os.strerror(errno.EFBIG), "--no-graph")
+    assert str(cache / "compile") in line
+
+
 def test_graph_mode_with_a_broken_compiler_is_one_line_naming_the_fix(tmp_path):
     """A C++ compiler that exists but fails (here a silent script that always exits 1; a real one
     prints its own diagnostics first) is one line (exit 2) naming the toolchain and --no-graph,
