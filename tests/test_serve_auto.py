@@ -1,6 +1,7 @@
 """`runtime serve --method auto` as an operator runs it: one real server process (the demo, the
-shipped cpu-serve profile, whose own lantern++ relaxes at lambda 5 while auto serves it exact)
-with two served model names and -v, its stderr a file (not a terminal).
+shipped cpu-serve profile as a file of the operator's own whose [auto] table serves lantern++ at low
+occupancy: its own lantern++ relaxes at lambda 5 while auto serves it exact) with two served
+model names and -v, its stderr a file (not a terminal).
 
 - the API lists and accepts the served names, not the table's method names;
 - each image's `reproduce` line, run offline with the server's model, device and profile flags,
@@ -15,9 +16,11 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,7 +29,24 @@ from serve_process import serving
 
 pytest.importorskip("fastapi", reason="runtime serve needs the serve extra (in the test extra)")
 
-FLAGS = ["--profile-name", "cpu-serve", "--no-graph"]  # what the reproduce line is run with, as the server
+TABLE = 'by_occupancy = { 1 = "lantern++", 8 = "ar" }'
+
+
+@pytest.fixture(scope="module")
+def flags(tmp_path_factory) -> list[str]:
+    """What the server and each reproduce line run with: cpu-serve and its tree copied, its [auto]
+    table set to TABLE (on the CPU that profile was tuned on, AR is the faster at every occupancy
+    now, which would leave nothing speculative to serve)."""
+    import profiles
+
+    shipped = Path(profiles.__file__).parent
+    folder = tmp_path_factory.mktemp("profile")
+    shutil.copy(shipped / "cpu-serve.tree.toml", folder)
+    text = (shipped / "cpu-serve.toml").read_text()
+    lines = [TABLE if line.startswith("by_occupancy") else line for line in text.splitlines()]
+    assert TABLE in lines
+    (folder / "cpu-serve.toml").write_text("\n".join(lines) + "\n")
+    return ["--profile-name", str(folder / "cpu-serve.toml"), "--no-graph"]
 
 
 def _get(url: str) -> dict:
@@ -44,15 +64,15 @@ def _post(url: str, body: dict) -> dict:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(tmp_path_factory, flags):
     log = tmp_path_factory.mktemp("serve-auto") / "stderr.txt"
-    flags = [*FLAGS, "--method", "auto", "--batch-size", "8", "--served-model-name", "demo,gpt-image-1"]
-    with serving(flags, log, verbose=True, within=240) as port:
+    argv = [*flags, "--method", "auto", "--batch-size", "8", "--served-model-name", "demo,gpt-image-1"]
+    with serving(argv, log, verbose=True, within=240) as port:
         yield f"http://127.0.0.1:{port}", log
 
 
 @pytest.mark.slow
-def test_auto_serves_the_model_names_and_each_images_reproduce_line_gives_its_tokens(server, tmp_path):
+def test_auto_serves_the_model_names_and_each_images_reproduce_line_gives_its_tokens(server, flags, tmp_path):
     base, log = server
     assert [m["id"] for m in _get(base + "/v1/models")["data"]] == ["demo", "gpt-image-1"]
     info = _get(base + "/info")
@@ -69,7 +89,7 @@ def test_auto_serves_the_model_names_and_each_images_reproduce_line_gives_its_to
     argv = shlex.split(line)
     assert argv[:2] == ["runtime", "run"] and "--seed" in argv and "--num-images" in argv
     out = tmp_path / "offline"
-    done = subprocess.run([sys.executable, "-m", "runtime", *argv[1:], "--device", "cpu", *FLAGS, "--out", str(out)],
+    done = subprocess.run([sys.executable, "-m", "runtime", *argv[1:], "--device", "cpu", *flags, "--out", str(out)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     offline = np.load(out / "tokens.npy")
