@@ -6,7 +6,10 @@ over the method's, both from the same run. Two sources of noise enter: the repea
 machine: other processes, clocks, caches) and the images (which images the workload drew:
 some take more iterations than others). The bootstrap resamples both: repeats with
 replacement, and images with replacement, the same image indices for the two methods (an
-image's AR and method latencies are paired).
+image's AR and method latencies are paired). An image's latency is its share of the run (the
+time since the image completed before it), so at a batch size above 1, where images share every
+step, one image of a batch carries the batch's time and the others almost none: those shares are
+not independent draws, and the bootstrap resamples the repeats only (`images_independent=False`).
 
     speedup_interval(ar, method)       -> Interval(point, low, high)
     tau_interval(tokens, forwards)     -> Interval over images
@@ -61,10 +64,11 @@ def _speedup(ar: np.ndarray, method: np.ndarray) -> float:
     return float(ar.sum(1).mean() / method.sum(1).mean())
 
 
-def _resampled_totals(m: np.ndarray, reps: np.ndarray, imgs: np.ndarray) -> np.ndarray:
+def _resampled_totals(m: np.ndarray, reps: np.ndarray, imgs: np.ndarray | None) -> np.ndarray:
     """(draws,) mean-over-repeats total time of each bootstrap draw.
 
-    reps (draws, R) and imgs (draws, I) are indices drawn with replacement. A plain bootstrap's
+    reps (draws, R) and imgs (draws, I) are indices drawn with replacement; imgs None keeps every
+    image (the repeats alone are resampled). A plain bootstrap's
     spread is that of the sample, sqrt((n - 1) / n) of the population's, which matters with the
     3-5 repeats a bench runs; each level's deviation is widened by sqrt(n / (n - 1)) (the
     usual small-sample correction of the bootstrap variance) before the next level is drawn."""
@@ -72,28 +76,38 @@ def _resampled_totals(m: np.ndarray, reps: np.ndarray, imgs: np.ndarray) -> np.n
     widen_img = np.sqrt(n_img / (n_img - 1)) if n_img > 1 else 1.0
     widen_rep = np.sqrt(n_rep / (n_rep - 1)) if n_rep > 1 else 1.0
     full = m.sum(1)  # (R,) each repeat's total over every image
-    per_rep = full + widen_img * (m[:, imgs].sum(-1).T - full)  # (draws, R) totals over the drawn images
+    if imgs is None:
+        per_rep = np.broadcast_to(full, (reps.shape[0], n_rep))
+    else:
+        per_rep = full + widen_img * (m[:, imgs].sum(-1).T - full)  # (draws, R) totals over the drawn images
     mean_all = per_rep.mean(1)
     drawn = np.take_along_axis(per_rep, reps, 1).mean(1)
     return mean_all + widen_rep * (drawn - mean_all)
 
 
 def speedup_interval(ar: Sequence[Sequence[float]] | np.ndarray, method: Sequence[Sequence[float]] | np.ndarray,
-                     *, draws: int = DRAWS, seed: int = 0) -> Interval:
+                     *, images_independent: bool = True, draws: int = DRAWS, seed: int = 0) -> Interval:
     """AR's mean total time over the method's, latencies (repeats, images) each, same images.
 
     The repeats of the two methods are resampled independently (they ran at different times);
-    the images are resampled once for both (an image is the same image in both)."""
+    the images are resampled once for both (an image is the same image in both), unless
+    `images_independent` is False (a batch above 1: see the module docstring)."""
     a, b = _matrix(ar), _matrix(method)
     if a.shape[1] != b.shape[1]:
         raise ValueError(f"AR timed {a.shape[1]} images and the method {b.shape[1]}; they must be the same images")
     point = _speedup(a, b)
     rng = np.random.default_rng(seed)
-    imgs = rng.integers(0, a.shape[1], size=(draws, a.shape[1]))
+    ratios = _draws(a, b, rng, draws, images_independent)
+    return Interval(float(point), *_quantiles(ratios))
+
+
+def _draws(a: np.ndarray, b: np.ndarray, rng: np.random.Generator, draws: int, images_independent: bool) -> np.ndarray:
+    """(draws,) bootstrap ratios of `a`'s mean total time over `b`'s: repeats drawn per method,
+    images (where independent) drawn once for both."""
+    imgs = rng.integers(0, a.shape[1], size=(draws, a.shape[1])) if images_independent else None
     ra = rng.integers(0, a.shape[0], size=(draws, a.shape[0]))
     rb = rng.integers(0, b.shape[0], size=(draws, b.shape[0]))
-    ratios = _resampled_totals(a, ra, imgs) / _resampled_totals(b, rb, imgs)
-    return Interval(float(point), *_quantiles(ratios))
+    return _resampled_totals(a, ra, imgs) / _resampled_totals(b, rb, imgs)
 
 
 def tau_interval(tokens: Sequence[float], forwards: Sequence[float], *, draws: int = DRAWS,
@@ -122,22 +136,17 @@ class Comparison:
 
 
 def compare(ar_a: np.ndarray, method_a: np.ndarray, ar_b: np.ndarray, method_b: np.ndarray, *,
-            draws: int = DRAWS, seed: int = 0) -> Comparison:
+            images_independent: tuple[bool, bool] = (True, True), draws: int = DRAWS, seed: int = 0) -> Comparison:
     """Speedup of run a over speedup of run b, each from its own (repeats, images) latencies.
 
     The two runs are independent (other repeats, maybe other machines), so each is
     bootstrapped on its own and the ratio's interval combines both noises. Only a ratio whose
-    interval excludes 1 is a difference to explain."""
+    interval excludes 1 is a difference to explain. `images_independent`: per run, as in
+    :func:`speedup_interval`."""
     rng = np.random.default_rng(seed)
-
-    def draws_of(ar: np.ndarray, method: np.ndarray) -> np.ndarray:
-        a, b = _matrix(ar), _matrix(method)
-        imgs = rng.integers(0, a.shape[1], size=(draws, a.shape[1]))
-        ra = rng.integers(0, a.shape[0], size=(draws, a.shape[0]))
-        rb = rng.integers(0, b.shape[0], size=(draws, b.shape[0]))
-        return _resampled_totals(a, ra, imgs) / _resampled_totals(b, rb, imgs)
-
+    a_draws = _draws(_matrix(ar_a), _matrix(method_a), rng, draws, images_independent[0])
+    b_draws = _draws(_matrix(ar_b), _matrix(method_b), rng, draws, images_independent[1])
     point = _speedup(_matrix(ar_a), _matrix(method_a)) / _speedup(_matrix(ar_b), _matrix(method_b))
-    ratios = draws_of(ar_a, method_a) / draws_of(ar_b, method_b)
+    ratios = a_draws / b_draws
     interval = Interval(float(point), *_quantiles(ratios))
     return Comparison(interval, interval.contains(1.0))

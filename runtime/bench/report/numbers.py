@@ -192,15 +192,21 @@ def image_samples(run: RunResult) -> "np.ndarray | None":
     return np.asarray(per, dtype=float) if per else None
 
 
+def images_independent(*runs: RunResult) -> bool:
+    """Whether the runs' per-image latencies are independent draws: every run at batch size 1
+    (in a batch, images share steps; `runtime.bench.stats`)."""
+    return all(run.params.batch_size == 1 for run in runs)
+
+
 def speedup_ci(run: RunResult, ar: RunResult | None) -> "Interval | None":
-    """Mean-total speedup over `ar` with its 95 % bootstrap interval (repeats and images
-    resampled), or None without per-image samples for both."""
+    """Mean-total speedup over `ar` with its 95 % bootstrap interval (repeats resampled, and
+    images where both ran one at a time), or None without per-image samples for both."""
     from runtime.bench.stats import speedup_interval
 
     a, m = (image_samples(ar) if ar is not None else None), image_samples(run)
-    if a is None or m is None or a.shape[1] != m.shape[1]:
+    if ar is None or a is None or m is None or a.shape[1] != m.shape[1]:
         return None
-    return speedup_interval(a, m)
+    return speedup_interval(a, m, images_independent=images_independent(ar, run))
 
 
 def tau_ci(run: RunResult) -> "Interval | None":

@@ -26,6 +26,7 @@ from runtime.bench.report.numbers import (
     fmt_speedup,
     fmt_tau,
     image_samples,
+    images_independent,
     quality_text,
     run_label,
     sig,
@@ -317,7 +318,8 @@ def _explain(label: str, points: Sequence[tuple[BenchFile, Decomposition, RunRes
     if any(x is None for x in samples) or samples[0].shape[1] != samples[2].shape[1] \
             or samples[1].shape[1] != samples[3].shape[1]:
         return f"{span}. Not tested against noise (these files carry no per-image samples), so no cause is named."
-    result = compare(samples[2], samples[0], samples[3], samples[1])
+    result = compare(samples[2], samples[0], samples[3], samples[1],
+                     images_independent=(images_independent(high[2], high[3]), images_independent(low[2], low[3])))
     if result.within_noise:
         return f"{span}: {result.text()}, so the difference is not attributed."
     cause = "the step ratio (per-iteration cost on the device)" if abs(math.log(step_factor)) >= abs(
