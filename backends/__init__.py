@@ -18,7 +18,7 @@ from backends.base import DTYPES, Backend, PhaseTimer, dtype_name, parse_dtype
 from backends.cpu import CpuBackend
 from backends.cuda import CudaBackend
 from backends.hpu import HpuBackend, request_lazy_mode
-from runtime.errors import UserError
+from runtime.utils.errors import UserError
 
 BACKENDS: dict[str, type[Backend]] = {"cpu": CpuBackend, "cuda": CudaBackend, "hpu": HpuBackend}
 DEVICE_CHOICES: tuple[str, ...] = ("auto", "cpu", "cuda", "hpu")

@@ -29,9 +29,9 @@ import torch
 from torch import Tensor, nn
 
 from backends.compile_faults import compile_fault, held_compiler_logs
-from runtime.atomic import atomic_path
-from runtime.cache_dirs import cache_root, root_is_chosen
-from runtime.errors import UserError
+from runtime.utils.atomic import atomic_path
+from runtime.utils.cache_dirs import cache_root, root_is_chosen
+from runtime.utils.errors import UserError
 
 DTYPES: dict[str, torch.dtype] = {
     "bf16": torch.bfloat16,
@@ -318,7 +318,7 @@ class Backend(abc.ABC):
     def compile_cache(self, key: str | None) -> Iterator[Path | None]:
         """While the steps of one configuration are compiled, point the compilers' on-disk caches
         (:attr:`compile_cache_vars`) at ``<cache>/compile/<key>/``, where ``<cache>`` is
-        ``$LANTERN_RUNTIME_CACHE`` or ``~/.cache/lantern-runtime`` (`runtime.cache_dirs`); yields
+        ``$LANTERN_RUNTIME_CACHE`` or ``~/.cache/lantern-runtime`` (`runtime.utils.cache_dirs`); yields
         that folder, or None where nothing changes.
 
         So a second process running the same configuration reads its compiled steps instead of

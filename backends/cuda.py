@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from backends.base import Backend, PhaseTimer
-from runtime.errors import UserError
+from runtime.utils.errors import UserError
 
 CONTAINER_HINT = "use --device cpu or the CUDA container (docker/Dockerfile.cuda)"
 # LANTERN_CUDA_FUSE=0 captures each step's eager kernels instead of compiling it first: the way

@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from backends.base import Backend, PhaseTimer
-from runtime.errors import UserError
+from runtime.utils.errors import UserError
 
 LAZY_MODE_ENV = "PT_HPU_LAZY_MODE"
 INT64_ENV = "PT_ENABLE_INT64_SUPPORT"

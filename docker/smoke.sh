@@ -9,7 +9,7 @@ runtime --help > /dev/null
 python3 - "$@" <<'PY'
 import sys
 
-from runtime.profiles import load_profile
+from runtime.config.profiles import load_profile
 
 for name in sys.argv[1:]:
     profile = load_profile(name)

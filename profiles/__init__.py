@@ -1,1 +1,1 @@
-"""Hardware profiles shipped as package data (``*.toml``); read them with ``runtime.profiles.load_profile``."""
+"""Hardware profiles shipped as package data (``*.toml``); read them with ``runtime.config.profiles.load_profile``."""

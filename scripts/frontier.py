@@ -10,7 +10,7 @@ the first seed set of every setting is done before the second starts. Speed does
 these runs (their batch is as large as helps): it comes from `runtime bench`.
 
 `score` reads every finished folder and writes the quality of each setting against AR on the same
-seeds and classes (`runtime.quality_budget`), beside the bench's speedup, tau and step TVD.
+seeds and classes (`runtime.tools.quality_budget`), beside the bench's speedup, tau and step TVD.
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def score(args: argparse.Namespace) -> int:
     from runtime.cli.workload import merge_law, software_record
     from runtime.demo.bundle import load_demo_bundle
     from runtime.demo.quality import demo_scores
-    from runtime.quality_budget import RESAMPLES, band, judge, own, paired
+    from runtime.tools.quality_budget import RESAMPLES, band, judge, own, paired
 
     root = Path(args.root)
     bundle = load_demo_bundle()

@@ -5,7 +5,7 @@ import stat
 
 import pytest
 
-from runtime.atomic import atomic_path, atomic_write_text, umask_mode
+from runtime.utils.atomic import atomic_path, atomic_write_text, umask_mode
 
 pytestmark = pytest.mark.fast  # the edit-test tier: python -m pytest -m fast
 

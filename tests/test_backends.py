@@ -28,7 +28,7 @@ from backends import (
     resolve_backend_name,
 )
 from backends.hpu import LAZY_MODE_ENV
-from runtime.errors import UserError
+from runtime.utils.errors import UserError
 
 CUDA_PRESENT, CUDA_REASON = CudaBackend.availability()
 HPU_PRESENT, HPU_REASON = HpuBackend.availability()

@@ -139,7 +139,7 @@ def test_graph_mode_captures_each_step_once_per_batch_size():
 
 
 def test_batch_size_below_one_is_refused():
-    from runtime.errors import UserError
+    from runtime.utils.errors import UserError
 
     target, _ = tiny_pair()
     with pytest.raises(UserError, match="--batch-size must be >= 1"):
@@ -147,8 +147,8 @@ def test_batch_size_below_one_is_refused():
 
 
 def test_out_of_memory_is_one_line_naming_a_batch_size_that_fits():
-    from runtime.errors import UserError
-    from runtime.pipeline import out_of_memory_as_user_error
+    from runtime.utils.errors import UserError
+    from runtime.generation.pipeline import out_of_memory_as_user_error
 
     target, drafter = tiny_pair()
     dec = Decoder(target, drafter, MethodSpec("sd", depth=2), batch_size=4)

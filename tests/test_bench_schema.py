@@ -36,7 +36,7 @@ from runtime.bench.schema import (
     json_schema,
     to_dict,
 )
-from runtime.errors import UserError
+from runtime.utils.errors import UserError
 
 pytestmark = pytest.mark.fast  # the edit-test tier: python -m pytest -m fast
 
@@ -354,13 +354,13 @@ def test_the_committed_json_schema_is_the_one_the_code_emits() -> None:
 
 
 def test_the_recorded_params_are_the_declared_method_options():
-    """A result file's params are the method options as declared (runtime.method_options): a
+    """A result file's params are the method options as declared (runtime.config.method_options): a
     declared option missing from MethodParams would be dropped from every file without a word.
     ddd's most expansions is recorded as `depth` (EAGLE-2's depth, which it is); `graph` and
     `batch_size` are the run's, not the method's."""
     from runtime.bench.schema import MethodParams
     from runtime.core import MethodSpec, SamplingParams
-    from runtime.method_options import METHOD_OPTIONS, SAMPLING_KEYS
+    from runtime.config.method_options import METHOD_OPTIONS, SAMPLING_KEYS
 
     declared = {o.name for o in METHOD_OPTIONS if o.readers is not None}
     recorded = set(MethodParams.model_fields)

@@ -73,7 +73,7 @@ def test_malformed_samples_are_refused():
 
 
 def test_image_shares_sum_to_the_run_and_follow_completion_order():
-    from runtime.pipeline import image_shares
+    from runtime.generation.pipeline import image_shares
 
     # images 0..2 complete at 3, 1 and 6 s after a start at 0 (batched: out of order); end at 8
     shares = image_shares({0: 3.0, 1: 1.0, 2: 6.0}, 0.0, 8.0)

@@ -164,7 +164,7 @@ def test_a_prompt_of_another_length_than_the_decoders_is_refused(pair) -> None:
 
 
 def test_state_dicts_of_another_shape_are_refused(pair) -> None:
-    from runtime.errors import UserError
+    from runtime.utils.errors import UserError
 
     hf, _, image_ids = pair
     state = dict(hf.state_dict())
@@ -309,7 +309,7 @@ def _lantern_drafter_folder(hf, path):
 
 
 def test_lantern_drafter_layout_loads_strictly_and_computes_what_transformers_does(pair, tmp_path) -> None:
-    from runtime.errors import UserError
+    from runtime.utils.errors import UserError
     from runtime.models.chameleon_drafter import load_chameleon_drafter
 
     hf, ours, image_ids = pair
@@ -536,10 +536,10 @@ def test_runtime_serve_answers_chameleon_prompts_as_runtime_run_with_that_prompt
     from fastapi.testclient import TestClient
 
     from runtime.cli.serve_cmd import _conditioner
-    from runtime.device_setup import open_backend
-    from runtime.loading import load_model
+    from runtime.generation.device_setup import open_backend
+    from runtime.generation.loading import load_model
     from runtime.serve import build_server
-    from runtime.settings import resolve_spec
+    from runtime.generation.settings import resolve_spec
 
     backend, prof = open_backend("cpu", None, False, None)
     loaded = load_model(model=str(folder / "Anole-tiny"), gpt_model=None, gpt_ckpt=None,

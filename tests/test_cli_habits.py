@@ -14,7 +14,7 @@ import pytest
 
 import runtime
 from runtime.cli.app import configure_logging
-from runtime.method_options import FLAG_METHODS, readers
+from runtime.config.method_options import FLAG_METHODS, readers
 
 
 def test_version(run_cli) -> None:

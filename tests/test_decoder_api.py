@@ -31,12 +31,13 @@ def test_no_private_decoder_name_outside_core():
 
 
 def test_method_names_are_declared_once():
-    """The declared rows are the methods: one table and one list of names (`runtime.method_options`),
+    """The declared rows are the methods: one table and one list of names (`runtime.config.method_options`),
     which the core, the profiles and the CLI take as they are."""
-    from runtime import core, profiles
+    from runtime import core
+    from runtime.config import profiles
     from runtime.cli import options
     from runtime.core import methods
-    from runtime.method_options import METHOD_DECLS, METHOD_TABLE, METHODS
+    from runtime.config.method_options import METHOD_DECLS, METHOD_TABLE, METHODS
 
     assert METHODS == tuple(d.name for d in METHOD_DECLS) == tuple(METHOD_TABLE)
     assert core.METHODS is METHODS and methods.METHOD_TABLE is METHOD_TABLE and profiles.METHODS is METHODS
@@ -67,7 +68,7 @@ def test_no_module_imports_another_modules_private_names():
 
 
 def test_a_method_is_data_in_the_core():
-    """MethodSpec reads what it knows of a method from its declared row (runtime.method_options
+    """MethodSpec reads what it knows of a method from its declared row (runtime.config.method_options
     METHOD_DECLS): no branch on a method's name in runtime/core/methods.py."""
     text = (ROOT / "runtime" / "core" / "methods.py").read_text()
     branches = [line.strip() for line in text.splitlines() if re.search(r"self\.method\s*(==|!=|in\b)", line)]

@@ -151,7 +151,7 @@ def test_target_retrain_rejects_bad_arguments_before_writing(micro_bundle, tmp_p
 
 
 def test_loading_a_folder_that_is_not_a_bundle_is_one_clear_error(tmp_path):
-    from runtime.errors import UserError
+    from runtime.utils.errors import UserError
 
     with pytest.raises(UserError, match="not a model bundle"):
         load_demo_bundle(tmp_path)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.distributed import (
+from runtime.utils.distributed import (
     DistContext,
     gather_objects,
     init_distributed,
@@ -21,7 +21,7 @@ from runtime.distributed import (
     shard,
     shard_bounds,
 )
-from runtime.errors import UserError
+from runtime.utils.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -93,7 +93,7 @@ def test_merge_indexed_restores_order_and_detects_lost_work() -> None:
 WORKER = textwrap.dedent(
     """
     import json, sys
-    from runtime.distributed import barrier, destroy, gather_objects, init_distributed, merge_indexed, shard
+    from runtime.utils.distributed import barrier, destroy, gather_objects, init_distributed, merge_indexed, shard
 
     ctx = init_distributed("cpu")
     mine = shard(range(5), ctx)

@@ -314,7 +314,7 @@ SMOKE_PROFILES = {"cpu": ["cpu"], "cuda": ["h100", "rtx3090"], "hpu": ["gaudi2"]
 
 @pytest.mark.parametrize("image", IMAGES)
 def test_build_runs_the_smoke_check_with_the_images_profiles(image: str) -> None:
-    from runtime.profiles import shipped_profiles
+    from runtime.config.profiles import shipped_profiles
 
     parsed = dockerfile(image)
     assert (["docker/smoke.sh"], "/opt/lantern-runtime/docker/smoke.sh") in parsed.copies()

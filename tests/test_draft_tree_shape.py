@@ -7,7 +7,7 @@ import torch
 
 from runtime.core import Decoder, MethodSpec, SamplingParams, generate
 from runtime.core.drafting import STOPPED, below_negative, child_scores
-from runtime.errors import UserError
+from runtime.utils.errors import UserError
 from tiny_models import tiny_pair
 
 pytestmark = pytest.mark.fast  # the edit-test tier: python -m pytest -m fast

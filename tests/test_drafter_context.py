@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from runtime.core import Decoder, MethodSpec, SamplingParams
-from runtime.errors import UserError
+from runtime.utils.errors import UserError
 from runtime.models.loading import drafter_config_from_json, drafter_config_to_json
 from tiny_models import caption, tiny_pair
 

@@ -12,7 +12,7 @@ import torch
 
 from backends import get_backend
 from runtime.core import Decoder, MethodSpec, SamplingParams, generate
-from runtime.errors import UserError
+from runtime.utils.errors import UserError
 from test_core_exactness import _chi_square_p_value, _exact_sequence_distribution, neighbours
 from tiny_models import caption, tiny_pair
 

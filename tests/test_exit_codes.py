@@ -27,7 +27,7 @@ def test_bad_input_exits_2_with_one_line(tmp_path):
 def test_a_failed_selfcheck_exits_1(tmp_path):
     """The command's own `typer.Exit(1)` must reach the process exit code (non-standalone typer returns it)."""
     code = (
-        "import runtime.selfcheck as s\n"
+        "import runtime.tools.selfcheck as s\n"
         "s.run_selfcheck = lambda backend, **kw: s.SelfcheckReport(device={'name': 'cpu'}, "
         "checks=[s.Check('forced', False, 'made to fail by the test')])\n"
         "from runtime.cli.app import main\n"
@@ -98,7 +98,7 @@ def test_a_batch_wider_than_the_images_is_capped(tmp_path):
     ("{not json", "is not valid JSON"),
 ])
 def test_a_chameleon_folder_with_a_broken_config_is_named(tmp_path, content, message):
-    from runtime.errors import UserError
+    from runtime.utils.errors import UserError
     from runtime.models.chameleon_folder import read_config
 
     (tmp_path / "config.json").write_text(content)
@@ -110,7 +110,7 @@ def test_a_chameleon_folder_with_a_broken_config_is_named(tmp_path, content, mes
 def test_chameleon_config_fields_are_checked(field, value):
     import torch
 
-    from runtime.errors import UserError
+    from runtime.utils.errors import UserError
     from runtime.models.chameleon import config_from_hf
 
     cfg = {"vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 4,
@@ -120,7 +120,7 @@ def test_chameleon_config_fields_are_checked(field, value):
 
 
 def test_a_bundle_part_outside_the_bundle_is_refused(tmp_path):
-    from runtime.errors import UserError
+    from runtime.utils.errors import UserError
     from runtime.models.loading import BUNDLE_MANIFEST, read_bundle
 
     (tmp_path / "outside.safetensors").write_bytes(b"")
@@ -151,7 +151,7 @@ def test_an_empty_tokens_file_is_one_line(tmp_path):
     import numpy as np
 
     from runtime.cli.train_drafter_any import _load_labelled_tokens
-    from runtime.errors import UserError
+    from runtime.utils.errors import UserError
 
     np.save(tmp_path / "t.npy", np.zeros((0, 16), dtype=np.int64))
     np.save(tmp_path / "l.npy", np.zeros((0,), dtype=np.int64))

@@ -24,7 +24,7 @@ from PIL import Image  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
 from runtime.demo.dataset import make_images  # noqa: E402
-from runtime.errors import UserError  # noqa: E402
+from runtime.utils.errors import UserError  # noqa: E402
 from runtime.metrics import fidelity  # noqa: E402
 from runtime.metrics.clip_score import clip_scores, load_clip  # noqa: E402
 from runtime.metrics.images import open_images  # noqa: E402

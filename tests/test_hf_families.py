@@ -25,7 +25,7 @@ if not (hasattr(transformers, "JanusForConditionalGeneration") and hasattr(trans
 
 import hf_tiny  # noqa: E402
 from runtime.core import MethodSpec, SamplingParams, generate  # noqa: E402
-from runtime.errors import UserError  # noqa: E402
+from runtime.utils.errors import UserError  # noqa: E402
 
 PROMPTS = ["a red cat", "the blue dog on the grass"]
 EMU3_SIZE = hf_tiny.EMU3_GRID * 8

@@ -14,9 +14,9 @@ import pytest
 
 import hostile_files as hostile
 from runtime.cli.eval_cmd import read_run
-from runtime.errors import UserError
+from runtime.utils.errors import UserError
 from runtime.metrics.images import open_images
-from runtime.sample_store import Chunk, ChunkLayout, SampleStore
+from runtime.generation.sample_store import Chunk, ChunkLayout, SampleStore
 
 pytestmark = pytest.mark.fast
 

@@ -86,3 +86,10 @@ def test_every_runtime_module_has_a_layer():
                 and not any(m == layer or m.startswith(layer + ".") for layer in layers)
                 and not any(layer.startswith(m + ".") for layer in layers)]  # a package split across layers
     assert unplaced == [], f"add these modules to a layer in pyproject.toml [tool.importlinter]: {unplaced}"
+
+
+def test_the_package_root_holds_only_its_face():
+    """The folders name the layers: at most four modules at runtime/'s root (`__init__`,
+    `__main__` and the public face); every other module sits in the folder of its layer."""
+    loose = sorted(p.name for p in (ROOT / "runtime").glob("*.py"))
+    assert len(loose) <= 4, f"move these into a layer's folder: {loose}"

@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from runtime.errors import UserError
+from runtime.utils.errors import UserError
 from runtime.models import loading
 from runtime.models.configs import DrafterConfig, gpt_config
 from runtime.models.loading import (

@@ -8,7 +8,7 @@ import torch
 
 from backends import get_backend
 from runtime.core import Decoder, MethodSpec, SamplingParams, generate
-from runtime.errors import UserError
+from runtime.utils.errors import UserError
 from test_core_exactness import _chi_square_p_value, _exact_sequence_distribution
 from tiny_models import caption, tiny_pair
 
@@ -86,5 +86,5 @@ def test_pjd_refuses_bad_values(kw, match):
 
 def test_pjd_options_are_refused_for_other_methods():
     with pytest.raises(UserError):
-        from runtime.settings import resolve_spec
+        from runtime.generation.settings import resolve_spec
         resolve_spec("sjd", {"pjd_rows": 3}, None, {})

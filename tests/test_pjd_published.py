@@ -18,7 +18,7 @@ from backends import get_backend
 from runtime.core import Decoder, MethodSpec, SamplingParams, generate
 from runtime.core.slots import SlotRequest
 from runtime.core.pjd_published import PublishedPJD
-from runtime.errors import UserError
+from runtime.utils.errors import UserError
 from tiny_models import caption, tiny_pair
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.errors import UserError
-from runtime.method_options import METHODS
-from runtime.profiles import (
+from runtime.utils.errors import UserError
+from runtime.config.method_options import METHODS
+from runtime.config.profiles import (
     Profile,
     default_profile_for,
     default_profile_name,
@@ -185,7 +185,7 @@ def test_default_profile_follows_the_detected_device(backend: str, device_name: 
 def test_installed_package_ships_the_profiles(tmp_path: Path) -> None:
     """importlib.resources finds the TOMLs in the *installed* package (run outside the checkout)."""
     probe = (
-        "import importlib.resources as r, profiles, runtime.profiles as p; "
+        "import importlib.resources as r, profiles, runtime.config.profiles as p; "
         "print(profiles.__path__[0]); print(' '.join(p.shipped_profiles())); "
         "[p.load_profile(n) for n in p.shipped_profiles()]"
     )

@@ -7,9 +7,9 @@ import pytest
 
 from runtime.bench.projection import (SHAPES, ModelShape, check_projectable, model_shape, projected_speedup,
                                       projection_interval)
-from runtime.step_timing import random_models, random_neighbours, time_steps
+from runtime.tools.step_timing import random_models, random_neighbours, time_steps
 from runtime.core import Decoder, MethodSpec, SamplingParams
-from runtime.errors import UserError
+from runtime.utils.errors import UserError
 
 TINY = ModelShape("tiny", "GPT-tiny", 64, 64, "GPT-tiny, 4x4 tokens, 64 codes")
 
@@ -205,7 +205,7 @@ def test_random_checkpoints_of_a_shape_load_like_official_files_and_decode(tmp_p
 
     from runtime.bench.projection import ModelShape, save_random_checkpoints
     from runtime.core import MethodSpec, SamplingParams, generate
-    from runtime.loading import load_model
+    from runtime.generation.loading import load_model
 
     shape = ModelShape("tiny", "GPT-tiny", 64, 16384, "GPT-tiny, 64 px (4x4 tokens)")
     files = save_random_checkpoints(shape, tmp_path / "a", seed=3)

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from runtime.toml_compat import tomllib
+from runtime.config.toml_compat import tomllib
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("runtime", "backends", "profiles")
@@ -29,7 +29,7 @@ def test_every_module_parses_with_the_grammar_of_python_3_10():
 
 
 def test_only_the_compat_module_imports_tomllib():
-    """tomllib is new in 3.11: everything else reads TOML through runtime.toml_compat."""
+    """tomllib is new in 3.11: everything else reads TOML through runtime.config.toml_compat."""
     importers = []
     for path in _modules():
         for node in ast.walk(ast.parse(path.read_text())):
@@ -37,7 +37,7 @@ def test_only_the_compat_module_imports_tomllib():
                      else [node.module] if isinstance(node, ast.ImportFrom) else [])
             if "tomllib" in names:
                 importers.append(str(path.relative_to(REPO)))
-    assert importers == ["runtime/toml_compat.py"]
+    assert importers == ["runtime/config/toml_compat.py"]
 
 
 def test_tomli_is_declared_where_tomllib_is_missing():
@@ -54,7 +54,7 @@ def test_python_3_10_reads_toml_through_tomli():
         "fake = types.ModuleType('tomli'); fake.loads = tomllib.loads; fake.TOMLDecodeError = tomllib.TOMLDecodeError\n"
         "sys.modules['tomli'] = fake; sys.modules['tomllib'] = None\n"
         "sys.version_info = (3, 10, 13, 'final', 0)\n"
-        "from runtime.toml_compat import tomllib as chosen\n"
+        "from runtime.config.toml_compat import tomllib as chosen\n"
         "assert chosen is fake, chosen\n"
         "print(chosen.loads('paths = [[0]]'))\n"
     )

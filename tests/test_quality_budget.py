@@ -7,7 +7,7 @@ import pytest
 from runtime.demo.quality import DemoScores
 from runtime.metrics.intervals import Estimate
 from runtime.metrics.manifold import precision_recall, radii
-from runtime.quality_budget import band, judge, paired, within, worse_by
+from runtime.tools.quality_budget import band, judge, paired, within, worse_by
 
 import torch
 

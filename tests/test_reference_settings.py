@@ -12,16 +12,16 @@ import torch
 from conftest import TINY_VQ_CONFIG
 from runtime.core import MethodSpec, SamplingParams, generate
 from runtime.core.state import DecodeConfig
-from runtime.errors import UserError
+from runtime.utils.errors import UserError
 from runtime.models import layers
 from runtime.models.configs import gpt_config
 from runtime.models.gpt import ROPE_EXTRA_ROWS, Transformer
 from runtime.models.loading import build_gpt, image_size_from_name
 from runtime.models.rope import rope_table_2d
 from runtime.models.vq import VQModel
-from runtime.loading import load_model
-from runtime.settings import resolve_spec, sampling_sources
-from runtime.profiles import parse_profile
+from runtime.generation.loading import load_model
+from runtime.generation.settings import resolve_spec, sampling_sources
+from runtime.config.profiles import parse_profile
 from tiny_models import tiny_pair
 
 RELEASED = {"c2i_B_256.pt": 256, "c2i_B_384.pt": 384, "c2i_L_256.pt": 256, "c2i_L_384.pt": 384,

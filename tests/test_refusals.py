@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.errors import UserError
+from runtime.utils.errors import UserError
 from runtime.models.configs import gpt_config
 from runtime.models.gpt import Transformer
 from tiny_models import save_tiny_official

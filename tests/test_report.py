@@ -318,7 +318,7 @@ def test_device_budget_round_trips_and_is_reported_with_the_loop_efficiency(tmp_
 def test_an_unknown_device_ops_phase_is_refused(tmp_path: Path) -> None:
     import json
 
-    from runtime.errors import UserError
+    from runtime.utils.errors import UserError
 
     path = write_bench(tmp_path / "b.json", "cpu", "Xeon", [("ar", {}, 4.0, 64, None)])
     data = json.loads(path.read_text())

@@ -8,9 +8,9 @@ import pytest
 
 from runtime.core import MethodSpec, SamplingParams
 from runtime.core.methods import METHODS
-from runtime.method_options import OPTIONS_BY_NAME
-from runtime.profiles import load_profile
-from runtime.settings import resolve_spec
+from runtime.config.method_options import OPTIONS_BY_NAME
+from runtime.config.profiles import load_profile
+from runtime.generation.settings import resolve_spec
 
 pytestmark = pytest.mark.fast
 

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from runtime.roofline import (Roof, StackShape, Work, accept_work, decoder_phases, draft_work, forward_work,
+from runtime.tools.roofline import (Roof, StackShape, Work, accept_work, decoder_phases, draft_work, forward_work,
                                     level_tokens, roof_for, target_forward, target_shape)
 from runtime.models.configs import gpt_config
 
@@ -105,8 +105,8 @@ def test_bench_shape_reports_each_phase_against_its_floor(tmp_path, run_cli):
 
 def test_selfcheck_times_each_phase_of_a_shape_against_its_floor():
     from backends import get_backend
-    from runtime.roofline import Roof
-    from runtime.selfcheck import measure_xl_shape
+    from runtime.tools.roofline import Roof
+    from runtime.tools.selfcheck import measure_xl_shape
 
     cfg = gpt_config("GPT-B", dim=64, n_layer=2, n_head=2, multiple_of=32, image_size=64)
     roof = Roof("toy", bandwidth=1e9, matmul={"fp32": 1e10}, source="test")

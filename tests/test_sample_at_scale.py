@@ -9,7 +9,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from runtime.errors import UserError
+from runtime.utils.errors import UserError
 from runtime.metrics.adm import NpzImages, write_npz
 from runtime.metrics.images import open_images
 

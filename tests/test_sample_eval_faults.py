@@ -227,7 +227,7 @@ def test_a_killed_runs_temporary_files_are_swept_and_a_live_ones_kept(whole, tmp
     out = partial_copy(whole, tmp_path / "s")
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True).stdout.strip()  # a pid that has exited
-    from runtime.atomic import owned_prefix
+    from runtime.utils.atomic import owned_prefix
 
     mine = owned_prefix("samples.npz")  # this test process's: alive
     host = mine.split("-")[-1].rstrip(".")
@@ -381,7 +381,7 @@ def test_eval_does_not_read_an_image_outside_the_run_folder(tmp_path, weights, f
 
 
 def test_non_finite_features_are_refused_before_any_figure(tmp_path):
-    from runtime.errors import UserError
+    from runtime.utils.errors import UserError
     from runtime.metrics.fidelity import InceptionFeatures
 
     pool = np.ones((3, 4))

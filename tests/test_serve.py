@@ -30,9 +30,9 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 from runtime.cli.options import open_backend  # noqa: E402
 from runtime.core import generate  # noqa: E402
-from runtime.loading import load_model  # noqa: E402
-from runtime.pipeline import decode_tokens  # noqa: E402
-from runtime.settings import resolve_spec  # noqa: E402
+from runtime.generation.loading import load_model  # noqa: E402
+from runtime.generation.pipeline import decode_tokens  # noqa: E402
+from runtime.generation.settings import resolve_spec  # noqa: E402
 from runtime.serve import AutoMethods, build_server  # noqa: E402
 from runtime.serve.engine import Job, QueueFull  # noqa: E402
 
@@ -332,7 +332,7 @@ def test_sigterm_under_load_loses_nothing_admitted(tmp_path):
 def test_method_auto_serves_each_occupancy_with_the_tables_method(demo):
     """[auto] = {1: lantern++ (exact), 2: ar}: a lone image is made by lantern++ at lambda 1, a
     request of four (occupancy 2 = the batch) by AR; each image's tokens are that method's."""
-    from runtime.profiles import AutoSettings
+    from runtime.config.profiles import AutoSettings
 
     backend, loaded, _ = demo
     _, prof = open_backend("cpu", None, False, None)
@@ -400,7 +400,7 @@ def test_a_stream_with_partial_images_previews_each_image_from_its_committed_tok
     """partial_images 2: each image sends up to two `image_generation.partial_image` previews, in
     order, before it is completed; each is exactly the VQ decode of the image's first tokens_done
     tokens (those of the finished image) with code 0 after them and those positions painted gray."""
-    from runtime.pipeline import decode_tokens
+    from runtime.generation.pipeline import decode_tokens
     from runtime.serve import api
 
     monkeypatch.setattr(api, "PROGRESS_EVERY_S", 0.02)
@@ -472,7 +472,7 @@ def test_a_text_to_image_model_is_served_from_captions(tmp_path):
     """A LlamaGen t2i checkpoint with its T5 encoder: a caption's images are the tokens offline
     generation makes from that caption's features and seeds, whatever else is decoding; a
     class-style request is just a caption; the server refuses to start without the encoder."""
-    from runtime.errors import UserError
+    from runtime.utils.errors import UserError
     from runtime.models.configs import gpt_config
     from runtime.models.gpt import Transformer
     from runtime.models.t5 import T5Encoder

@@ -11,7 +11,7 @@ from runtime.core.acceptance import GroupRule, accept_grouped
 from runtime.core.jacobi import proactive_tree
 from runtime.core.rng import CounterRNG
 from runtime.core.tree import chain_tree, static_buffers
-from runtime.errors import UserError
+from runtime.utils.errors import UserError
 from test_core_exactness import _chi_square_p_value, _exact_sequence_distribution, neighbours
 from tiny_models import caption, tiny_pair
 
@@ -162,7 +162,7 @@ def test_grouped_near_table_equals_the_per_step_embedding_test():
 
 def test_bench_method_entries_carry_their_own_options():
     from runtime.bench.runner import plan_runs
-    from runtime.settings import parse_proactive
+    from runtime.generation.settings import parse_proactive
 
     plan = plan_runs(["ar", "sjd:coupling=maximal:proactive=4x1", "sjd:window=8"], [])
     assert [(p.method, p.overrides) for p in plan] == [

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from runtime import drafter_training as dt
+from runtime.training import drafter_training as dt
 from runtime.models.configs import VQ_CONFIGS, DrafterConfig, gpt_config
 from runtime.models.drafter import Drafter
 from runtime.models.gpt import Transformer

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from runtime.core.tree import buffers_from_parents, load_tree, preset_names, static_buffers
-from runtime.errors import UserError
+from runtime.utils.errors import UserError
 
 pytestmark = pytest.mark.fast  # the edit-test tier: python -m pytest -m fast
 

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from runtime.profiles import load_profile
-from runtime.tune import (Costs, acceptance_rates, best_trees, calibration_tree, choose_tree, monotone,
+from runtime.config.profiles import load_profile
+from runtime.tools.tune import (Costs, acceptance_rates, best_trees, calibration_tree, choose_tree, monotone,
                           node_weights, probe_tree, tree_value)
 
 
@@ -146,7 +146,7 @@ def test_tune_quality_budget_chooses_within_the_band_and_auto_runs_it(tmp_path, 
     assert profile.quality.lantern_lambda == chosen["lantern_lambda"] == profile.method.lantern_lambda
     assert set(profile.quality.vs_ar) == set(record["band"])
     # --method auto reads it: lantern++ at the chosen relaxation, not the exact rule
-    from runtime.settings import resolve_spec
+    from runtime.generation.settings import resolve_spec
 
     spec = resolve_spec("lantern++", {}, profile, {}, lossless=True)
     assert spec.lantern_lambda == profile.quality.lantern_lambda and spec.relax_rule == profile.quality.relax_rule

@@ -26,8 +26,8 @@ def write_grids(grids: Sequence[tuple[int, np.ndarray]], folder: Path) -> None:
     """Write each (run index, images (n, H, W, 3) uint8) as `NN.png`, replacing `folder` whole."""
     from PIL import Image
 
-    from runtime.atomic import publish_folder, staging_folder
-    from runtime.pipeline import image_grid
+    from runtime.utils.atomic import publish_folder, staging_folder
+    from runtime.generation.pipeline import image_grid
 
     if not grids:
         return

@@ -23,10 +23,10 @@ import numpy as np
 import torch
 
 from runtime.core import Decoder, MethodSpec
-from runtime.errors import UserError, did_you_mean
-from runtime.method_options import METHOD_TABLE
+from runtime.utils.errors import UserError, did_you_mean
+from runtime.config.method_options import METHOD_TABLE
 from runtime.models.configs import GPTConfig, gpt_config
-from runtime.step_timing import StepTimes, random_models, random_neighbours, time_steps
+from runtime.tools.step_timing import StepTimes, random_models, random_neighbours, time_steps
 
 if TYPE_CHECKING:
     from backends import Backend
@@ -141,7 +141,7 @@ def spec_from_run(run: Any, sampling: Any) -> MethodSpec:
     """The MethodSpec of a bench result file's run (its `params`) under the workload's sampling."""
     from runtime.core.sampling import SamplingParams
 
-    from runtime.method_options import OPTION_TYPES
+    from runtime.config.method_options import OPTION_TYPES
 
     p = run.params
     # the recorded method settings (a file's `params` fields named as the options), proactive and
@@ -165,9 +165,9 @@ def project(shape: ModelShape, backend: Backend, targets: Sequence[Target], *, w
     """Measure the AR step and each target's iteration on `shape` (random weights) and project
     each target's speedup. Returns the JSON-ready body of a projection file: the shape, the
     per-phase samples, and per target tau (with its source), the medians and the projected
-    speedup with its interval; with a `roof` (`runtime.roofline`), each phase's floor and
+    speedup with its interval; with a `roof` (`runtime.tools.roofline`), each phase's floor and
     its measured time over it."""
-    from runtime.roofline import decoder_phases, floors
+    from runtime.tools.roofline import decoder_phases, floors
 
     say = progress or (lambda _: None)
     for t in targets:

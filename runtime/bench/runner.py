@@ -25,11 +25,11 @@ from runtime.bench.environment import current_env
 from runtime.core import MethodSpec
 from runtime.core.opcount import phase_ops
 from runtime.core.law import bound_warning
-from runtime.errors import UserError, did_you_mean
-from runtime.method_options import BASELINE, METHOD_TABLE, OPTION_TYPES, Drafting, RelaxKind
-from runtime.loading import LoadedModel
-from runtime.pipeline import make_decoder, run_generation
-from runtime.settings import resolve_spec
+from runtime.utils.errors import UserError, did_you_mean
+from runtime.config.method_options import BASELINE, METHOD_TABLE, OPTION_TYPES, Drafting, RelaxKind
+from runtime.generation.loading import LoadedModel
+from runtime.generation.pipeline import make_decoder, run_generation
+from runtime.generation.settings import resolve_spec
 
 if TYPE_CHECKING:
     from backends import Backend
@@ -131,7 +131,7 @@ def bench(loaded: LoadedModel, backend: Backend, profile: Any, plan: Sequence[Pl
     `runtime.core.law`) during its first warm-up pass, or in one extra untimed pass after its
     timed repeats when there is no warm-up; never during a timed pass.
     """
-    from runtime.roofline import device_roof
+    from runtime.tools.roofline import device_roof
 
     started = datetime.now(timezone.utc)
     t0 = time.perf_counter()
@@ -268,7 +268,7 @@ def _device_ops(decoder: Decoder, conditions: Sequence[Any], backend: Backend, r
     compiler generated for the decoder's captured steps, and each phase's roofline floor per call
     (with a `roof`). Runs after the timed repeats."""
     from backends.base import dtype_name
-    from runtime.roofline import decoder_phases
+    from runtime.tools.roofline import decoder_phases
 
     first = conditions[0]
     if not isinstance(first, (int, np.integer)):

@@ -35,10 +35,10 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, Valid
 from pydantic import ValidationInfo, model_validator
 from pydantic_core import PydanticCustomError
 
-from runtime.atomic import atomic_write_text
-from runtime.errors import UserError
-from runtime.method_options import BASELINE, OPTIONS_BY_NAME
-from runtime.validation import (METHOD_PATTERN as _METHOD_PATTERN, SHA256_PATTERN as _SHA256_PATTERN, Bool,
+from runtime.utils.atomic import atomic_write_text
+from runtime.utils.errors import UserError
+from runtime.config.method_options import BASELINE, OPTIONS_BY_NAME
+from runtime.config.validation import (METHOD_PATTERN as _METHOD_PATTERN, SHA256_PATTERN as _SHA256_PATTERN, Bool,
                                 Count, NonNegative, Number, Positive, PositiveInt, Text, Unit, describe, join_path as _join)
 
 SCHEMA_VERSION = 2  # 1: images_per_s and speedup_vs_ar from p50 (upgraded on load)
@@ -92,7 +92,7 @@ class _Sparse(_Model):
 
 
 class Roof(_Model):
-    """The device's peaks that phase floors are computed with (`runtime.roofline`): memory bandwidth
+    """The device's peaks that phase floors are computed with (`runtime.tools.roofline`): memory bandwidth
     (bytes/s), dense matmul rate per dtype (FLOP/s), and where the figures come from."""
 
     name: Text
@@ -245,7 +245,7 @@ class MethodParams(_Model):
         return " ".join(parts + ["graph"] * self.graph) or "-"
 
 
-# a run's label: each set field under its option's short name (`runtime.method_options`), in field order
+# a run's label: each set field under its option's short name (`runtime.config.method_options`), in field order
 _LABELS = {name: "batch" if name == "batch_size" else OPTIONS_BY_NAME[name].short
            for name in MethodParams.model_fields if name != "graph"}
 

@@ -47,7 +47,7 @@ def measure(args: Sequence[str], runs: int, cache: Path) -> list[dict[str, Any]]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from runtime.atomic import atomic_write_text
+    from runtime.utils.atomic import atomic_write_text
 
     argv = list(sys.argv[1:] if argv is None else argv)
     own, run_args = (argv[: argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])

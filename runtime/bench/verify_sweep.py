@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from runtime.errors import UserError
+from runtime.utils.errors import UserError
 
 PREPARED, PLAIN = "prepared", "plain"
 
@@ -60,8 +60,8 @@ def sweep(shape_name: str, tokens: Sequence[int], *, repeats: int, warmup: int, 
     returns the JSON-ready body."""
     from backends import dtype_name, get_backend
     from runtime.bench.projection import model_shape
-    from runtime.roofline import device_roof, target_forward, target_shape
-    from runtime.step_timing import random_models
+    from runtime.tools.roofline import device_roof, target_forward, target_shape
+    from runtime.tools.step_timing import random_models
 
     shape = model_shape(shape_name)
     config = shape.config()
@@ -138,7 +138,7 @@ def _set_mode(backend: Any, target: torch.nn.Module, mode: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from runtime.atomic import atomic_write_text
+    from runtime.utils.atomic import atomic_write_text
 
     parser = argparse.ArgumentParser(prog="python -m runtime.bench.verify_sweep", description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", default="llamagen-xl")

@@ -27,9 +27,9 @@ def configure_logging(verbosity: int, log_format: str = "auto") -> None:
     """Route the standard `logging` records of `runtime`, `backends` and `profiles` (and uvicorn's,
     at warnings and above) to stderr: -q (verbosity -1) errors only, default warnings, -v info
     (device, profile, model loaded; the server's access log), -vv debug (resolved method settings,
-    ...). `log_format` (runtime.log_format): rich on a terminal, else one line per record, plain or
+    ...). `log_format` (runtime.utils.log_format): rich on a terminal, else one line per record, plain or
     JSON. Idempotent."""
-    from runtime.log_format import make_handler
+    from runtime.utils.log_format import make_handler
 
     handler = make_handler(log_format, verbosity)
     level = LOG_LEVELS[max(-1, min(2, verbosity))]
@@ -66,9 +66,9 @@ def _root(
     import os
     import re
 
-    from runtime.errors import UserError
+    from runtime.utils.errors import UserError
 
-    from runtime.log_format import LOG_FORMATS
+    from runtime.utils.log_format import LOG_FORMATS
 
     if verbose and quiet:
         raise UserError("-v/--verbose and -q/--quiet contradict each other; give one")
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
     2 bad input; 128 + N stopped by signal N (130 SIGINT, 143 SIGTERM, 129 SIGHUP)."""
     import signal
 
-    from runtime.errors import UserError
+    from runtime.utils.errors import UserError
 
     INVOCATION[:] = ["runtime"] + list(sys.argv[1:] if argv is None else argv)
     _register()

@@ -12,7 +12,7 @@ import typer
 
 from runtime.cli import options as opt
 from runtime.cli.app import INVOCATION, app
-from runtime.errors import UserError
+from runtime.utils.errors import UserError
 
 
 @app.command("bench")
@@ -34,7 +34,7 @@ def bench(
     profile_name: opt.ProfileName = None,
     graph: opt.Graph = None,
     dtype: opt.Dtype = None,
-    flags: opt.MethodFlags = None,  # every method option (runtime.method_options)
+    flags: opt.MethodFlags = None,  # every method option (runtime.config.method_options)
     attention: opt.Attention = "auto",
     classes: opt.Classes = None,
     num_images: opt.NumImages = None,
@@ -65,12 +65,12 @@ def bench(
 
     from runtime.bench.runner import bench as run_bench
     from runtime.bench.runner import plan_runs
-    from runtime.atomic import publish_folder, writing
+    from runtime.utils.atomic import publish_folder, writing
     from runtime.bench.grids import grids_dir, write_grids
     from runtime.bench.schema import save_bench
     from runtime.core.methods import METHODS
     from runtime.models.layers import use_attention_kernel
-    from runtime.loading import parse_classes
+    from runtime.generation.loading import parse_classes
 
     method_list = [m.strip() for m in methods.split(",") if m.strip()]
     if not method_list:
@@ -93,7 +93,7 @@ def bench(
             if loaded.config.model_type != "c2i":
                 raise UserError("runtime bench supports class-conditional models for now; use runtime run for t2i")
             conditions = parse_classes(classes, num_images, loaded)
-            from runtime.settings import resolve_spec
+            from runtime.generation.settings import resolve_spec
 
             for p in plan:  # refuse bad settings before the long part starts
                 resolve_spec(p.method, {**flags, **p.overrides}, prof, loaded.recommended,
@@ -165,7 +165,7 @@ def bench_table(result: Any, path: Path) -> Any:
 
 def _staging_folder(target: Path) -> Path:
     """A new hidden folder beside `target`, published in its place once complete."""
-    from runtime.atomic import staging_folder, writing
+    from runtime.utils.atomic import staging_folder, writing
 
     with writing(f"--out {target.parent}"):
         return staging_folder(target)

@@ -18,8 +18,8 @@ def probe_devices() -> list[dict[str, Any]]:
     import torch
 
     from backends import BACKENDS
-    from runtime.errors import UserError
-    from runtime.profiles import default_profile_name
+    from runtime.utils.errors import UserError
+    from runtime.config.profiles import default_profile_name
 
     rows: list[dict[str, Any]] = []
     for name, cls in BACKENDS.items():

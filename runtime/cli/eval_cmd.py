@@ -13,7 +13,7 @@ from rich.table import Table
 
 from runtime.cli import options as opt
 from runtime.cli.app import app
-from runtime.errors import FILE_FAULTS, UserError
+from runtime.utils.errors import FILE_FAULTS, UserError
 from runtime.metrics import INCEPTION_ENV
 
 
@@ -144,7 +144,7 @@ def eval_command(
         metrics = evaluate_run(run_dir, model=model or "demo", n_real=n_real or None, reps=bootstrap)
     _refuse_non_finite(metrics)
     if out is not None:
-        from runtime.atomic import atomic_write_text, writing
+        from runtime.utils.atomic import atomic_write_text, writing
 
         with writing(f"--out {out}"):
             atomic_write_text(out, json.dumps(metrics, indent=2))
@@ -156,7 +156,7 @@ def eval_command(
 
 def _check_out(out: Path) -> None:
     """Before any figure is computed: --out names a file that can be written."""
-    from runtime.atomic import probe_writable
+    from runtime.utils.atomic import probe_writable
 
     if not str(out).strip():
         raise UserError("--out is empty; give the metrics file's path, e.g. metrics.json")

@@ -47,7 +47,7 @@ def _needs(kind: str) -> dict[str, str] | None:
     """What each method needs to run a target of this kind (None for a VQ or a drafter)."""
     if kind in ("vq", "drafter", "chameleon-drafter"):
         return None
-    from runtime.method_options import METHOD_TABLE
+    from runtime.config.method_options import METHOD_TABLE
 
     return {m: "a drafter" if d.needs_drafter else "nothing" for m, d in METHOD_TABLE.items()}
 

@@ -1,7 +1,7 @@
 """Options shared by `runtime run` and `runtime bench` (model, device, method and sampling flags).
 
 Method and sampling options default to None: unset flags fall back to the hardware profile,
-then to the model's recommended settings (see runtime.settings.resolve_spec).
+then to the model's recommended settings (see runtime.generation.settings.resolve_spec).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Annotated, Any, Callable, Optional, Sequence
 
 import typer
 
-from runtime.errors import UserError
-from runtime.method_options import METHOD_OPTIONS, METHODS, OPTIONS_BY_NAME, MethodFlags
-from runtime.device_setup import open_backend  # noqa: F401 - the commands' backend and profile, re-exported
+from runtime.utils.errors import UserError
+from runtime.config.method_options import METHOD_OPTIONS, METHODS, OPTIONS_BY_NAME, MethodFlags
+from runtime.generation.device_setup import open_backend  # noqa: F401 - the commands' backend and profile, re-exported
 
 if TYPE_CHECKING:
     from backends import Backend
@@ -47,7 +47,7 @@ Seed = Annotated[int, typer.Option("--seed", help="Run seed; image i uses a seed
 
 
 def method_parameters(only: Sequence[str] | None = None) -> list[inspect.Parameter]:
-    """Typer parameters for the method options (`runtime.method_options.METHOD_OPTIONS`, or those
+    """Typer parameters for the method options (`runtime.config.method_options.METHOD_OPTIONS`, or those
     named in `only`), each `--flag` with its help, panel and readers, default None (unset: the
     profile's, then the model's, then the code default)."""
     chosen = METHOD_OPTIONS if only is None else [OPTIONS_BY_NAME[name] for name in only]
@@ -85,7 +85,7 @@ def _inject(fn: Callable[..., Any], slot: str, generated: list[inspect.Parameter
 def with_method_options(only: Sequence[str] | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator for a command taking `flags: MethodFlags`: its command line gets the method
     options in place of `flags` (every option, or those in `only`), and the function receives
-    them as one `MethodFlags`. The options are declared once, in `runtime.method_options`."""
+    them as one `MethodFlags`. The options are declared once, in `runtime.config.method_options`."""
     return lambda fn: _inject(fn, "flags", method_parameters(only), lambda given: MethodFlags(**given))
 
 
@@ -117,8 +117,8 @@ class ModelSource:
         return cls(**{name: params[name] for name, _, _ in MODEL_OPTIONS})
 
     def load(self, backend: Backend) -> Any:
-        """The model on the backend's device and dtype (`runtime.loading.load_model`)."""
-        from runtime.loading import load_model
+        """The model on the backend's device and dtype (`runtime.generation.loading.load_model`)."""
+        from runtime.generation.loading import load_model
 
         return load_model(model=self.model, gpt_model=self.gpt_model, gpt_ckpt=self.gpt_ckpt, vq_ckpt=self.vq_ckpt,
                           image_size=self.image_size, drafter=self.drafter, gpt_type=self.gpt_type,

@@ -28,9 +28,9 @@ def report(
     Files with different workloads are reported in separate sections with the differing fields
     named. A bad input file stops the command before anything is written.
     """
-    from runtime.atomic import atomic_write_text, writing
+    from runtime.utils.atomic import atomic_write_text, writing
     from runtime.bench.report import results_index, write_report
-    from runtime.errors import UserError
+    from runtime.utils.errors import UserError
 
     if out is None and index is None:
         raise UserError("give --out DIR (the report) or --index FILE.md (an index of the files), or both")

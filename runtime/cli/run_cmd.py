@@ -17,8 +17,8 @@ import typer
 
 from runtime.cli import options as opt
 from runtime.cli.app import app
-from runtime.atomic import check_run_folder, publish_folder, staging_folder, writing
-from runtime.errors import UserError
+from runtime.utils.atomic import check_run_folder, publish_folder, staging_folder, writing
+from runtime.utils.errors import UserError
 from runtime.cli.workload import merge_stats, process_group_backend, select, software_record, workload_conditions
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ def run(
     graph: opt.Graph = None,
     dtype: opt.Dtype = None,
     method: opt.Method = None,
-    flags: opt.MethodFlags = None,  # every method option (runtime.method_options)
+    flags: opt.MethodFlags = None,  # every method option (runtime.config.method_options)
     attention: opt.Attention = "auto",
     classes: opt.Classes = None,
     prompts: opt.Prompts = None,
@@ -52,10 +52,10 @@ def run(
     profile: bool = typer.Option(False, "--profile", help="Write a torch.profiler trace (trace.json) beside the images."),
 ) -> None:
     """Generate images (default: the embedded demo with LANTERN++ sampling) into --out."""
-    from runtime.distributed import destroy, gather_objects, init_distributed, shard
+    from runtime.utils.distributed import destroy, gather_objects, init_distributed, shard
     from runtime.models.layers import set_attention_kernel
-    from runtime.pipeline import make_decoder, run_generation
-    from runtime.settings import AUTO, auto_method, resolve_spec, sampling_sources
+    from runtime.generation.pipeline import make_decoder, run_generation
+    from runtime.generation.settings import AUTO, auto_method, resolve_spec, sampling_sources
 
     opt.check_num_images(num_images)
     if not out.strip():
@@ -164,8 +164,8 @@ def _write_outputs(staging: Path, parts: list[dict], n: int, labels: list, loade
     import numpy as np
     from PIL import Image
 
-    from runtime.distributed import merge_indexed
-    from runtime.pipeline import image_grid
+    from runtime.utils.distributed import merge_indexed
+    from runtime.generation.pipeline import image_grid
 
     tokens = np.stack(merge_indexed([list(zip(p["indices"], p["tokens"])) for p in parts], n))
     images = np.stack(merge_indexed([list(zip(p["indices"], p["images"])) for p in parts], n))

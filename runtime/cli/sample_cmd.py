@@ -1,7 +1,7 @@
 """`runtime sample`: generate N images at scale into ADM's `.npz` layout, sharded and resumable.
 
 Takes every model and method option of `runtime run` (the same declarations, read from `run`'s
-signature) plus the chunking options; see `runtime.sample_store` for the folder it keeps.
+signature) plus the chunking options; see `runtime.generation.sample_store` for the folder it keeps.
 Under `torchrun` each rank makes its share of the chunks on its own device and rank 0 assembles
 the result; `--shard I/N` splits the chunks across independent jobs instead. Running the same
 command again finishes whatever is missing and then assembles.
@@ -23,7 +23,7 @@ from runtime.cli import options as opt
 from runtime.cli.app import app
 from runtime.cli.run_cmd import run
 from runtime.cli.workload import merge_stats, process_group_backend, select, software_record, workload_conditions
-from runtime.errors import UserError
+from runtime.utils.errors import UserError
 
 if TYPE_CHECKING:
     from backends import Backend
@@ -47,11 +47,11 @@ def sample(**params: Any) -> None:
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                                TimeRemainingColumn)
 
-    from runtime.atomic import writing
-    from runtime.distributed import barrier, destroy, init_distributed
-    from runtime.pipeline import make_decoder, run_generation
-    from runtime.settings import resolve_spec
-    from runtime.sample_store import ChunkLayout, SampleStore, conditions_digest, mine, plan
+    from runtime.utils.atomic import writing
+    from runtime.utils.distributed import barrier, destroy, init_distributed
+    from runtime.generation.pipeline import make_decoder, run_generation
+    from runtime.generation.settings import resolve_spec
+    from runtime.generation.sample_store import ChunkLayout, SampleStore, conditions_digest, mine, plan
 
     flags = opt.MethodFlags.pick(params)
     chunk_size, per_class = params["chunk"], params["per_class"]
@@ -130,7 +130,7 @@ def sample(**params: Any) -> None:
 
 def _probe_out(text: str) -> None:
     """Before the model loads: --out must be a folder path under which this process can write."""
-    from runtime.atomic import probe_writable
+    from runtime.utils.atomic import probe_writable
 
     if not text.strip():  # Path("") would be the current folder
         raise UserError("--out is empty; give the sampling folder's path")
@@ -163,7 +163,7 @@ def _write_result(root: Path, summary: dict[str, Any], workload: dict[str, Any],
                   made: int, seconds: float, world: int) -> None:
     from rich.console import Console
 
-    from runtime.atomic import atomic_write_text
+    from runtime.utils.atomic import atomic_write_text
     from runtime.core.law import bound_warning
 
     chunks = summary["chunks"]

@@ -1,4 +1,4 @@
-"""`runtime selfcheck`: device checks and step costs in one command (see runtime/selfcheck.py)."""
+"""`runtime selfcheck`: device checks and step costs in one command (see runtime/tools/selfcheck.py)."""
 
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ def selfcheck(
     """Graph == eager, greedy exactness, no zero-probability samples, no host sync in replays,
     per-phase time / ops / kernels / memory, and LlamaGen-XL step costs. Exit 1 names a failed check."""
     from backends import get_backend
-    from runtime.atomic import atomic_path
-    from runtime.errors import UserError
-    from runtime.selfcheck import run_selfcheck
+    from runtime.utils.atomic import atomic_path
+    from runtime.utils.errors import UserError
+    from runtime.tools.selfcheck import run_selfcheck
 
     if out.is_dir():
         raise UserError(f"--out {out} is a directory; give a file name such as {out / 'selfcheck.json'}")
@@ -32,7 +32,7 @@ def selfcheck(
     console = Console(stderr=True)
     xl_backends, roof = None, None
     if xl:  # the XL shape as users run it: the device profile's dtype (bf16 on cuda / hpu), eager and captured
-        from runtime.roofline import device_roof
+        from runtime.tools.roofline import device_roof
         from runtime.cli import options as opt
 
         eager, prof = opt.open_backend(device, None, False, None)

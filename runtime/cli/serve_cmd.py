@@ -17,7 +17,7 @@ import typer
 
 from runtime.cli import options as opt
 from runtime.cli.app import app
-from runtime.errors import UserError
+from runtime.utils.errors import UserError
 
 if TYPE_CHECKING:
     from backends import Backend
@@ -61,7 +61,7 @@ def serve(
     graph: opt.Graph = None,
     dtype: opt.Dtype = None,
     method: opt.Method = None,
-    flags: opt.MethodFlags = None,  # every method option (runtime.method_options)
+    flags: opt.MethodFlags = None,  # every method option (runtime.config.method_options)
     attention: opt.Attention = "auto",
     batch_size: opt.BatchSize = None,
 ) -> None:
@@ -69,7 +69,7 @@ def serve(
     import logging
 
     from runtime.models.layers import set_attention_kernel
-    from runtime.settings import AUTO, auto_method, resolve_spec
+    from runtime.generation.settings import AUTO, auto_method, resolve_spec
     from runtime.serve import AutoMethods, build_server
 
     if not 0 < port < 65536:

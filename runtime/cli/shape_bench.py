@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from runtime.cli import options as opt
-from runtime.errors import UserError
-from runtime.method_options import BASELINE, METHOD_TABLE
+from runtime.utils.errors import UserError
+from runtime.config.method_options import BASELINE, METHOD_TABLE
 
 # bench flags that only shape the measured workload or the model: a projection uses neither
 _WORKLOAD_FLAGS = ("model", "gpt_model", "gpt_ckpt", "vq_ckpt", "drafter", "image_size", "classes", "num_images",
@@ -27,11 +27,11 @@ def bench_shape(args: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from runtime.atomic import atomic_write_text, writing
+    from runtime.utils.atomic import atomic_write_text, writing
     from runtime.bench import schema
     from runtime.bench.environment import current_env
     from runtime.bench.projection import Target, model_shape, project, projection_file, spec_from_run
-    from runtime.roofline import device_roof
+    from runtime.tools.roofline import device_roof
     from runtime.cli.app import INVOCATION
 
     given = [f"--{k.replace('_', '-')}" for k in _WORKLOAD_FLAGS if args.get(k) is not None]
@@ -96,7 +96,7 @@ def bench_shape(args: dict[str, Any]) -> None:
                       _over_floor(run), f"{s['point']:.2f}x [{s['low']:.2f}, {s['high']:.2f}]")
     Console().print(table)
     if roof is None:
-        Console().print(f"floor: no peak figures for {device['name']} (runtime.roofline.ROOFS); not shown")
+        Console().print(f"floor: no peak figures for {device['name']} (runtime.tools.roofline.ROOFS); not shown")
     else:
         Console().print(f"floor: max(bytes / bandwidth, FLOPs / matmul rate) per phase at the mean context "
                         f"({data['roof']['context']} positions); {roof.name}: {roof.bandwidth / 1e9:,.0f} GB/s, "
@@ -117,7 +117,7 @@ def _given_tau_targets(methods: str | None, tau: float, flags: dict[str, Any], p
     takes them), each at `--tau`, or at its own `:tau=X` (e.g. one tau per tree)."""
     from runtime.bench.projection import Target
     from runtime.bench.runner import parse_method_entry
-    from runtime.settings import resolve_spec
+    from runtime.generation.settings import resolve_spec
 
     entries = [m.strip() for m in (methods or "").split(",") if m.strip()]
     if not entries or any(e.split(":")[0] == BASELINE for e in entries):

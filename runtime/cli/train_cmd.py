@@ -12,7 +12,7 @@ from rich.table import Table
 
 from runtime.cli.app import app
 from runtime.cli.progress import training_progress
-from runtime.errors import UserError
+from runtime.utils.errors import UserError
 
 train_app = typer.Typer(help="Train models shipped with the runtime.", no_args_is_help=True)
 app.add_typer(train_app, name="train")

@@ -1,6 +1,6 @@
 """`runtime train drafter --gpt-ckpt FILE`: a drafter for any class-conditional LlamaGen checkpoint.
 
-Stages (runtime/drafter_training.py): self-distilled data (the target samples images on the given
+Stages (runtime/training/drafter_training.py): self-distilled data (the target samples images on the given
 classes, or a user's token file), then EAGLE training with checkpoints, then held-out top-1 / top-3
 and the greedy tau of the new drafter on its target. `--out` becomes a LANTERN-layout drafter folder
 (`config.json`, `model.safetensors`) with `manifest.json`, `checkpoint.pt` and, unless `--data`
@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from runtime.errors import UserError
+from runtime.utils.errors import UserError
 
 DEFAULTS = {"steps": 2000, "device": "auto", "num_images": 1000, "batch": 16, "lr": 1e-3, "eval_images": 8,
             "data_cfg": 4.0, "data_top_k": 2000, "data_temperature": 1.0}
@@ -32,7 +32,7 @@ def _load_labelled_tokens(tokens_file: str, labels_file: str | None, target: Any
     import numpy as np
     import torch
 
-    from runtime.errors import FILE_FAULTS
+    from runtime.utils.errors import FILE_FAULTS
 
     if labels_file is None:
         raise UserError("--tokens needs --labels (the class of each row, a .npy of shape (N,))")
@@ -94,13 +94,13 @@ def train_drafter_for_checkpoint(args: dict[str, Any]) -> dict[str, Any]:
     from rich.console import Console
 
     from backends import get_backend
-    from runtime import drafter_training as dt
+    from runtime.training import drafter_training as dt
     from runtime.bench.environment import file_sha256
     from runtime.cli.progress import training_progress
     from runtime.models.configs import DrafterConfig
     from runtime.models.drafter import Drafter
     from runtime.models.loading import build_gpt, save_drafter_folder
-    from runtime.loading import parse_classes
+    from runtime.generation.loading import parse_classes
 
     defaults = {**DEFAULTS, **(CHAMELEON_DEFAULTS if args.get("chameleon") else {})}
     values = {k: (defaults[k] if args.get(k) is None else args[k]) for k in defaults}
@@ -137,7 +137,7 @@ def train_drafter_for_checkpoint(args: dict[str, Any]) -> dict[str, Any]:
         else:
             classes = parse_classes(args["classes"], values["num_images"], _ClassRange(target.config.num_classes))
     from runtime.cli.workload import process_group_backend
-    from runtime.distributed import barrier, destroy, init_distributed
+    from runtime.utils.distributed import barrier, destroy, init_distributed
 
     ctx = init_distributed(process_group_backend(values["device"]))  # torchrun: data-parallel, else one process
     backend = get_backend(values["device"], dtype="fp32", graph_mode=False, index=ctx.device_index)

@@ -1,5 +1,5 @@
 """`runtime tune`: measure acceptance and step costs on a device, write a profile with the
-static tree (and DDD threshold) that maximise expected tokens per second (runtime/tune.py)."""
+static tree (and DDD threshold) that maximise expected tokens per second (runtime/tools/tune.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import typer
 
 from runtime.cli import options as opt
 from runtime.cli.app import app
-from runtime.errors import UserError
-from runtime.method_options import METHOD_TABLE, Drafting, RelaxKind
+from runtime.utils.errors import UserError
+from runtime.config.method_options import METHOD_TABLE, Drafting, RelaxKind
 
 if TYPE_CHECKING:
     from backends import Backend
@@ -61,10 +61,10 @@ def tune_cmd(
     """Choose this device's static tree by measurement and write it as a profile."""
     from rich.console import Console
 
-    from runtime.atomic import atomic_path, probe_writable
-    from runtime.loading import parse_classes
-    from runtime.settings import resolve_spec
-    from runtime.tune import tree_toml, tune
+    from runtime.utils.atomic import atomic_path, probe_writable
+    from runtime.generation.loading import parse_classes
+    from runtime.generation.settings import resolve_spec
+    from runtime.tools.tune import tree_toml, tune
 
     if out.suffix != ".toml":
         raise UserError(f"--out {out}: a profile is a .toml file, e.g. profiles/my-device.toml")
@@ -87,7 +87,7 @@ def tune_cmd(
     backend, prof = opt.open_backend(device, profile_name, graph, dtype)
     roof = None
     if backend.name == "cpu":  # no vendor figures: measure the peaks once, on an idle machine, for the profile
-        from runtime.roofline import measure_cpu_roof
+        from runtime.tools.roofline import measure_cpu_roof
 
         roof = measure_cpu_roof(backend.dtype)
     loaded = source.load(backend)
@@ -123,7 +123,7 @@ def tune_cmd(
                                        f"expected {c['expected_tokens']:.2f} tokens per iteration"))
     from dataclasses import replace
 
-    from runtime.tune import on_tree
+    from runtime.tools.tune import on_tree
 
     quality = None
     if search is not None:
@@ -133,7 +133,7 @@ def tune_cmd(
     occupancy: list[dict[str, Any]] = []
     if occupancy_list:
         from runtime.core.methods import MethodSpec
-        from runtime.tune import occupancy_table
+        from runtime.tools.tune import occupancy_table
 
         # what --method auto runs: the tree exact, or at the relaxation chosen within the quality budget
         exact = on_tree(replace(spec, method="lantern++", lantern_lambda=1.0 if quality is None
@@ -200,7 +200,7 @@ def _search_quality(loaded: Any, spec: Any, backend: Backend, conditions: Any, b
                     search: dict[str, Any], console: Any) -> Any:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from runtime.quality_tune import quality_search
+    from runtime.tools.quality_tune import quality_search
 
     inception = None
     if loaded.bundle is None:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.cli import options as opt
-from runtime.errors import UserError
+from runtime.utils.errors import UserError
 
 
 def process_group_backend(device: str) -> str:
@@ -33,7 +33,7 @@ def select(conditions: Any, idx: list[int]) -> Any:
 def workload_conditions(loaded, classes, prompts, t5_path, num_images, backend, prompt_length=None):
     """(conditions, cond_masks, labels): class ids, caption features for t2i prompts, or prompt
     token ids (padded to `prompt_length` where given) for Chameleon."""
-    from runtime.loading import parse_classes
+    from runtime.generation.loading import parse_classes
 
     prompt_length = opt.prompt_length(prompt_length, loaded.config.model_type)
     if loaded.config.model_type == "c2i":

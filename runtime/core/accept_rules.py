@@ -12,8 +12,8 @@ from runtime.core.acceptance import Accepted, GroupRule, accept_greedy, accept_g
 from runtime.core.relaxation import Relaxation
 from runtime.core.rng import CounterRNG
 from runtime.core.tree import TreeBuffers
-from runtime.errors import UserError
-from runtime.method_options import AcceptKind, RelaxKind
+from runtime.utils.errors import UserError
+from runtime.config.method_options import AcceptKind, RelaxKind
 
 if TYPE_CHECKING:
     from runtime.core.state import DecodeConfig

@@ -32,7 +32,7 @@ from runtime.core.relaxation import Relaxation, deterministic_stages, relaxed_mi
 from runtime.core.rng import CounterRNG
 from runtime.core.sampling import sample_without_replacement
 from runtime.core.tree import static_buffers, validate_paths
-from runtime.method_options import AcceptKind, Drafting, RelaxKind
+from runtime.config.method_options import AcceptKind, Drafting, RelaxKind
 
 if TYPE_CHECKING:
     from runtime.core.methods import MethodSpec

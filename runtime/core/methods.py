@@ -51,12 +51,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from runtime.core.sampling import SamplingParams
-from runtime.errors import UserError, did_you_mean
-from runtime.method_options import (METHOD_OPTIONS, METHOD_TABLE, METHODS, OPTIONS_BY_NAME, AcceptKind, Drafting,
+from runtime.utils.errors import UserError, did_you_mean
+from runtime.config.method_options import (METHOD_OPTIONS, METHOD_TABLE, METHODS, OPTIONS_BY_NAME, AcceptKind, Drafting,
                                     MethodDecl, RelaxKind, default)
 
 
-# A method is one declared row of `METHOD_TABLE` (runtime.method_options: its drafting policy, its
+# A method is one declared row of `METHOD_TABLE` (runtime.config.method_options: its drafting policy, its
 # own relaxation, whether --method auto may pick it, its tree, what result files record; `METHODS`
 # are their names in order); the acceptance rule object follows from it and the sampling settings
 # (`runtime.core.accept_rules.acceptance_rule`).
@@ -68,7 +68,7 @@ RELAXATIONS: tuple[str, ...] = tuple(RelaxKind)
 class MethodSpec:
     method: str = "lantern++"
     sampling: SamplingParams = field(default_factory=SamplingParams)
-    # the code defaults, declared with the options (runtime.method_options)
+    # the code defaults, declared with the options (runtime.config.method_options)
     tree: str = default("tree")
     depth: int = default("depth")
     top_k_draft: int = default("top_k_draft")
@@ -165,7 +165,7 @@ class MethodSpec:
 
     @property
     def decl(self) -> MethodDecl:
-        """The method's declared row (runtime.method_options.METHOD_DECLS)."""
+        """The method's declared row (runtime.config.method_options.METHOD_DECLS)."""
         return METHOD_TABLE[self.method]
 
     @property

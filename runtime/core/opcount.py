@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from runtime.method_options import Drafting
+from runtime.config.method_options import Drafting
 
 if TYPE_CHECKING:
     from runtime.core.state import DecodeBuffers, DecodeConfig

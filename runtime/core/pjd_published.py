@@ -62,7 +62,7 @@ from runtime.core.law import tv_from_ar
 from runtime.core.methods import MethodSpec
 from runtime.core.rng import CounterRNG, token_from_uniform
 from runtime.core.state import MODEL_PARTS, DecodeConfig
-from runtime.errors import UserError
+from runtime.utils.errors import UserError
 
 if TYPE_CHECKING:
     from backends import Backend

@@ -11,7 +11,7 @@ from runtime.core.dynamic_tree import DynamicTreePolicy
 from runtime.core.static_tree import StaticTreePolicy
 from runtime.core.jacobi import JacobiPolicy
 from runtime.core.pjd import PJDPolicy
-from runtime.method_options import Drafting
+from runtime.config.method_options import Drafting
 
 if TYPE_CHECKING:
     from runtime.core.state import DecodeConfig

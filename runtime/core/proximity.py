@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from runtime.cache_dirs import cache_root, root_is_chosen
-from runtime.errors import FILE_FAULTS, UserError
+from runtime.utils.cache_dirs import cache_root, root_is_chosen
+from runtime.utils.errors import FILE_FAULTS, UserError
 
 logger = logging.getLogger(__name__)
 

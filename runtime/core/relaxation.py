@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from runtime.core.tree import TreeBuffers
-from runtime.method_options import RELAX_RULES, RelaxKind
+from runtime.config.method_options import RELAX_RULES, RelaxKind
 
 EPS = 1e-12  # guards divisions by a probability mass
 

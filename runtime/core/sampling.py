@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.method_options import default
+from runtime.config.method_options import default
 
 from runtime.core.rng import CounterRNG
 

@@ -28,7 +28,7 @@ from runtime.core.methods import MethodSpec
 from runtime.core.rng import CounterRNG
 from runtime.core.sampling import SamplingParams, apply_cfg, cfg_off_mask, probabilities
 from runtime.core.tree import TreeBuffers
-from runtime.errors import UserError
+from runtime.utils.errors import UserError
 
 if TYPE_CHECKING:
     from runtime.models.target import DrafterModel, Target

@@ -40,8 +40,8 @@ from runtime.core.slots import NullTimer, compile_key, phase_timer, prefill_slot
 from runtime.core.state import (NO_POSITION, DecodeBuffers, DecodeConfig, DraftProposal, DraftView, check_tree,
                                 lazy_head_mode)
 from runtime.core.tree import TreeBuffers
-from runtime.errors import UserError
-from runtime.method_options import Drafting
+from runtime.utils.errors import UserError
+from runtime.config.method_options import Drafting
 
 if TYPE_CHECKING:
     from backends import Backend

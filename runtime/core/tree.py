@@ -28,9 +28,9 @@ from pathlib import Path
 
 import torch
 
-from runtime import method_options
-from runtime.errors import UserError
-from runtime.toml_compat import tomllib
+from runtime.config import method_options
+from runtime.utils.errors import UserError
+from runtime.config.toml_compat import tomllib
 
 
 @dataclass(frozen=True)

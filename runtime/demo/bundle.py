@@ -23,9 +23,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from torch import nn
 
 from runtime.assets import default_bundle_path
-from runtime.validation import Bool, Count, NonNegative, PositiveInt, Text, Unit, describe
+from runtime.config.validation import Bool, Count, NonNegative, PositiveInt, Text, Unit, describe
 from runtime.demo.classifier import ClassifierConfig, DemoClassifier
-from runtime.errors import UserError
+from runtime.utils.errors import UserError
 from runtime.models.configs import DrafterConfig, GPTConfig, VQConfig
 from runtime.models.drafter import Drafter
 from runtime.models.gpt import Transformer

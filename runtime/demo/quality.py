@@ -94,7 +94,7 @@ class DemoScores:
     """What a feature extractor says of each generated image: features (N, F) float64 and, with a
     classifier, hits (N,) bool (predicted class == the class it was generated for; None without
     one); `real` the real images' features (n_real, F) the FD and precision / recall compare
-    against. The demo classifier's, or Inception's for a user's model (`runtime.quality_budget`)."""
+    against. The demo classifier's, or Inception's for a user's model (`runtime.tools.quality_budget`)."""
 
     hits: np.ndarray | None
     features: np.ndarray

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.errors import FILE_FAULTS, UserError
+from runtime.utils.errors import FILE_FAULTS, UserError
 
 IMAGES, LABELS = "arr_0", "arr_1"
 

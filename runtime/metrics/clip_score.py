@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from runtime.errors import UserError
+from runtime.utils.errors import UserError
 from runtime.metrics.fidelity import INSTALL_HINT, torchvision_mismatch
 from runtime.metrics.images import ImageSet
 from runtime.metrics.intervals import Estimate, estimate

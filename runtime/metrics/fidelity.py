@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from runtime.errors import UserError
+from runtime.utils.errors import UserError
 from runtime.metrics import INCEPTION_ENV
 from runtime.metrics.images import ImageSet
 from runtime.metrics.intervals import Estimate, bootstrap

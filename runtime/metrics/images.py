@@ -15,7 +15,7 @@ from typing import Protocol
 
 import numpy as np
 
-from runtime.errors import FILE_FAULTS, UserError
+from runtime.utils.errors import FILE_FAULTS, UserError
 from runtime.metrics.adm import NpzImages
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")

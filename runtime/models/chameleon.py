@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.errors import UserError
+from runtime.utils.errors import UserError
 from runtime.models.layers import RMSNorm, SwiGLU, attend, prefix_mask
 from runtime.models.target import CachedDecoding
 

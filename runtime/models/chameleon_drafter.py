@@ -18,7 +18,7 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from runtime.errors import UserError
+from runtime.utils.errors import UserError
 from runtime.models.chameleon import ChameleonConfig, ChameleonLayer, RotateHalfRope, RowTable
 from runtime.models.kv_cache import StaticKVCache
 

@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 import torch
 
-from runtime.errors import UserError
+from runtime.utils.errors import UserError
 from runtime.models.chameleon import ChameleonTarget, config_from_hf
 from runtime.models.chameleon_vq import ChameleonVQ, ChameleonVQConfig
 

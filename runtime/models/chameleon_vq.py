@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence
 
 from torch import Tensor, nn
 
-from runtime.errors import UserError
+from runtime.utils.errors import UserError
 from runtime.models.vq import AttnBlock, ResnetBlock, Upsample, group_norm, swish
 
 

@@ -117,7 +117,7 @@ GPT_SHAPES: dict[str, dict[str, int]] = {
 
 def check_gpt_model(name: str) -> None:
     """Refuse a name that is not one of `GPT_SHAPES`, naming the closest one."""
-    from runtime.errors import UserError, did_you_mean
+    from runtime.utils.errors import UserError, did_you_mean
 
     if name not in GPT_SHAPES:
         raise UserError(f"unknown GPT model {name!r}{did_you_mean(name, GPT_SHAPES)}; choose one of {', '.join(GPT_SHAPES)}")
@@ -126,7 +126,7 @@ def check_gpt_model(name: str) -> None:
 def gpt_config(name: str, *, model_type: str = "c2i", image_size: int = 256,
                downsample: int = 16, **overrides: Any) -> GPTConfig:
     """Build a named GPT config for an image size (block_size = (image_size/downsample)^2)."""
-    from runtime.errors import UserError
+    from runtime.utils.errors import UserError
 
     check_gpt_model(name)
     if image_size % downsample:

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 import torch
 
-from runtime.errors import UserError
+from runtime.utils.errors import UserError
 from runtime.models.chameleon import ChameleonConfig, ChameleonTarget, config_from_hf
 from runtime.models.chameleon_folder import read_model_config
 

@@ -16,7 +16,7 @@ import os
 import re
 from pathlib import Path
 
-from runtime.errors import UserError
+from runtime.utils.errors import UserError
 
 # owner/name as the Hub spells it (letters, digits, - _ .), no path separators beyond the one slash
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")

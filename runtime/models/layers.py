@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from runtime.errors import UserError
+from runtime.utils.errors import UserError
 from runtime.models.kv_cache import StaticKVCache
 
 # Which scaled-dot-product-attention kernel `attend` asks for (`--attention`):

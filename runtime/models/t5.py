@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
-from runtime.errors import UserError
+from runtime.utils.errors import UserError
 
 T5_MAX_LENGTH = 120
 

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from runtime.errors import UserError
+from runtime.utils.errors import UserError
 from runtime.models.configs import VQ_CONFIGS, VQConfig
 
 # Length of the ring buffer of recent code indices kept for the usage statistic; the official

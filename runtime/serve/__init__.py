@@ -12,8 +12,8 @@ if TYPE_CHECKING:
 
     from backends import Backend
     from runtime.core import MethodSpec
-    from runtime.loading import LoadedModel
-    from runtime.profiles import AutoSettings
+    from runtime.generation.loading import LoadedModel
+    from runtime.config.profiles import AutoSettings
     from runtime.serve.api import HttpOptions, Served
     from runtime.serve.conditions import Conditioner
     from runtime.serve.engine import Engine
@@ -41,8 +41,8 @@ def build_server(loaded: LoadedModel, spec: MethodSpec, backend: Backend, *, bat
     the model names the API lists and accepts (--served-model-name; default the model's own);
     `http`: `runtime.serve.api.HttpOptions` (auth, CORS, docs, the request-size limit)."""
     from runtime import __version__
-    from runtime.errors import UserError
-    from runtime.pipeline import make_decoder
+    from runtime.utils.errors import UserError
+    from runtime.generation.pipeline import make_decoder
     from runtime.serve.api import Served, create_app
     from runtime.serve.engine import Engine, Job
 

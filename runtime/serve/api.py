@@ -40,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from runtime.core import MethodSpec
-from runtime.loading import LoadedModel
+from runtime.generation.loading import LoadedModel
 from runtime.serve.conditions import Conditioner
 from runtime.serve.edge import (DEFAULT_MAX_REQUEST_BYTES, BearerAuth, BodyLimit, JsonCors, RequestContext, cut,
                                 error_body, error_response, route_path)
@@ -700,7 +700,7 @@ class Served:
         quality `compression` (0-100, default 100)."""
         from PIL import Image
 
-        from runtime.pipeline import decode_tokens
+        from runtime.generation.pipeline import decode_tokens
 
         out = []
         for t in tokens:

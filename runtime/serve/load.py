@@ -353,11 +353,11 @@ def _offline(records: list[Record], serve_args: list[str], ready: Ready,
     import torch
 
     from runtime.core.rng import derive_seed
-    from runtime.method_options import OPTION_TYPES, SAMPLING_KEYS
-    from runtime.device_setup import open_backend
-    from runtime.loading import load_model
-    from runtime.pipeline import make_decoder, timed_many
-    from runtime.settings import resolve_spec
+    from runtime.config.method_options import OPTION_TYPES, SAMPLING_KEYS
+    from runtime.generation.device_setup import open_backend
+    from runtime.generation.loading import load_model
+    from runtime.generation.pipeline import make_decoder, timed_many
+    from runtime.generation.settings import resolve_spec
 
     def flag(name: str, default: str | None = None) -> str | None:
         return serve_args[serve_args.index(name) + 1] if name in serve_args else default

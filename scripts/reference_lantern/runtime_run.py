@@ -76,9 +76,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     from backends import get_backend
-    from runtime.loading import load_model
+    from runtime.generation.loading import load_model
     from runtime.models.t5 import left_pad_captions
-    from runtime.pipeline import make_decoder
+    from runtime.generation.pipeline import make_decoder
 
     backend = get_backend("cpu", dtype="fp32", graph_mode=args.mode == "graph")
     m = args.models

@@ -53,7 +53,7 @@ from runtime.bench.report.numbers import (  # noqa: F401 - the names other modul
 from runtime.bench.report.render import render_html, render_markdown, table_csv, table_files
 from runtime.bench.report.sections import build_report, projection_section
 from runtime.bench.schema import load_bench
-from runtime.errors import UserError
+from runtime.utils.errors import UserError
 
 
 def load_benches(paths: Sequence[str | os.PathLike[str]]) -> list[BenchFile]:

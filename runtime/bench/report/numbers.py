@@ -18,7 +18,7 @@ from runtime.bench.schema import (
     iter_differences,
     to_dict,
 )
-from runtime.method_options import BASELINE
+from runtime.config.method_options import BASELINE
 
 if TYPE_CHECKING:
     import numpy as np

@@ -20,7 +20,7 @@ from runtime.bench.schema import (
     RunResult,
     ar_baseline,
 )
-from runtime.method_options import BASELINE
+from runtime.config.method_options import BASELINE
 
 if TYPE_CHECKING:
     import numpy as np

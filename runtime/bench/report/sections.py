@@ -52,7 +52,7 @@ from runtime.bench.schema import (
     RunResult,
     ar_baseline,
 )
-from runtime.method_options import BASELINE
+from runtime.config.method_options import BASELINE
 
 if TYPE_CHECKING:
 
@@ -213,7 +213,7 @@ def _device_section(bench: BenchFile, slug: str) -> list[Block]:
             "Against the physical floor: each phase's mean time per call over the least time this device's peaks "
             "allow, max(bytes / bandwidth, FLOPs / matmul rate), with the bytes (weights once per forward, the KV "
             "cache of the context, the logits) and FLOPs counted from the shapes at the mean context of an image "
-            f"(`runtime.roofline`). Peaks: {roof.name if roof else '?'}, "
+            f"(`runtime.tools.roofline`). Peaks: {roof.name if roof else '?'}, "
             f"{(roof.bandwidth_bytes_per_s / 1e9) if roof else float('nan'):,.0f} GB/s ({roof.source if roof else '-'})."
         ))
         blocks.append(floors)

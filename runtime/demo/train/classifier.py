@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from runtime.demo.dataset import VAL_SEED
 from runtime.demo.train.inputs import Progress, images_tensor, no_progress
-from runtime.drafter_training import lr_at, set_lr
+from runtime.training.drafter_training import lr_at, set_lr
 
 # --------------------------------------------------------------------------------------------
 # 5. Classifier

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from runtime.demo.train.inputs import Progress, no_progress
-from runtime.drafter_training import lr_at, set_lr
+from runtime.training.drafter_training import lr_at, set_lr
 
 # --------------------------------------------------------------------------------------------
 # 4. Drafter
@@ -54,7 +54,7 @@ def train_drafter(drafter: "Drafter", gpt: "Transformer", tokens: torch.Tensor, 
     Drafter position p pairs image token z_p with target hidden h_p (h_0 = the class
     position); its output at p regresses h_{p+1}, for p = 0..S-2.
     """
-    from runtime.drafter_training import eagle_loss, freeze_for_training
+    from runtime.training.drafter_training import eagle_loss, freeze_for_training
 
     t0 = time.perf_counter()
     gen = torch.Generator().manual_seed(seed)

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from runtime.demo.train.inputs import Progress, no_progress
-from runtime.drafter_training import lr_at, set_lr
+from runtime.training.drafter_training import lr_at, set_lr
 
 # --------------------------------------------------------------------------------------------
 # 3. Target GPT

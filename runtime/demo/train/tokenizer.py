@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from runtime.demo.dataset import IMAGE_SIZE, VAL_SEED
 from runtime.demo.train.inputs import Progress, images_tensor, no_progress
-from runtime.drafter_training import lr_at, set_lr
+from runtime.training.drafter_training import lr_at, set_lr
 from runtime.models.configs import VQConfig
 from runtime.models.vq import VQModel
 

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from runtime.errors import UserError
+from runtime.utils.errors import UserError
 from runtime.models.configs import DrafterConfig, GPTConfig, VQ_CONFIGS, gpt_config
 from runtime.models.loading.drafter_folder import load_drafter_folder
 from runtime.models.loading.files import read_checkpoint

@@ -10,7 +10,7 @@ from typing import Any, Mapping
 
 from torch import Tensor, nn
 
-from runtime.errors import UserError
+from runtime.utils.errors import UserError
 from runtime.models.loading.files import read_safetensors, state_of, read_json, write_json, write_safetensors
 
 BUNDLE_MANIFEST = "manifest.json"

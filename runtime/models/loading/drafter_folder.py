@@ -10,8 +10,8 @@ from typing import Any, Mapping
 import torch
 from torch import Tensor, nn
 
-from runtime.atomic import atomic_path
-from runtime.errors import UserError
+from runtime.utils.atomic import atomic_path
+from runtime.utils.errors import UserError
 from runtime.models.configs import DrafterConfig, check_positive
 from runtime.models.loading.files import first_line, state_of, read_json, write_json, write_safetensors
 from runtime.models.loading.hf_llamagen import read_hf_weights

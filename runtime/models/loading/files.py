@@ -18,8 +18,8 @@ from typing import Any, Mapping
 import torch
 from torch import Tensor, nn
 
-from runtime.atomic import atomic_write_bytes, atomic_write_text
-from runtime.errors import UserError
+from runtime.utils.atomic import atomic_write_bytes, atomic_write_text
+from runtime.utils.errors import UserError
 
 TRUST_FLAG = "--trust-checkpoint"
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")

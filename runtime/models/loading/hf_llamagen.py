@@ -11,7 +11,7 @@ from typing import Any, Mapping
 import torch
 from torch import Tensor
 
-from runtime.errors import UserError
+from runtime.utils.errors import UserError
 from runtime.models.configs import GPTConfig, check_positive, find_multiple
 from runtime.models.loading.files import first_line, read_safetensors, read_checkpoint, read_json
 from runtime.models.loading.strict import HARMLESS_EXTRA, shape_text

@@ -9,7 +9,7 @@ from typing import Mapping
 import torch
 from torch import Tensor, nn
 
-from runtime.errors import UserError
+from runtime.utils.errors import UserError
 
 # Keys that official files may carry but that hold no weights: the RoPE table (some old
 # checkpoints stored it), KV-cache buffers (a state dict taken after `setup_caches`), HF rotary

@@ -10,9 +10,9 @@ from typing import Any, Sequence
 
 from runtime.core import MethodSpec, SamplingParams
 from runtime.core.tree import load_tree
-from runtime.errors import UserError
-from runtime.loading import LoadedModel
-from runtime.method_options import FLAG_METHODS, METHOD_TABLE, OPTION_TYPES, SAMPLING_KEYS, Drafting, RelaxKind
+from runtime.utils.errors import UserError
+from runtime.generation.loading import LoadedModel
+from runtime.config.method_options import FLAG_METHODS, METHOD_TABLE, OPTION_TYPES, SAMPLING_KEYS, Drafting, RelaxKind
 
 _log = logging.getLogger(__name__)
 

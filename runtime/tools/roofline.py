@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
-from runtime.method_options import Drafting
+from runtime.config.method_options import Drafting
 
 if TYPE_CHECKING:
     from backends import Backend

@@ -1,5 +1,5 @@
 """What `runtime run`, `bench`, `sample` and `serve` share once a model is loaded and its
-settings resolved (`runtime.loading`, `runtime.settings`): a decoder, generation with phase
+settings resolved (`runtime.generation.loading`, `runtime.generation.settings`): a decoder, generation with phase
 timings, VQ decoding, image grids, and out-of-memory errors in one line."""
 
 
@@ -16,8 +16,8 @@ import torch
 from runtime.core import MethodSpec, SlotDecoder, generate, neighbours_for
 from runtime.core.generate import new_decoder
 from runtime.core.law import WATCH_EVERY, watches_law
-from runtime.errors import UserError
-from runtime.loading import LoadedModel
+from runtime.utils.errors import UserError
+from runtime.generation.loading import LoadedModel
 
 if TYPE_CHECKING:
     from backends import Backend

@@ -2,7 +2,7 @@
 
 Beside the tree search, tune decodes one workload (N images, classes cycled) with AR and with
 every candidate relaxation of the tuned tree, all from the same per-image seeds, and judges each
-candidate's images against AR's (`runtime.quality_budget`: paired differences of every figure,
+candidate's images against AR's (`runtime.tools.quality_budget`: paired differences of every figure,
 judged against the AR-vs-AR band at the same N). The candidates: the exact tree (lambda 1, the
 image law is AR's), and every rule x lambda asked for. The choice is the fastest candidate within
 `budget` times the band on every figure; the exact tree always competes, so a budget no relaxed
@@ -31,9 +31,9 @@ import torch
 from runtime.core import MethodSpec
 from runtime.core.rng import derive_seed
 from runtime.demo.quality import DemoScores
-from runtime.errors import UserError
-from runtime.pipeline import decode_tokens, make_decoder, timed_many
-from runtime.quality_budget import RESAMPLES, band, judge, paired
+from runtime.utils.errors import UserError
+from runtime.generation.pipeline import decode_tokens, make_decoder, timed_many
+from runtime.tools.quality_budget import RESAMPLES, band, judge, paired
 
 if TYPE_CHECKING:
     from backends import Backend

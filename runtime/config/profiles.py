@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, StringConstraints, ValidationError, create_model
 
-from runtime.errors import UserError
-from runtime.method_options import METHOD_DECLS, METHOD_OPTIONS, METHODS, MethodOption
-from runtime.toml_compat import tomllib
+from runtime.utils.errors import UserError
+from runtime.config.method_options import METHOD_DECLS, METHOD_OPTIONS, METHODS, MethodOption
+from runtime.config.toml_compat import tomllib
 
 if TYPE_CHECKING:
     import torch
@@ -99,7 +99,7 @@ class TreeSettings(_Section):
 
 
 def _key_type(option: MethodOption) -> Any:
-    """A `[method]` key's type from the option's declaration (runtime.method_options)."""
+    """A `[method]` key's type from the option's declaration (runtime.config.method_options)."""
     if option.choices is not None:
         return _choice(option.choices)
     if option.kind is bool:

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from runtime.core.opcount import PHASES
-from runtime.method_options import RelaxKind
+from runtime.config.method_options import RelaxKind
 
 if TYPE_CHECKING:
     from backends import Backend

@@ -22,7 +22,7 @@ Two stages, the way LANTERN builds its drafters:
 The result is a LANTERN-layout drafter folder (`config.json` + `model.safetensors`, what `--drafter`
 loads) with `manifest.json` recording the data, the command and the metrics.
 
-Under `torchrun` (`ctx`, a `runtime.distributed.DistContext`) both stages are data-parallel: each
+Under `torchrun` (`ctx`, a `runtime.utils.distributed.DistContext`) both stages are data-parallel: each
 rank generates a contiguous block of the images (image i's seed depends on i only, so the data is
 the single process's) and writes its own shards, rank 0 writes the index; in training each rank
 takes every world_size-th image of the step's batch and the gradients are averaged across ranks,
@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from runtime.errors import UserError
+from runtime.utils.errors import UserError
 
 Progress = Callable[[str, int, int, dict[str, float]], None]
 NULL_CLASS_SHARE = 0.1  # rows teacher-forced under the null class (CFG's unconditional rows)
@@ -113,7 +113,7 @@ def distill(target: Any, data_dir: Path, classes: Sequence[int] | torch.Tensor |
     runs through the runtime's own AR decoder. With `ctx` (torchrun) each rank makes a contiguous
     block of the images; every rank returns the index (rank 0 writes it).
     """
-    from runtime.distributed import DistContext, barrier, gather_objects, shard_bounds
+    from runtime.utils.distributed import DistContext, barrier, gather_objects, shard_bounds
 
     ctx = ctx or DistContext()
     from safetensors.torch import save_file
@@ -305,7 +305,7 @@ def train(drafter: Any, target: Any, data_dir: Path, out_dir: Path, settings: Tr
     """
     import torch.distributed as dist
 
-    from runtime.distributed import DistContext, barrier
+    from runtime.utils.distributed import DistContext, barrier
 
     ctx = ctx or DistContext()
     if settings.batch % ctx.world_size:
@@ -365,7 +365,7 @@ def train(drafter: Any, target: Any, data_dir: Path, out_dir: Path, settings: Tr
 
 
 def _save_checkpoint(path: Path, step: int, drafter: Any, opt: torch.optim.Optimizer) -> None:
-    from runtime.atomic import atomic_path
+    from runtime.utils.atomic import atomic_path
 
     with atomic_path(path) as tmp:
         torch.save({"step": step, "drafter": drafter.state_dict(), "optimizer": opt.state_dict()}, tmp)

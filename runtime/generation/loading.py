@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from runtime.errors import UserError
+from runtime.utils.errors import UserError
 
 _log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from typing import Any, Iterable, Mapping, Sequence, TypeVar
 import torch
 import torch.distributed as dist
 
-from runtime.errors import UserError
+from runtime.utils.errors import UserError
 
 T = TypeVar("T")
 

@@ -13,7 +13,7 @@ def open_backend(device: str, profile_name: str | None, graph: bool | None, dtyp
                  index: int | None = None) -> tuple[Any, Any]:
     """(backend, profile): the backend for --device and the profile for it (or --profile-name)."""
     from backends import get_backend
-    from runtime.profiles import default_profile_for, load_profile
+    from runtime.config.profiles import default_profile_for, load_profile
 
     given = load_profile(profile_name) if profile_name else None
     # Gaudi's lazy/eager mode is fixed when habana_frameworks is first imported, which probing

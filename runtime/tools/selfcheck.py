@@ -28,7 +28,7 @@ import torch
 from runtime.core import Decoder, MethodSpec, SamplingParams, neighbours_for
 from runtime.core.opcount import phase_ops
 from runtime.core.sampling import sample
-from runtime.method_options import BASELINE, METHOD_TABLE, METHODS, Drafting
+from runtime.config.method_options import BASELINE, METHOD_TABLE, METHODS, Drafting
 
 if TYPE_CHECKING:
     from backends import Backend
@@ -222,8 +222,8 @@ def measure_xl_shape(backends: dict[str, Any], repeats: int = 3, roof: Any = Non
     `cfg`: another GPT config to time the same way (tests use a tiny one)."""
     from backends.base import dtype_name
     from runtime.models.configs import gpt_config
-    from runtime.roofline import decoder_phases, floors
-    from runtime.step_timing import random_models, random_neighbours, time_steps
+    from runtime.tools.roofline import decoder_phases, floors
+    from runtime.tools.step_timing import random_models, random_neighbours, time_steps
 
     cfg = cfg or gpt_config("GPT-XL", image_size=256)
     name = "GPT-XL c2i 256px" if cfg.n_layer == 36 and cfg.dim == 1280 else f"{cfg.n_layer} layers x {cfg.dim}"

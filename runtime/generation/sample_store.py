@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from runtime.atomic import atomic_path, atomic_write_text, sweep_stale
-from runtime.errors import FILE_FAULTS, UserError
+from runtime.utils.atomic import atomic_path, atomic_write_text, sweep_stale
+from runtime.utils.errors import FILE_FAULTS, UserError
 from runtime.metrics.adm import LABELS, write_npz
 from runtime.metrics.images import SAMPLES_FILE
 

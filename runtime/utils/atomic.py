@@ -20,7 +20,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from runtime.errors import UserError
+from runtime.utils.errors import UserError
 
 
 def umask_mode(base: int = 0o666) -> int:

@@ -48,8 +48,8 @@ import torch
 
 from runtime.core.methods import MethodSpec
 from runtime.core.tree import StaticTree, validate_paths
-from runtime.errors import UserError
-from runtime.method_options import Drafting
+from runtime.utils.errors import UserError
+from runtime.config.method_options import Drafting
 
 if TYPE_CHECKING:
     from backends import Backend
@@ -457,7 +457,7 @@ def occupancy_table(loaded: Any, specs: dict[str, MethodSpec], backend: Backend,
     that captures its steps; images per second from the synchronised wall time.
     Rows {"occupancy", "images_per_s": {method: value}, "fastest"}."""
     from runtime.core.rng import derive_seed
-    from runtime.pipeline import make_decoder, timed_many
+    from runtime.generation.pipeline import make_decoder, timed_many
 
     rows = []
     total, done = len(occupancies) * len(specs), 0

@@ -8,9 +8,9 @@ generated from `METHOD_OPTIONS`:
 - the command-line options of `runtime run`, `bench`, `tune` and `sample`
   (`runtime.cli.options.with_method_options`), grouped by panel, with their readers;
 - `MethodFlags`, the options as given (None = not given), and `FLAG_METHODS`, which lets
-  `runtime.settings.resolve_spec` refuse a flag none of a run's methods reads;
+  `runtime.generation.settings.resolve_spec` refuse a flag none of a run's methods reads;
 - `OPTION_TYPES`, the per-entry options of `runtime bench --methods`;
-- the profile's `[method]` keys and their ranges (`runtime.profiles.MethodSettings`).
+- the profile's `[method]` keys and their ranges (`runtime.config.profiles.MethodSettings`).
 
 Adding an option: declare it here, add the field to `MethodSpec` (or `SamplingParams`) where it
 is used, and test it.
