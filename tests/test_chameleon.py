@@ -535,19 +535,14 @@ def test_runtime_serve_answers_chameleon_prompts_as_runtime_run_with_that_prompt
     import numpy as np
     from fastapi.testclient import TestClient
 
+    from runtime import ImageGenerator
     from runtime.cli.serve_cmd import _conditioner
-    from runtime.generation.device_setup import open_backend
-    from runtime.generation.loading import load_model
     from runtime.serve import build_server
-    from runtime.generation.settings import resolve_spec
 
-    backend, prof = open_backend("cpu", None, False, None)
-    loaded = load_model(model=str(folder / "Anole-tiny"), gpt_model=None, gpt_ckpt=None,
-                        vq_ckpt=str(folder / "vqgan.ckpt"), image_size=None, drafter=str(folder / "drafter"),
-                        gpt_type="c2i", trust=False, device=backend.device, dtype=backend.dtype)
-    spec = resolve_spec("lantern++", {"tree": "chain3"}, prof, loaded.recommended)
-    app, engine, _ = build_server(loaded, spec, backend, batch_size=2, max_queue=8, timeout_s=120,
-                                  conditioner=_conditioner(loaded, backend, None, 12))
+    gen = ImageGenerator(str(folder / "Anole-tiny"), vq_ckpt=str(folder / "vqgan.ckpt"), drafter=str(folder / "drafter"),
+                         device="cpu", graph=False, method="lantern++", tree="chain3")
+    app, engine, _ = build_server(gen.loaded, gen.spec_for(2), gen.backend, batch_size=2, max_queue=8, timeout_s=120,
+                                  conditioner=_conditioner(gen, 12))
     try:
         assert engine.ready.wait(120)
         client = TestClient(app)

@@ -59,18 +59,41 @@ def bench(
     for flag, value in (("--tau-from", tau_from), ("--tau", tau)):
         if value is not None:
             raise UserError(f"{flag} is for --shape projections; add --shape NAME or drop {flag}")
-    methods = methods or "ar,sd,eagle2,lantern,lantern++"
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from runtime.bench.runner import bench as run_bench
-    from runtime.bench.runner import plan_runs
-    from runtime.utils.atomic import publish_folder, writing
     from runtime.bench.grids import grids_dir, write_grids
+    from runtime.bench.runner import plan_runs
     from runtime.bench.schema import save_bench
+    from runtime.utils.atomic import publish_folder, writing
+
+    method_list = _check_bench_flags(methods or "ar,sd,eagle2,lantern,lantern++", repeats, warmup, out, num_images)
+    plan = plan_runs(method_list, sweep)
+    if batch_size is not None and any(p.batch_size is not None for p in plan):
+        raise UserError("--batch-size and --sweep batch=... both set the batch size; give one")
+    settings = {"device": device, "profile_name": profile_name, "graph": graph, "dtype": dtype,
+                "attention": attention, "classes": classes, "num_images": num_images, "seed": seed,
+                "batch_size": batch_size, "repeats": repeats, "warmup": warmup, "quality": quality,
+                "interleave": interleave, "measure_law": measure_law}
+    grids: list = []
+    traces = Path(out).with_suffix(".traces")
+    trace_staging = _staging_folder(traces) if profile else None
+    try:
+        result = _measure(source, flags.as_dict(), plan, settings, trace_staging,
+                          on_images=lambda i, images: grids.append((i, images)))
+        with writing(f"--out {out}"):
+            path = save_bench(result, out)
+            write_grids(grids, grids_dir(path))
+            if trace_staging is not None:
+                publish_folder(trace_staging, traces)
+    finally:
+        if trace_staging is not None:
+            shutil.rmtree(trace_staging, ignore_errors=True)  # already gone once published
+    _print_bench(result, path)
+
+
+def _check_bench_flags(methods: str, repeats: int | None, warmup: int | None, out: str,
+                       num_images: int | None) -> list[str]:
+    """The --methods list, once the flags a measured bench reads are checked."""
     from runtime.core.methods import METHODS
-    from runtime.models.layers import use_attention_kernel
-    from runtime.generation.loading import parse_classes
+    from runtime.generation.workload import check_num_images
 
     method_list = [m.strip() for m in methods.split(",") if m.strip()]
     if not method_list:
@@ -80,49 +103,48 @@ def bench(
             raise UserError(f"{name} must be >= {1 if name == '--repeats' else 0}, got {value}")
     if Path(out).is_dir():
         raise UserError(f"--out {out}: is a folder; --out names the result file, e.g. {Path(out) / 'bench.json'}")
-    opt.check_num_images(num_images)
-    plan = plan_runs(method_list, sweep)
-    flags = flags.as_dict()
-    grids: list = []
-    traces = Path(out).with_suffix(".traces")
-    trace_staging = _staging_folder(traces) if profile else None
-    try:
-        with use_attention_kernel(attention):  # refuses an unknown kernel before any work
-            backend, prof = opt.open_backend(device, profile_name, graph, dtype)
-            loaded = source.load(backend)
-            if loaded.config.model_type != "c2i":
-                raise UserError("runtime bench supports class-conditional models for now; use runtime run for t2i")
-            conditions = parse_classes(classes, num_images, loaded)
-            from runtime.generation.settings import resolve_spec
+    check_num_images(num_images)
+    return method_list
 
-            for p in plan:  # refuse bad settings before the long part starts
-                resolve_spec(p.method, {**flags, **p.overrides}, prof, loaded.recommended,
-                             run_methods=sorted({q.method for q in plan}))
 
-            batch = min(opt.batch_size(batch_size, prof), len(conditions))  # never wider than the workload
-            if batch_size is not None and any(p.batch_size is not None for p in plan):
-                raise UserError("--batch-size and --sweep batch=... both set the batch size; give one")
-            with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
-                task = bar.add_task("bench", total=None)
+def _measure(source: Any, flags: dict[str, Any], plan: list[Any], s: dict[str, Any], trace_dir: Path | None,
+             on_images: Any) -> Any:
+    """Open the model through the generation layer, refuse bad settings before the long part,
+    and run the planned methods (`runtime.bench.runner.bench`)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-                def progress(label: str, done: int, total: int) -> None:
-                    bar.update(task, description=f"bench: {label}", completed=done, total=total)
+    from runtime.bench.runner import bench as run_bench
+    from runtime.generation.device_setup import open_model
+    from runtime.generation.loading import parse_classes
+    from runtime.generation.settings import resolve_spec
+    from runtime.generation.workload import batch_size as batch_of
+    from runtime.models.layers import use_attention_kernel
 
-                result = run_bench(loaded, backend, prof, plan, flags, conditions, seed=seed,
-                                   warmup=prof.bench.warmup if warmup is None else warmup,
-                                   repeats=prof.bench.repeats if repeats is None else repeats,
-                                   quality=quality, command_line=INVOCATION or ["runtime"] + sys.argv[1:],
-                                   interleave=interleave, batch_size=batch, progress=progress,
-                                   on_images=lambda i, images: grids.append((i, images)),
-                                   trace_dir=trace_staging, measure_law=measure_law)
-            with writing(f"--out {out}"):
-                path = save_bench(result, out)
-                write_grids(grids, grids_dir(path))
-                if trace_staging is not None:
-                    publish_folder(trace_staging, traces)
-    finally:
-        if trace_staging is not None:
-            shutil.rmtree(trace_staging, ignore_errors=True)  # already gone once published
+    with use_attention_kernel(s["attention"]):  # refuses an unknown kernel before any work
+        backend, prof, loaded = open_model(source, s["device"], s["profile_name"], s["graph"], s["dtype"])
+        if loaded.config.model_type != "c2i":
+            raise UserError("runtime bench supports class-conditional models for now; use runtime run for t2i")
+        conditions = parse_classes(s["classes"], s["num_images"], loaded)
+        for p in plan:  # refuse bad settings before the long part starts
+            resolve_spec(p.method, {**flags, **p.overrides}, prof, loaded.recommended,
+                         run_methods=sorted({q.method for q in plan}))
+        batch = min(batch_of(s["batch_size"], prof), len(conditions))  # never wider than the workload
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
+            task = bar.add_task("bench", total=None)
+
+            def progress(label: str, done: int, total: int) -> None:
+                bar.update(task, description=f"bench: {label}", completed=done, total=total)
+
+            return run_bench(loaded, backend, prof, plan, flags, conditions, seed=s["seed"],
+                             warmup=prof.bench.warmup if s["warmup"] is None else s["warmup"],
+                             repeats=prof.bench.repeats if s["repeats"] is None else s["repeats"],
+                             quality=s["quality"], command_line=INVOCATION or ["runtime"] + sys.argv[1:],
+                             interleave=s["interleave"], batch_size=batch, progress=progress, on_images=on_images,
+                             trace_dir=trace_dir, measure_law=s["measure_law"])
+
+
+def _print_bench(result: Any, path: Path) -> None:
+    from rich.console import Console
 
     from runtime.bench.report import bench_warnings, floor_line, summary_line
 

@@ -6,7 +6,6 @@ then to the model's recommended settings (see runtime.generation.settings.resolv
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import inspect
 import typing
@@ -16,6 +15,7 @@ import typer
 
 from runtime.utils.errors import UserError
 from runtime.config.method_options import METHOD_OPTIONS, METHODS, OPTIONS_BY_NAME, MethodFlags
+from runtime.generation.source import ModelSource
 from runtime.generation.device_setup import open_backend  # noqa: F401 - the commands' backend and profile, re-exported
 
 if TYPE_CHECKING:
@@ -97,35 +97,6 @@ MODEL_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
 )
 
 
-@dataclasses.dataclass(frozen=True)
-class ModelSource:
-    """Where a command's model comes from: the model options as given (`MODEL_OPTIONS`)."""
-
-    model: str | None = None
-    model_revision: str | None = None
-    gpt_model: str | None = None
-    gpt_ckpt: str | None = None
-    gpt_type: str = "c2i"
-    vq_ckpt: str | None = None
-    image_size: int | None = None
-    drafter: str | None = None
-    trust_checkpoint: bool = False
-
-    @classmethod
-    def pick(cls, params: dict[str, Any]) -> "ModelSource":
-        """The model options out of a command's parameters (`runtime sample` takes run's)."""
-        return cls(**{name: params[name] for name, _, _ in MODEL_OPTIONS})
-
-    def load(self, backend: Backend) -> Any:
-        """The model on the backend's device and dtype (`runtime.generation.loading.load_model`)."""
-        from runtime.generation.loading import load_model
-
-        return load_model(model=self.model, gpt_model=self.gpt_model, gpt_ckpt=self.gpt_ckpt, vq_ckpt=self.vq_ckpt,
-                          image_size=self.image_size, drafter=self.drafter, gpt_type=self.gpt_type,
-                          trust=self.trust_checkpoint, device=backend.device, dtype=backend.dtype,
-                          revision=self.model_revision)
-
-
 def with_model_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Decorator for a command taking `source: ModelSource`: its command line gets the model
     options (`MODEL_OPTIONS`) in place of `source`, and the function receives them as one
@@ -133,38 +104,3 @@ def with_model_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     generated = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
                  for name, annotation, default in MODEL_OPTIONS]
     return _inject(fn, "source", generated, lambda given: ModelSource(**given))
-
-
-def prompt_length(flag: int | None, model_type: str, default: int | None = None) -> int | None:
-    """--prompt-length for a model of `model_type`: refused where it does nothing (not Chameleon)
-    or below 2 (bos and the image start); `default` where not given."""
-    if flag is not None and model_type != "chameleon":
-        raise UserError("--prompt-length is for prompted models (Chameleon, Janus, Emu3: their prompts are token "
-                        "prefixes); drop it")
-    length = default if flag is None else flag
-    if length is not None and length < 2:
-        raise UserError(f"--prompt-length must be >= 2 (bos and the image start), got {length}")
-    return length
-
-
-IN_MEMORY_IMAGES = 100_000  # run / bench keep every image in memory; beyond this, runtime sample
-SAMPLE_IMAGES = 10_000_000  # runtime sample keeps one condition per image
-
-
-def check_num_images(flag: int | None, limit: int = IN_MEMORY_IMAGES) -> None:
-    """Refuse --num-images below 1 or above what the command can hold (`limit`)."""
-    if flag is None:
-        return
-    if flag < 1:
-        raise UserError(f"--num-images must be >= 1, got {flag}")
-    if flag > limit:
-        hint = ("use runtime sample (chunked, resumable, flat memory)" if limit == IN_MEMORY_IMAGES
-                else "split the work into several sampling runs")
-        raise UserError(f"--num-images {flag:,} is more than this command holds ({limit:,}); {hint}")
-
-
-def batch_size(flag: int | None, profile: Any) -> int:
-    """--batch-size if given, else the profile's `[device] batch_size`; refuses values below 1."""
-    if flag is not None and flag < 1:
-        raise UserError(f"--batch-size must be >= 1, got {flag}")
-    return flag if flag is not None else profile.device.batch_size

@@ -19,10 +19,12 @@ from runtime.cli import options as opt
 from runtime.cli.app import app
 from runtime.utils.atomic import check_run_folder, publish_folder, staging_folder, writing
 from runtime.utils.errors import UserError
-from runtime.cli.workload import merge_stats, process_group_backend, select, software_record, workload_conditions
+from runtime.cli.workload import process_group_backend, software_record
 
 if TYPE_CHECKING:
     from backends import Backend
+    from runtime.generation.generator import ImageGenerator
+    from runtime.generation.workload import Workload
 
 
 RESULT_SCHEMA_VERSION = 1
@@ -52,62 +54,35 @@ def run(
     profile: bool = typer.Option(False, "--profile", help="Write a torch.profiler trace (trace.json) beside the images."),
 ) -> None:
     """Generate images (default: the embedded demo with LANTERN++ sampling) into --out."""
+    from runtime.generation.generator import ImageGenerator
+    from runtime.generation.workload import check_num_images, read_prompt_file
     from runtime.utils.distributed import destroy, gather_objects, init_distributed, shard
-    from runtime.models.layers import set_attention_kernel
-    from runtime.generation.pipeline import make_decoder, run_generation
-    from runtime.generation.settings import AUTO, auto_method, resolve_spec, sampling_sources
 
-    opt.check_num_images(num_images)
+    check_num_images(num_images)
     if not out.strip():
         raise UserError("--out is empty; give the output folder's path")
     out_dir = Path(out)
     check_run_folder(out_dir, force, marker="result.json")
-
-    previous_kernel = set_attention_kernel(attention)  # refuses an unknown kernel before any work
     ctx = init_distributed(process_group_backend(device))
     try:
-        backend, prof = opt.open_backend(device, profile_name, graph, dtype, index=ctx.device_index)
-        loaded = source.load(backend)
-        auto = method == AUTO  # the profile's fastest lossless method at this run's batch occupancy
-        spec = None if auto else resolve_spec(method, flags.as_dict(), prof, loaded.recommended)
-        conditions, cond_masks, labels = workload_conditions(loaded, classes, prompts, t5_path, num_images, backend,
-                                                     prompt_length)
-        n = len(labels)
-        mine = shard(list(range(n)), ctx)
-        # no wider than the images this rank makes: --batch-size 10000 for 2 images decodes 2 at once
-        batch = min(opt.batch_size(batch_size, prof), max(len(mine), 1))
-        if spec is None:
-            spec = resolve_spec(auto_method(prof, batch, flags.as_dict()), flags.as_dict(), prof, loaded.recommended,
-                                lossless=True)
-        sources = sampling_sources(flags.as_dict(), prof, loaded, spec)
-        if auto:
-            sources["method"] = f"--method auto: profile {prof.name} [auto] at occupancy {batch}"
-        decoder = make_decoder(loaded, spec, backend, batch_size=batch)
-
-        my_conditions = select(conditions, mine)
-        my_masks = cond_masks[mine] if cond_masks is not None else None
-        backend.reset_peak_memory()
+        gen = ImageGenerator.from_source(
+            source, flags.as_dict(), device=device, profile=profile_name, dtype=dtype, graph=graph, method=method,
+            attention=attention, batch_size=batch_size, t5_path=t5_path, prompt_length=prompt_length,
+            device_index=ctx.device_index)
+        work = gen.workload(prompts=read_prompt_file(prompts) if prompts is not None else None, classes=classes,
+                            num_images=num_images)
+        mine = shard(list(range(len(work))), ctx)
         staging = None
         if ctx.is_main:
             with writing(f"--out {out}"):
                 staging = staging_folder(out_dir)
         try:
             trace = staging / "trace.json" if (profile and staging is not None) else None
-            if mine:
-                with _progress(len(mine), spec.method, enabled=ctx.is_main) as advance:
-                    result = _maybe_profiled(backend, trace, lambda: run_generation(
-                        loaded, spec, my_conditions, seed=seed, backend=backend, indices=mine,
-                        cond_masks=my_masks, decoder=decoder, on_image=lambda j, t: advance()))
-                part = {"rank": ctx.rank, "indices": mine, "tokens": result.tokens.numpy(), "images": result.images,
-                        "seeds": result.seeds, "stats": result.stats, "total_s": result.total_s,
-                        "phases": result.phases, "memory": backend.memory_stats(), "device": backend.info()}
-            else:  # more ranks than images: this rank has none, and says so in the gathered parts
-                part = _idle_part(ctx.rank, backend)
+            part = _generate_part(gen, work, mine, seed, ctx, trace)
             parts = gather_objects(part, ctx)
             if ctx.is_main:
-                settings = {"sampling_source": sources, "attention": attention, "batch_size": batch}
                 with writing(f"--out {out}"):
-                    summary = _write_outputs(staging, parts, n, labels, loaded, spec, prof, backend, seed, settings)
+                    summary = _write_outputs(staging, parts, work.labels, gen, seed)
                     publish_folder(staging, out_dir)
                 staging = None
                 _print_summary(summary, out_dir)
@@ -116,7 +91,22 @@ def run(
                 shutil.rmtree(staging, ignore_errors=True)
     finally:
         destroy(ctx)
-        set_attention_kernel(previous_kernel)
+
+
+def _generate_part(gen: ImageGenerator, work: Workload, mine: list[int], seed: int, ctx: Any,
+                   trace: Path | None) -> dict[str, Any]:
+    """This rank's share of the images (`mine`), as the record rank 0 gathers."""
+    backend = gen.backend
+    if not mine:  # more ranks than images: this rank has none, and says so in the gathered parts
+        return _idle_part(ctx.rank, backend)
+    backend.reset_peak_memory()
+    with _progress(len(mine), gen.spec_for(gen.default_batch).method, enabled=ctx.is_main) as advance:
+        result = _maybe_profiled(backend, trace, lambda: gen.run(work.select(mine), seed=seed, indices=mine,
+                                                                 on_image=lambda j, t: advance()))
+    return {"rank": ctx.rank, "indices": mine, "tokens": result.tokens.numpy(), "images": result.arrays,
+            "seeds": result.seeds, "stats": result.stats, "total_s": result.timings["total_s"],
+            "phases": result.timings["phases"], "memory": backend.memory_stats(), "device": backend.info(),
+            "method": result.method, "batch_size": result.batch_size, "sources": result.sources}
 
 
 def _idle_part(rank: int, backend: Backend) -> dict[str, Any]:
@@ -157,67 +147,77 @@ def _maybe_profiled(backend, trace: Path | None, fn):
         return fn()
 
 
-def _write_outputs(staging: Path, parts: list[dict], n: int, labels: list, loaded, spec, prof, backend, seed: int,
-                   settings: dict[str, Any]) -> dict:
-    """Write images, grid, tokens and result.json into `staging`. `settings`: "sampling_source"
-    (where each sampling setting came from), "attention" (the kernel setting) and "batch_size"."""
+def _write_outputs(staging: Path, parts: list[dict[str, Any]], labels: list[Any], gen: ImageGenerator,
+                   seed: int) -> dict[str, Any]:
+    """Write images, grid, tokens and result.json into `staging`; returns the result record."""
     import numpy as np
-    from PIL import Image
 
     from runtime.utils.distributed import merge_indexed
-    from runtime.generation.pipeline import image_grid
 
+    n = len(labels)
+    done = [p for p in parts if p["indices"]]
     tokens = np.stack(merge_indexed([list(zip(p["indices"], p["tokens"])) for p in parts], n))
     images = np.stack(merge_indexed([list(zip(p["indices"], p["images"])) for p in parts], n))
     seeds = merge_indexed([list(zip(p["indices"], p["seeds"])) for p in parts], n)
+    records = _write_images(staging, images, labels, seeds, gen.loaded.class_names)
+    np.save(staging / "tokens.npy", tokens.astype(np.int64))
+    result = _result_record(parts, gen, seed, n, batch=done[0]["batch_size"], sources=done[0]["sources"],
+                            method=done[0]["method"])
+    result["images"] = records
+    (staging / "result.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
+def _write_images(staging: Path, images: Any, labels: list[Any], seeds: list[int],
+                  class_names: list[str] | None) -> list[dict[str, Any]]:
+    """Each image as image_NNNN_cK.png (a class) or _p.png (a prompt), and the grid; their records."""
+    from PIL import Image
+
+    from runtime.generation.pipeline import image_grid
+
     records = []
-    for i in range(n):
-        label = labels[i]
+    for i, label in enumerate(labels):
         tag = f"c{label}" if isinstance(label, int) else "p"
         name = f"image_{i:04d}_{tag}.png"
         Image.fromarray(images[i]).save(staging / name)
         record: dict[str, Any] = {"index": i, "file": name, "seed": seeds[i]}
         record["class" if isinstance(label, int) else "prompt"] = label
-        if isinstance(label, int) and loaded.class_names is not None and label < len(loaded.class_names):
-            record["class_name"] = loaded.class_names[label]
+        if isinstance(label, int) and class_names is not None and label < len(class_names):
+            record["class_name"] = class_names[label]
         records.append(record)
     Image.fromarray(image_grid(images)).save(staging / "grid.png")
-    np.save(staging / "tokens.npy", tokens.astype(np.int64))
+    return records
 
+
+def _result_record(parts: list[dict[str, Any]], gen: ImageGenerator, seed: int, n: int, *, batch: int,
+                   sources: dict[str, str], method: str) -> dict[str, Any]:
+    """result.json's fields but the images' (docs/cli.md: "runtime run"'s result file)."""
+    from runtime.core.law import bound_warning
+    from runtime.generation.workload import merge_stats
+
+    loaded, backend = gen.loaded, gen.backend
+    spec = gen.spec_for(batch)
     stats = merge_stats([p["stats"] for p in parts])
     total_s = max(p["total_s"] for p in parts)  # ranks run concurrently: wall time is the slowest
-    phases = _merge_phases([p["phases"] for p in parts])
     device = dict(parts[0]["device"])
     device.update(backend=backend.name, count=len(parts) if len(parts) > 1 else device.get("count", 1))
     result = {
-        "schema_version": RESULT_SCHEMA_VERSION,
-        "software": software_record(),
-        "method": spec.method,
-        "device": device,
+        "schema_version": RESULT_SCHEMA_VERSION, "software": software_record(), "method": method, "device": device,
         "model": {"name": loaded.name, "params": loaded.params, "tokens_per_image": loaded.config.block_size,
                   "image_size": loaded.image_size, "type": loaded.config.model_type},
-        "sampling": spec.describe(),
-        "sampling_source": settings["sampling_source"],
-        "attention": settings["attention"],
-        "batch_size": settings["batch_size"],
-        "num_images": n,
-        "seed": seed,
-        "stats": stats,
-        "timing": {"total_s": total_s, "images_per_s": n / total_s if total_s > 0 else None, "phases": phases,
+        "sampling": spec.describe(), "sampling_source": sources, "attention": gen.attention, "batch_size": batch,
+        "num_images": n, "seed": seed, "stats": stats,
+        "timing": {"total_s": total_s, "images_per_s": n / total_s if total_s > 0 else None,
+                   "phases": _merge_phases([p["phases"] for p in parts]),
                    "graph": bool(backend.graph_mode), "dtype": str(backend.dtype).replace("torch.", "")},
         "memory": {"peak_bytes": max(p["memory"]["peak_bytes"] for p in parts)},
-        "profile": prof.to_dict(),
-        "images": records,
+        "profile": gen.profile.to_dict(),
+        "bound_warning": bound_warning(spec, stats["step_tvd"], stats["step_tvd_bound"], stats["law_steps"]),
     }
-    from runtime.core.law import bound_warning
-
-    warning = bound_warning(spec, stats["step_tvd"], stats["step_tvd_bound"], stats["law_steps"])
-    result["bound_warning"] = warning
     if len(parts) > 1:
         result["ranks"] = [{"rank": p["rank"], "num_images": len(p["indices"]), "total_s": p["total_s"],
                             "images_per_s": len(p["indices"]) / p["total_s"] if p["total_s"] > 0 else None}
                            for p in parts]
-    (staging / "result.json").write_text(json.dumps(result, indent=2))
     return result
 
 

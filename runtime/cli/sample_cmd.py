@@ -15,19 +15,16 @@ import sys
 import time
 import typing
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
 from runtime.cli import options as opt
 from runtime.cli.app import app
 from runtime.cli.run_cmd import run
-from runtime.cli.workload import merge_stats, process_group_backend, select, software_record, workload_conditions
+from runtime.cli.workload import process_group_backend, software_record
+from runtime.utils.atomic import writing
 from runtime.utils.errors import UserError
-
-if TYPE_CHECKING:
-    from backends import Backend
-
 
 NOT_FROM_RUN = ("out", "force", "profile")  # run's own output options; sample has its own
 RESUME = "then run the same command again: it keeps the chunks already written"
@@ -44,76 +41,38 @@ PerClass = Annotated[Optional[int], typer.Option("--per-class", help="Class-cond
 
 def sample(**params: Any) -> None:
     """Generate many images into ADM's .npz layout (arr_0 images, arr_1 labels), sharded and resumable."""
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                               TimeRemainingColumn)
-
-    from runtime.utils.atomic import writing
+    from runtime.generation.generator import ImageGenerator
+    from runtime.generation.sample_store import plan
+    from runtime.generation.source import ModelSource
+    from runtime.generation.workload import SAMPLE_IMAGES, check_num_images
     from runtime.utils.distributed import barrier, destroy, init_distributed
-    from runtime.generation.pipeline import make_decoder, run_generation
-    from runtime.generation.settings import resolve_spec
-    from runtime.generation.sample_store import ChunkLayout, SampleStore, conditions_digest, mine, plan
 
-    flags = opt.MethodFlags.pick(params)
     chunk_size, per_class = params["chunk"], params["per_class"]
     if chunk_size < 1:
         raise UserError(f"--chunk must be >= 1, got {chunk_size}")
     if per_class is not None and (per_class < 1 or params["num_images"] is not None):
         raise UserError("--per-class K (K >= 1) sets the image count; give it or --num-images, not both")
-    opt.check_num_images(params["num_images"], opt.SAMPLE_IMAGES)
+    check_num_images(params["num_images"], SAMPLE_IMAGES)
     shard = _parse_shard(params["shard"])
-    out = params["out"]
-    _probe_out(out)
+    _probe_out(params["out"])
     ctx = init_distributed(process_group_backend(params["device"]))
     try:
         if ctx.is_distributed and shard != (0, 1):
             raise UserError("--shard splits work between independent jobs; under torchrun the ranks already "
                             "split it: drop --shard")
         rank, world = (ctx.rank, ctx.world_size) if ctx.is_distributed else shard
-        backend, prof = opt.open_backend(params["device"], params["profile_name"], params["graph"],
-                                         params["dtype"], index=ctx.device_index)
-        loaded = opt.ModelSource.pick(params).load(backend)
-        spec = resolve_spec(params["method"], flags.as_dict(), prof, loaded.recommended)
-        num_images, classes = params["num_images"], params["classes"]
-        if per_class is not None:
-            if loaded.config.model_type != "c2i":
-                raise UserError("--per-class is for class-conditional models; give --num-images with --prompts")
-            num_images = per_class * loaded.num_classes
-            opt.check_num_images(num_images, opt.SAMPLE_IMAGES)
-            if classes is None:  # every class, not the demo subset `run` picks by default
-                classes = ",".join(str(c) for c in range(loaded.num_classes))
-        conditions, cond_masks, labels = workload_conditions(loaded, classes, params["prompts"], params["t5_path"],
-                                                     num_images, backend)
-        chunks = plan(len(labels), chunk_size)
-        store = SampleStore(Path(out))
-        layout = ChunkLayout((loaded.image_size, loaded.image_size, 3), int(loaded.config.block_size))
-        workload = {"model": loaded.name, "method": spec.describe(), "seed": params["seed"],
-                    "num_images": len(labels), "chunk": chunk_size, "conditions": conditions_digest(list(labels))}
-        if ctx.is_main or not ctx.is_distributed:
-            with writing(f"--out {out}"):
-                store.open(workload)
-                _verify(store, chunks, layout)
-        barrier(ctx)
-        todo = store.missing(mine(chunks, rank, world))
-        batch = min(opt.batch_size(params["batch_size"], prof), chunk_size, len(labels))
-        decoder = make_decoder(loaded, spec, backend, batch_size=batch)
-        started, made = time.perf_counter(), 0
-        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   TextColumn("ETA"), TimeRemainingColumn())
-        with Progress(*columns, disable=not ctx.is_main) as bar:
-            task = bar.add_task(f"sample {spec.method} (rank {rank}/{world})", total=sum(len(c) for c in todo))
-            for c in todo:
-                idx = list(range(c.start, c.stop))
-                masks = cond_masks[idx] if cond_masks is not None else None
-                result = run_generation(loaded, spec, select(conditions, idx), seed=params["seed"], backend=backend,
-                                        indices=idx, cond_masks=masks, decoder=decoder,
-                                        on_image=lambda j, t: bar.advance(task))
-                with writing(f"--out {out}", then=RESUME):
-                    store.write(c, result.images, result.tokens.numpy(), result.stats, result.total_s)
-                made += len(c)
-        seconds = time.perf_counter() - started
+        gen = ImageGenerator.from_source(
+            ModelSource.pick(params), opt.MethodFlags.pick(params).as_dict(), device=params["device"],
+            profile=params["profile_name"], dtype=params["dtype"], graph=params["graph"], method=params["method"],
+            attention=params["attention"], batch_size=params["batch_size"], t5_path=params["t5_path"],
+            prompt_length=params["prompt_length"], device_index=ctx.device_index)
+        work = _workload(gen, params, per_class)
+        chunks = plan(len(work), chunk_size)
+        store, layout, record = _open_store(gen, work, params, chunks, ctx)
+        made, seconds = _make_chunks(gen, work, store, chunks, params, (rank, world), ctx.is_main)
         barrier(ctx)
         if ctx.is_main:  # chunks other jobs or ranks wrote since; this process's own are known sound
-            with writing(f"--out {out}"):
+            with writing(f"--out {params['out']}"):
                 _verify(store, chunks, layout)
         missing = store.missing(chunks)
         if missing:
@@ -121,11 +80,79 @@ def sample(**params: Any) -> None:
                   "remaining shards (or this command again without --shard) to finish and assemble")
             return
         if ctx.is_main:
-            with writing(f"--out {out}", then=RESUME):
-                summary = store.assemble(chunks, list(labels))
-                _write_result(store.root, summary, workload, spec, backend, made, seconds, world)
+            with writing(f"--out {params['out']}", then=RESUME):
+                summary = store.assemble(chunks, list(work.labels))
+                _write_result(store.root, summary, record, gen, made, seconds, world)
     finally:
         destroy(ctx)
+
+
+def _workload(gen: Any, params: dict[str, Any], per_class: int | None) -> Any:
+    """The images to make: --per-class K of every class, or run's --classes / --prompts / --num-images."""
+    from runtime.generation.workload import SAMPLE_IMAGES, check_num_images, read_prompt_file
+
+    num_images, classes = params["num_images"], params["classes"]
+    if per_class is not None:
+        if gen.loaded.config.model_type != "c2i":
+            raise UserError("--per-class is for class-conditional models; give --num-images with --prompts")
+        num_images = per_class * gen.loaded.num_classes
+        check_num_images(num_images, SAMPLE_IMAGES)
+        if classes is None:  # every class, not the demo subset `run` picks by default
+            classes = ",".join(str(c) for c in range(gen.loaded.num_classes))
+    prompts = read_prompt_file(params["prompts"]) if params["prompts"] is not None else None
+    return gen.workload(prompts=prompts, classes=classes, num_images=num_images, limit=SAMPLE_IMAGES)
+
+
+def _slots(gen: Any, params: dict[str, Any], images: int) -> int:
+    """Images decoded together: the batch size, no wider than a chunk or the workload."""
+    return min(gen.default_batch, params["chunk"], images)
+
+
+def _open_store(gen: Any, work: Any, params: dict[str, Any], chunks: list[Any], ctx: Any) -> tuple[Any, Any, Any]:
+    """(the sample store, its chunk layout, the workload record that must match to resume), the
+    store opened and its chunks checked by rank 0 (or each independent job)."""
+    from runtime.generation.sample_store import ChunkLayout, SampleStore, conditions_digest
+    from runtime.utils.distributed import barrier
+
+    loaded = gen.loaded
+    store = SampleStore(Path(params["out"]))
+    layout = ChunkLayout((loaded.image_size, loaded.image_size, 3), int(loaded.config.block_size))
+    spec = gen.spec_for(_slots(gen, params, len(work)))
+    record = {"model": loaded.name, "method": spec.describe(), "seed": params["seed"], "num_images": len(work),
+              "chunk": params["chunk"], "conditions": conditions_digest(list(work.labels))}
+    if ctx.is_main or not ctx.is_distributed:
+        with writing(f"--out {params['out']}"):
+            store.open(record)
+            _verify(store, chunks, layout)
+    barrier(ctx)
+    return store, layout, record
+
+
+def _make_chunks(gen: Any, work: Any, store: Any, chunks: list[Any], params: dict[str, Any],
+                 shard: tuple[int, int], shown: bool) -> tuple[int, float]:
+    """Make this process's missing chunks, each written as it is done; (images made, seconds)."""
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
+
+    from runtime.generation.sample_store import mine
+
+    rank, world = shard
+    todo = store.missing(mine(chunks, rank, world))
+    slots = _slots(gen, params, len(work))
+    started, made = time.perf_counter(), 0
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("ETA"), TimeRemainingColumn())
+    with Progress(*columns, disable=not shown) as bar:
+        task = bar.add_task(f"sample {gen.spec_for(slots).method} (rank {rank}/{world})",
+                            total=sum(len(c) for c in todo))
+        for c in todo:
+            idx = list(range(c.start, c.stop))
+            result = gen.run(work.select(idx), seed=params["seed"], indices=idx, slots=slots,
+                             on_image=lambda j, t: bar.advance(task))
+            with writing(f"--out {params['out']}", then=RESUME):
+                store.write(c, result.arrays, result.tokens.numpy(), result.stats, result.timings["total_s"])
+            made += len(c)
+    return made, time.perf_counter() - started
 
 
 def _probe_out(text: str) -> None:
@@ -159,12 +186,15 @@ def _parse_shard(text: str | None) -> tuple[int, int]:
     return i, n
 
 
-def _write_result(root: Path, summary: dict[str, Any], workload: dict[str, Any], spec: Any, backend: Backend,
-                  made: int, seconds: float, world: int) -> None:
+def _write_result(root: Path, summary: dict[str, Any], workload: dict[str, Any], gen: Any, made: int,
+                  seconds: float, world: int) -> None:
     from rich.console import Console
 
-    from runtime.utils.atomic import atomic_write_text
     from runtime.core.law import bound_warning
+    from runtime.generation.workload import merge_stats
+    from runtime.utils.atomic import atomic_write_text
+
+    spec, backend = gen.spec_for(min(gen.default_batch, workload["chunk"], workload["num_images"])), gen.backend
 
     chunks = summary["chunks"]
     chunk_seconds = sum(c["seconds"] for c in chunks)

@@ -11,17 +11,13 @@ from __future__ import annotations
 import re
 import signal
 import sys
-from typing import TYPE_CHECKING, Any, List, Optional
+from typing import Any, List, Optional
 
 import typer
 
 from runtime.cli import options as opt
 from runtime.cli.app import app
 from runtime.utils.errors import UserError
-
-if TYPE_CHECKING:
-    from backends import Backend
-
 
 
 @app.command("serve")
@@ -68,8 +64,8 @@ def serve(
     """Serve image generation over HTTP (OpenAI images API, continuous batching, /metrics)."""
     import logging
 
+    from runtime.generation.generator import ImageGenerator
     from runtime.models.layers import set_attention_kernel
-    from runtime.generation.settings import AUTO, auto_method, resolve_spec
     from runtime.serve import AutoMethods, build_server
 
     if not 0 < port < 65536:
@@ -93,23 +89,16 @@ def serve(
     except ImportError:
         raise UserError("runtime serve needs the serve extra: pip install 'lantern-runtime[serve]' "
                         "(FastAPI, uvicorn, prometheus-client)") from None
-    set_attention_kernel(attention)
-    backend, prof = opt.open_backend(device, profile_name, graph, dtype)
-    loaded = source.load(backend)
-    batch = opt.batch_size(batch_size, prof)
-    given = flags.as_dict()
-    auto = None
-    if method == AUTO:  # one decoder per method of the profile's [auto] table, picked by occupancy
-        auto_method(prof, batch, given)  # refuses a profile without the table, and relaxation flags
-        methods = prof.auto.methods
-        specs = {m: resolve_spec(m, given, prof, loaded.recommended, run_methods=methods, lossless=True)
-                 for m in methods}
-        spec, auto = specs[methods[0]], AutoMethods(specs, prof.auto)
-    else:
-        spec = resolve_spec(method, given, prof, loaded.recommended)
-    web, engine, served = build_server(loaded, spec, backend, batch_size=batch, max_queue=max_queue,
+    gen = ImageGenerator.from_source(source, flags.as_dict(), device=device, profile=profile_name, dtype=dtype,
+                                     graph=graph, method=method, attention=attention, batch_size=batch_size,
+                                     t5_path=t5_path)
+    set_attention_kernel(attention)  # the engine thread decodes with it for the server's life
+    backend, batch = gen.backend, gen.default_batch
+    auto = AutoMethods(gen.auto_specs(), gen.profile.auto) if gen.auto else None
+    spec = next(iter(auto.specs.values())) if auto is not None else gen.spec_for(batch)
+    web, engine, served = build_server(gen.loaded, spec, backend, batch_size=batch, max_queue=max_queue,
                                        timeout_s=timeout, auto=auto, names=names or None, http=http,
-                                       conditioner=_conditioner(loaded, backend, t5_path, prompt_length))
+                                       conditioner=_conditioner(gen, prompt_length))
 
     from runtime.serve.drain import DrainingServer, server_config
 
@@ -208,22 +197,17 @@ def _http_options(shutdown_timeout: float, max_request_bytes: int, api_key: str 
 DEFAULT_PROMPT_LENGTH = 64  # Chameleon prompts: tokens every captured step is built for
 
 
-def _conditioner(loaded: Any, backend: Backend, t5_path: str | None, prompt_length: int | None) -> Any:
-    """How the served model reads a text prompt (None: class ids and names), refusing the flags
-    that do nothing for it. Sets a Chameleon target's prompt length before its decoders are built."""
+def _conditioner(gen: Any, prompt_length: int | None) -> Any:
+    """How the served model reads a text prompt (None: class ids and names). Sets a Chameleon
+    target's prompt length before its decoders are built."""
+    from runtime.generation.workload import resolve_prompt_length
     from runtime.serve.conditions import Captions, TokenPrompts
 
+    loaded, backend = gen.loaded, gen.backend
     kind = loaded.config.model_type
-    length = opt.prompt_length(prompt_length, kind, DEFAULT_PROMPT_LENGTH if kind == "chameleon" else None)
-    if t5_path is not None and kind != "t2i":
-        reads = "class ids or names" if kind == "c2i" else "read by its own tokenizer"
-        raise UserError(f"--t5-path does nothing for a {'class-conditional' if kind == 'c2i' else 'Chameleon'} "
-                        f"model (its prompts are {reads}); drop it")
-    if kind == "t2i" and t5_path is not None:
-        from runtime.models.t5 import T5Encoder
-
-        encoder = T5Encoder(t5_path, device=backend.device, dtype=backend.dtype, max_length=loaded.config.cls_token_num)
-        return Captions(encoder, backend.device, backend.dtype)
+    length = resolve_prompt_length(prompt_length, kind, DEFAULT_PROMPT_LENGTH if kind == "chameleon" else None)
+    if kind == "t2i" and gen.captions is not None:
+        return Captions(gen.captions, backend.device, backend.dtype)
     if kind == "chameleon":
         if prompt_length is None:  # the unconditional prompt must fit (Emu3's negative prompt)
             length = max(length, getattr(loaded.prompt_encoder, "min_length", 2))

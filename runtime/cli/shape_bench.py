@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from runtime.cli import options as opt
 from runtime.utils.errors import UserError
 from runtime.config.method_options import BASELINE, METHOD_TABLE
 
@@ -33,6 +32,8 @@ def bench_shape(args: dict[str, Any]) -> None:
     from runtime.bench.projection import Target, model_shape, project, projection_file, spec_from_run
     from runtime.tools.roofline import device_roof
     from runtime.cli.app import INVOCATION
+    from runtime.generation.device_setup import open_backend
+    from runtime.generation.workload import batch_size as batch_of
 
     given = [f"--{k.replace('_', '-')}" for k in _WORKLOAD_FLAGS if args.get(k) is not None]
     given += ["--sweep"] if args["sweep"] else []
@@ -46,7 +47,7 @@ def bench_shape(args: dict[str, Any]) -> None:
     shape = model_shape(args["shape"])
     if args["iterations"] < 2:
         raise UserError(f"--iterations must be >= 2, got {args['iterations']}")
-    backend, prof = opt.open_backend(args["device"], args["profile_name"], args["graph"], args["dtype"])
+    backend, prof = open_backend(args["device"], args["profile_name"], args["graph"], args["dtype"])
     flags = args["flags"].as_dict()
     if (args["tau_from"] is None) == (args["tau"] is None):
         raise UserError("--shape needs the tau of a trained model: --tau-from RESULT.json (every run in it) or "
@@ -66,7 +67,7 @@ def bench_shape(args: dict[str, Any]) -> None:
     else:
         targets = _given_tau_targets(args["methods"], float(args["tau"]), flags, prof, shape)
     warmup = prof.bench.warmup if args["warmup"] is None else args["warmup"]
-    batch = opt.batch_size(args["batch_size"], prof)
+    batch = batch_of(args["batch_size"], prof)
     console = Console(stderr=True)
     roof = device_roof(backend, prof)
     body = project(shape, backend, targets, warmup=max(warmup, 1), iterations=args["iterations"], batch_size=batch,

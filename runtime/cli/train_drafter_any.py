@@ -218,7 +218,7 @@ class _ClassRange:
 
 def _chameleon_target(args: dict[str, Any], values: dict[str, Any]):
     """(target, prompt ids (n, L), masks (n, L)) of a Chameleon folder and the --prompts file."""
-    from runtime.cli.workload import read_prompts
+    from runtime.generation.workload import cycle, read_prompt_file
     from runtime.models.chameleon_folder import load_chameleon_folder
 
     family = args.get("family") or "chameleon"
@@ -238,7 +238,7 @@ def _chameleon_target(args: dict[str, Any], values: dict[str, Any]):
 
         load = load_janus_folder if family == "janus" else load_emu3_folder
         target, _, encoder, _ = load(Path(args["model"]), image_size=args.get("image_size"), with_vq=False)
-    texts = read_prompts(args["prompts"], values["num_images"]) if args["prompts"] else [""]  # data reused
+    texts = cycle(read_prompt_file(args["prompts"]), values["num_images"]) if args["prompts"] else [""]  # data reused
     ids, masks = encoder(texts)
     target.for_prompts(ids.size(1))
     return target, ids, masks

@@ -4,19 +4,17 @@ static tree (and DDD threshold) that maximise expected tokens per second (runtim
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import typer
+from rich.console import Console
 
 from runtime.cli import options as opt
 from runtime.cli.app import app
 from runtime.utils.errors import UserError
 from runtime.config.method_options import METHOD_TABLE, Drafting, RelaxKind
-
-if TYPE_CHECKING:
-    from backends import Backend
-
 
 
 @app.command("tune")
@@ -59,20 +57,10 @@ def tune_cmd(
                                                     "(default: $LANTERN_INCEPTION_WEIGHTS)."),
 ) -> None:
     """Choose this device's static tree by measurement and write it as a profile."""
-    from rich.console import Console
-
-    from runtime.utils.atomic import atomic_path, probe_writable
-    from runtime.generation.loading import parse_classes
-    from runtime.generation.settings import resolve_spec
     from runtime.tools.tune import tree_toml, tune
+    from runtime.utils.atomic import atomic_path
 
-    if out.suffix != ".toml":
-        raise UserError(f"--out {out}: a profile is a .toml file, e.g. profiles/my-device.toml")
-    if out.is_dir():
-        raise UserError(f"--out {out} is a folder; --out names the profile file, e.g. {out / 'my-device.toml'}")
-    if out.exists() and not force:
-        raise UserError(f"--out {out} exists; pass --force to overwrite it or choose another name")
-    probe_writable(out)  # before the calibration, not after it
+    _check_tune_out(out, force)
     for name, value, low, high in (("--max-nodes", max_nodes, 1, 128), ("--max-depth", max_depth, 1, 16),
                                    ("--ranks", ranks, 1, 8), ("--num-images", num_images, 1, 1024)):
         if not low <= value <= high:
@@ -82,9 +70,63 @@ def tune_cmd(
     thresholds = _thresholds(ddd_thresholds)
     occupancy_list = _occupancies(occupancies)
     search = _quality_options(quality_budget, quality_images, lambdas, relax_rules, inception_weights, method)
+    run = _open_tuning(source, flags.as_dict(), method, device, profile_name, graph, dtype, classes, num_images,
+                       batch_size, search)
+    run["seed"] = seed
+    result = _run_with_bar("tune: acceptance", None, lambda progress: tune(
+        run["loaded"], run["spec"], run["backend"], run["conditions"], batch_size=run["batch"],
+        max_nodes=max_nodes, max_depth=max_depth, ranks=ranks, ddd_thresholds=thresholds, progress=progress,
+        seed=seed))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tree_path = out.with_name(out.stem + ".tree.toml")
+    record_path = out.with_name(out.stem + ".tune.json")
+    c = result.choice
+    with atomic_path(tree_path) as tmp:
+        Path(tmp).write_text(tree_toml([tuple(p) for p in c["paths"]],
+                                       f"runtime tune: {c['nodes']} nodes, depth {c['depth']}, "
+                                       f"expected {c['expected_tokens']:.2f} tokens per iteration"))
+    quality = _search_quality(run, tree_path, search) if search is not None else None
+    if quality is not None:
+        run["spec"] = replace(run["spec"], lantern_lambda=quality.chosen.lantern_lambda, relax_rule=quality.chosen.rule)
+    occupancy = _occupancy(run, tree_path, quality, occupancy_list)
+    with atomic_path(record_path) as tmp:
+        Path(tmp).write_text(json.dumps({**result.to_dict(), "occupancy": occupancy,
+                                         "quality": quality.to_dict() if quality else None}, indent=2) + "\n")
+    with atomic_path(out) as tmp:
+        Path(tmp).write_text(profile_toml(result, run["profile"], run["spec"], tree_path.name, record_path.name,
+                                          occupancy, run["roof"], quality))
+    _print_choice(result, quality)
+    print(out)
 
-    full = flags.as_dict()
-    backend, prof = opt.open_backend(device, profile_name, graph, dtype)
+
+CONSOLE = Console(stderr=True)
+
+
+def _check_tune_out(out: Path, force: bool) -> None:
+    """--out must name a new (or, with --force, an old) profile file this process can write."""
+    from runtime.utils.atomic import probe_writable
+
+    if out.suffix != ".toml":
+        raise UserError(f"--out {out}: a profile is a .toml file, e.g. profiles/my-device.toml")
+    if out.is_dir():
+        raise UserError(f"--out {out} is a folder; --out names the profile file, e.g. {out / 'my-device.toml'}")
+    if out.exists() and not force:
+        raise UserError(f"--out {out} exists; pass --force to overwrite it or choose another name")
+    probe_writable(out)  # before the calibration, not after it
+
+
+def _open_tuning(source: Any, flags: dict[str, Any], method: str, device: str, profile_name: str | None,
+                 graph: bool | None, dtype: str | None, classes: str | None, num_images: int,
+                 batch_size: int | None, search: dict[str, Any] | None) -> dict[str, Any]:
+    """The model opened through the generation layer with the method resolved and the
+    calibration classes: backend, profile, roof (a CPU's measured peaks), loaded, spec,
+    conditions, batch."""
+    from runtime.generation.device_setup import open_backend
+    from runtime.generation.loading import parse_classes
+    from runtime.generation.settings import resolve_spec
+    from runtime.generation.workload import batch_size as batch_of
+
+    backend, prof = open_backend(device, profile_name, graph, dtype)
     roof = None
     if backend.name == "cpu":  # no vendor figures: measure the peaks once, on an idle machine, for the profile
         from runtime.tools.roofline import measure_cpu_roof
@@ -96,70 +138,55 @@ def tune_cmd(
     if search is not None and search["inception"] is not None and loaded.bundle is not None:
         raise UserError(f"--inception-weights does nothing for the {loaded.name} bundle: --quality-budget judges it "
                         "with the bundle's own classifier; drop the flag")
-    spec = resolve_spec(method, full, prof, loaded.recommended)
-    conditions = parse_classes(classes, num_images, loaded)
-    batch = opt.batch_size(batch_size, prof)
+    return {"backend": backend, "profile": prof, "roof": roof, "loaded": loaded,
+            "spec": resolve_spec(method, flags, prof, loaded.recommended),
+            "conditions": parse_classes(classes, num_images, loaded), "batch": batch_of(batch_size, prof)}
 
-    console = Console(stderr=True)
+
+def _run_with_bar(label: str, total: int | None, work: Any) -> Any:
+    """`work(progress)` under a progress bar on stderr; progress(what, done, total)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console) as bar:
-        task = bar.add_task("tune: acceptance", total=None)
+                  console=CONSOLE) as bar:
+        task = bar.add_task(label, total=total)
 
-        def progress(what: str, done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total, description=f"tune: {what}")
+        def progress(what: str, done: int, total: int | None) -> None:
+            bar.update(task, completed=done, total=total, description=f"{label.split(':')[0]}: {what}")
 
-        result = tune(loaded, spec, backend, conditions, batch_size=batch, max_nodes=max_nodes, max_depth=max_depth,
-                      ranks=ranks, ddd_thresholds=thresholds, progress=progress, seed=seed)
+        return work(progress)
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tree_path = out.with_name(out.stem + ".tree.toml")
-    record_path = out.with_name(out.stem + ".tune.json")
+
+def _occupancy(run: dict[str, Any], tree_path: Path, quality: Any, occupancies: list[int]) -> list[dict[str, Any]]:
+    """AR against the tuned tree at each occupancy (the profile's [auto] table): what --method
+    auto runs, the tree exact or at the relaxation chosen within the quality budget."""
+    if not occupancies:
+        return []
+    from runtime.core.methods import MethodSpec
+    from runtime.tools.tune import occupancy_table, on_tree
+
+    spec = run["spec"]
+    exact = on_tree(replace(spec, method="lantern++", lantern_lambda=1.0 if quality is None
+                            else quality.chosen.lantern_lambda), str(tree_path))
+    specs = {"ar": MethodSpec(method="ar", sampling=spec.sampling), "lantern++": exact}
+    total = len(occupancies) * len(specs)
+    return _run_with_bar("tune: occupancy", total, lambda progress: occupancy_table(
+        run["loaded"], specs, run["backend"], run["conditions"], occupancies, seed=run["seed"],
+        progress=lambda what, done, _total: progress("occupancy", done, total)))
+
+
+def _print_choice(result: Any, quality: Any) -> None:
     c = result.choice
-    with atomic_path(tree_path) as tmp:
-        Path(tmp).write_text(tree_toml([tuple(p) for p in c["paths"]],
-                                       f"runtime tune: {c['nodes']} nodes, depth {c['depth']}, "
-                                       f"expected {c['expected_tokens']:.2f} tokens per iteration"))
-    from dataclasses import replace
-
-    from runtime.tools.tune import on_tree
-
-    quality = None
-    if search is not None:
-        quality = _search_quality(loaded, on_tree(spec, str(tree_path)), backend, conditions, batch, seed, search,
-                                  console)
-        spec = replace(spec, lantern_lambda=quality.chosen.lantern_lambda, relax_rule=quality.chosen.rule)
-    occupancy: list[dict[str, Any]] = []
-    if occupancy_list:
-        from runtime.core.methods import MethodSpec
-        from runtime.tools.tune import occupancy_table
-
-        # what --method auto runs: the tree exact, or at the relaxation chosen within the quality budget
-        exact = on_tree(replace(spec, method="lantern++", lantern_lambda=1.0 if quality is None
-                                else quality.chosen.lantern_lambda), str(tree_path))
-        specs = {"ar": MethodSpec(method="ar", sampling=spec.sampling), "lantern++": exact}
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=console) as bar:
-            task = bar.add_task("tune: occupancy", total=len(occupancy_list) * len(specs))
-            occupancy = occupancy_table(loaded, specs, backend, conditions, occupancy_list, seed=seed,
-                                        progress=lambda what, done, total: bar.update(task, completed=done))
-    with atomic_path(record_path) as tmp:
-        Path(tmp).write_text(json.dumps({**result.to_dict(), "occupancy": occupancy,
-                                         "quality": quality.to_dict() if quality else None}, indent=2) + "\n")
-    with atomic_path(out) as tmp:
-        Path(tmp).write_text(profile_toml(result, prof, spec, tree_path.name, record_path.name, occupancy, roof,
-                                          quality))
-    console.print(f"tree: {c['nodes']} nodes, depth {c['depth']}, expected {c['expected_tokens']:.2f} tokens per "
+    CONSOLE.print(f"tree: {c['nodes']} nodes, depth {c['depth']}, expected {c['expected_tokens']:.2f} tokens per "
                   f"iteration, {c['iteration_s'] * 1e3:.1f} ms per iteration, expected {c['expected_speedup']:.2f}x "
                   f"over AR" + (f"; ddd threshold {result.ddd['threshold']}" if result.ddd else ""))
     if quality is not None:
         c = quality.chosen
-        console.print(f"relaxation: {c.rule} lambda {c.lantern_lambda:g}, {c.images_per_s / quality.ar_images_per_s:.2f}x "
-                      f"AR in this pass, within {quality.budget:g} AR-vs-AR band(s) at {quality.images} images "
+        CONSOLE.print(f"relaxation: {c.rule} lambda {c.lantern_lambda:g}, "
+                      f"{c.images_per_s / quality.ar_images_per_s:.2f}x AR in this pass, within {quality.budget:g} "
+                      f"AR-vs-AR band(s) at {quality.images} images "
                       f"({sum(x.verdict.indistinguishable for x in quality.candidates)} of "
                       f"{len(quality.candidates)} settings were)")
-    print(out)
 
 
 # --quality-budget's defaults
@@ -196,25 +223,21 @@ def _quality_options(budget: float | None, images: int | None, lambdas: str | No
     return {"budget": budget, "images": n, "lambdas": lams, "rules": names, "inception": inception}
 
 
-def _search_quality(loaded: Any, spec: Any, backend: Backend, conditions: Any, batch: int, seed: int,
-                    search: dict[str, Any], console: Any) -> Any:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
+def _search_quality(run: dict[str, Any], tree_path: Path, search: dict[str, Any]) -> Any:
+    """--quality-budget: the fastest relaxation of the tuned tree within the budget."""
     from runtime.tools.quality_tune import quality_search
+    from runtime.tools.tune import on_tree
 
+    loaded, backend = run["loaded"], run["backend"]
     inception = None
     if loaded.bundle is None:
         from runtime.metrics.fidelity import inception_weights, load_inception
 
         inception = load_inception(inception_weights(search["inception"]), device=backend.device)
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console) as bar:
-        task = bar.add_task("tune: quality", total=None)
-        return quality_search(loaded, spec, backend, conditions, images=search["images"], budget=search["budget"],
-                              lambdas=search["lambdas"], rules=search["rules"], batch_size=batch, seed=seed,
-                              inception=inception,
-                              progress=lambda what, done, total: bar.update(task, completed=done, total=total,
-                                                                            description=f"tune: {what}"))
+    return _run_with_bar("tune: quality", None, lambda progress: quality_search(
+        loaded, on_tree(run["spec"], str(tree_path)), backend, run["conditions"], images=search["images"],
+        budget=search["budget"], lambdas=search["lambdas"], rules=search["rules"], batch_size=run["batch"],
+        seed=run["seed"], inception=inception, progress=progress))
 
 
 def _thresholds(text: str) -> tuple[float, ...]:

@@ -24,7 +24,7 @@ from runtime.core.methods import MethodSpec
 from runtime.core.pjd_published import PublishedPJD
 from runtime.core.proximity import neighbour_table
 from runtime.core.rng import derive_seed
-from runtime.method_options import RelaxKind
+from runtime.config.method_options import RelaxKind
 
 if TYPE_CHECKING:
     from backends import Backend
@@ -82,6 +82,23 @@ def new_decoder(target: Target, drafter: DrafterModel | None, spec: MethodSpec, 
     return LOOPS[spec.loop](target, drafter, spec, neighbours=neighbours, backend=backend, batch_size=batch_size)
 
 
+def workload_items(conditions: Sequence[int] | torch.Tensor, cond_masks: torch.Tensor | None, seeds: Sequence[int],
+                   device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor | None, int]]:
+    """`SlotDecoder.iter_finished`'s items: per image (cond, mask, seed) on `device`, cond (1,) a
+    class id, or (1, cls, caption_dim) caption features / (1, cls) prompt ids with mask (1, cls)."""
+    # a sequence per image: captions (n, cls, caption_dim) or prompt token ids (n, cls)
+    captions = conditions if isinstance(conditions, torch.Tensor) and conditions.dim() >= 2 else None
+    work: list[tuple[torch.Tensor, torch.Tensor | None, int]] = []
+    for j in range(len(conditions)):
+        if captions is not None:
+            cond = captions[j:j + 1].to(device)
+            mask = cond_masks[j:j + 1].to(device) if cond_masks is not None else None
+        else:
+            cond, mask = torch.tensor([int(conditions[j])], device=device), None
+        work.append((cond, mask, seeds[j]))
+    return work
+
+
 def generate(target: Target, drafter: DrafterModel | None, spec: MethodSpec,
              conditions: Sequence[int] | torch.Tensor, *, cond_masks: torch.Tensor | None = None,
              seed: int = 0, indices: Sequence[int] | None = None, vq: Codebook | None = None,
@@ -106,16 +123,7 @@ def generate(target: Target, drafter: DrafterModel | None, spec: MethodSpec,
     n = len(conditions)
     indices = list(range(n)) if indices is None else list(indices)
     seeds = [derive_seed(seed, i) for i in indices]
-    # a sequence per image: captions (n, cls, caption_dim) or prompt token ids (n, cls)
-    captions = conditions if isinstance(conditions, torch.Tensor) and conditions.dim() >= 2 else None
-    work = []
-    for j in range(n):
-        if captions is not None:
-            cond = captions[j:j + 1].to(dev)
-            mask = cond_masks[j:j + 1].to(dev) if cond_masks is not None else None
-        else:
-            cond, mask = torch.tensor([int(conditions[j])], device=dev), None
-        work.append((cond, mask, seeds[j]))
+    work = workload_items(conditions, cond_masks, seeds, dev)
     out = torch.zeros(n, target.config.block_size, dtype=torch.long)
 
     def done(j: int, tokens: torch.Tensor, _stats: ImageStats) -> None:

@@ -25,12 +25,12 @@ import contextlib
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Protocol, TypedDict, cast, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, TypedDict, cast, runtime_checkable
 
 import torch
 
 from runtime.core.state import DecodeConfig
-from runtime.errors import UserError
+from runtime.utils.errors import UserError
 
 if TYPE_CHECKING:
     from backends.base import PhaseTimer
@@ -231,19 +231,14 @@ class SlotDecoder(Protocol):
         """Bytes of the decode state (what grows with the batch)."""
         ...
 
-    @torch.no_grad()
-    def generate_many(self, conds: list[tuple[torch.Tensor, torch.Tensor | None, int]],
-                      on_image: Callable[[int, torch.Tensor, ImageStats], None] | None = None
-                      ) -> tuple[list[torch.Tensor], list[ImageStats]]:
-        """Decode a workload B images at a time: conds[j] = (cond (1,) or (1, cls, caption_dim),
-        mask (1, cls) or None, seed). The first B images fill the slots; each time one is done
-        its slot starts the next. Returns each image's tokens (block_size,) on the device and
-        statistics, in workload order; `on_image(j, tokens, stats)` is called as each is done.
-        With fewer than B images the spare slots decode a copy of the first one, unused."""
-        n = len(conds)
-        tokens: list[torch.Tensor | None] = [None] * n
-        stats: list[ImageStats | None] = [None] * n
-        waiting = iter(range(n))
+    @torch.no_grad()  # entered each time the generator resumes
+    def iter_finished(self, conds: list[tuple[torch.Tensor, torch.Tensor | None, int]]) -> Iterator[Finished]:
+        """Decode a workload B images at a time, yielding each image as it is done (its key is
+        its index j in `conds`; not necessarily in order). conds[j] = (cond (1,) or (1, cls,
+        caption_dim), mask (1, cls) or None, seed). The first B images fill the slots; each time
+        one is done its slot starts the next. With fewer than B images the spare slots decode a
+        copy of the first one, unused. The caller must run it to the end before another workload."""
+        waiting = iter(range(len(conds)))
         self.reset_slots()
         for slot in range(self.config.batch):
             if (j := next(waiting, None)) is not None:
@@ -251,13 +246,26 @@ class SlotDecoder(Protocol):
         while self.busy():
             self.step()
             for done in self.finished():
-                tokens[done.key], stats[done.key] = done.tokens, done.stats
-                if on_image is not None:
-                    on_image(done.key, done.tokens, done.stats)
+                yield done
                 self.release(done.slot)
                 if (j := next(waiting, None)) is not None:
                     self.admit(done.slot, SlotRequest(j, *conds[j]))
         # the loop ends when every slot is free: each image of the workload is done
+
+    @torch.no_grad()
+    def generate_many(self, conds: list[tuple[torch.Tensor, torch.Tensor | None, int]],
+                      on_image: Callable[[int, torch.Tensor, ImageStats], None] | None = None
+                      ) -> tuple[list[torch.Tensor], list[ImageStats]]:
+        """Decode a workload (`iter_finished`'s) and return each image's tokens (block_size,) on
+        the device and statistics, in workload order; `on_image(j, tokens, stats)` is called as
+        each is done."""
+        n = len(conds)
+        tokens: list[torch.Tensor | None] = [None] * n
+        stats: list[ImageStats | None] = [None] * n
+        for done in self.iter_finished(conds):
+            tokens[done.key], stats[done.key] = done.tokens, done.stats
+            if on_image is not None:
+                on_image(done.key, done.tokens, done.stats)
         return cast(list[torch.Tensor], tokens), cast(list[ImageStats], stats)
 
     @torch.no_grad()

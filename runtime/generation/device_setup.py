@@ -4,7 +4,11 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from runtime.generation.loading import LoadedModel
+    from runtime.generation.source import ModelSource
 
 _log = logging.getLogger("runtime.cli")
 
@@ -28,3 +32,11 @@ def open_backend(device: str, profile_name: str | None, graph: bool | None, dtyp
                                           probe.info().get("name", "?"), profile.name, profile.source,
                                           "on" if graph_mode else "off", dtype or profile.device.dtype)
     return backend, profile
+
+
+def open_model(source: ModelSource, device: str, profile_name: str | None, graph: bool | None, dtype: str | None,
+               index: int | None = None) -> tuple[Any, Any, LoadedModel]:
+    """(backend, profile, the model loaded on it): what every command and the `ImageGenerator`
+    open first, before any setting is resolved."""
+    backend, profile = open_backend(device, profile_name, graph, dtype, index=index)
+    return backend, profile, source.load(backend)
