@@ -9,18 +9,13 @@ from __future__ import annotations
 import functools
 import inspect
 import typing
-from typing import TYPE_CHECKING, Annotated, Any, Callable, Optional, Sequence
+from typing import Annotated, Any, Callable, Optional, Sequence
 
 import typer
 
-from runtime.utils.errors import UserError
 from runtime.config.method_options import METHOD_OPTIONS, METHODS, OPTIONS_BY_NAME, MethodFlags
 from runtime.generation.source import ModelSource
 from runtime.generation.device_setup import open_backend  # noqa: F401 - the commands' backend and profile, re-exported
-
-if TYPE_CHECKING:
-    from backends import Backend
-
 
 Model = Annotated[Optional[str], typer.Option("--model", help="'demo' (default), a bundle directory from 'runtime train demo', a model folder (Chameleon, Janus, Emu3: its config.json's model_type decides) or a Hugging Face Hub id such as deepseek-community/Janus-Pro-1B (resolved in the HF cache; HF_HOME, HF_HUB_OFFLINE).", rich_help_panel='Model')]
 ModelRevision = Annotated[Optional[str], typer.Option("--model-revision", help="Branch, tag or commit of a --model given by Hub id (default: main).", rich_help_panel='Model')]

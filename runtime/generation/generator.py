@@ -33,7 +33,6 @@ if TYPE_CHECKING:
     from PIL import Image
 
     from runtime.core import MethodSpec, SlotDecoder
-    from runtime.generation.loading import LoadedModel
     from runtime.generation.pipeline import RunOutput
 
 
@@ -101,13 +100,27 @@ def _option_value(name: str, value: Any) -> Any:
     return value
 
 
+def _graph_from_env() -> bool | None:
+    """LANTERN_GRAPH=1/0 (true/false, yes/no, on/off) as the CLI's --graph / --no-graph; None where unset."""
+    import os
+
+    text = os.environ.get("LANTERN_GRAPH", "").strip().lower()
+    if not text:
+        return None
+    if text in ("1", "true", "yes", "on", "y", "t"):
+        return True
+    if text in ("0", "false", "no", "off", "n", "f"):
+        return False
+    raise UserError(f"LANTERN_GRAPH={text!r} is not a boolean; set it to 1 or 0 (or unset it)")
+
+
 class ImageGenerator:
     """A model opened on a device, its settings resolved once, generating images.
 
     `model`: None or "demo" (the embedded demo), a Hub id or model folder (`revision`), or use
     `gpt_model` / `gpt_ckpt` / `vq_ckpt` / `image_size` for official LlamaGen files; `drafter`: a
     LANTERN drafter folder or Hub id. `device` ("auto", "cpu", "cuda", "hpu"), `profile` (a
-    profile name or TOML file), `dtype`, `graph` (None: the profile's), `method` (a name or
+    profile name or TOML file), `dtype`, `graph` (None: LANTERN_GRAPH where set, else the profile's), `method` (a name or
     "auto": the profile's fastest lossless method at each call's occupancy), `batch_size`
     (default: the profile's), `attention`, `t5_path` (LlamaGen t2i), `prompt_length` (the
     Chameleon family), and every method and sampling option by name (`temperature=`, `cfg=`,
@@ -150,6 +163,7 @@ class ImageGenerator:
 
         self._lock = threading.Lock()
         self._closed = False
+        graph = _graph_from_env() if graph is None else graph
         unknown = [k for k in options if k not in OPTIONS_BY_NAME]
         if unknown:
             raise UserError(f"ImageGenerator() got an unknown option {unknown[0]!r}"
