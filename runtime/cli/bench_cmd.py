@@ -6,7 +6,7 @@ import dataclasses
 import shutil
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -15,20 +15,56 @@ from runtime.cli.app import INVOCATION, app
 from runtime.utils.errors import UserError
 
 
+Out = Annotated[str, typer.Option("--out", help=(
+    "Result file (JSON, schema in docs/bench_schema.md)."))]
+Methods = Annotated[Optional[str], typer.Option("--methods", show_default="ar,sd,eagle2,lantern,lantern++", help=(
+    "Comma-separated methods; include ar for speedups. An entry may carry its own options: "
+    "sjd:coupling=maximal:proactive=3x2 (a shared --lantern-lambda relaxes sjd too; give it per entry "
+    "instead)."))]
+Repeats = Annotated[Optional[int], typer.Option("--repeats", help=(
+    "Timed repeats of the whole workload (default: the profile's)."))]
+Warmup = Annotated[Optional[int], typer.Option("--warmup", help=(
+    "Untimed warm-up runs per method (default: the profile's)."))]
+Sweep = Annotated[list[str], typer.Option("--sweep", help=(
+    "lambda=1,2,4 | delta=0.05,0.1 | tree=a,b | k=5,10 | batch=1,4,8 (every method, ar included; "
+    "repeatable)."))]
+Quality = Annotated[bool, typer.Option("--quality/--no-quality", help=(
+    "Measure class accuracy and FD (demo models)."))]
+MeasureLaw = Annotated[bool, typer.Option("--measure-law/--no-measure-law", help=(
+    "Measure each drafting method's step TVD (what its acceptance rule does to the law) in an untimed "
+    "warm-up pass."))]
+Interleave = Annotated[bool, typer.Option("--interleave/--no-interleave", help=(
+    "Time the methods' repeats round-robin (default) or each method's back to back (keeps one decoder "
+    "in memory at a time)."))]
+Shape = Annotated[Optional[str], typer.Option("--shape", help=(
+    "Project instead of measure: time AR and each method's iteration on a model shape with random "
+    "weights (demo, llamagen-b, llamagen-l, llamagen-xl, llamagen-xxl, chameleon-7b, janus-pro-1b, "
+    "janus-pro-7b, emu3-8b) and report tau x AR step / iteration; needs --tau-from or --tau."))]
+TauFrom = Annotated[Optional[str], typer.Option("--tau-from", help=(
+    "--shape: a bench result file; every run in it is projected with the tau it measured."))]
+Tau = Annotated[Optional[float], typer.Option("--tau", help=(
+    "--shape: the tau (measured on a trained model) of the methods in --methods; an entry may give its "
+    "own as METHOD:tau=X."))]
+Iterations = Annotated[int, typer.Option("--iterations", help=(
+    "--shape: timed iterations per method."))]
+Profile = Annotated[bool, typer.Option("--profile", help=(
+    "Also write a torch.profiler trace of each run, <out>.traces/NN.json.gz (NN = the run's index) of "
+    "its first decode batch, from one extra untimed pass after its timed repeats; open in "
+    "ui.perfetto.dev."))]
+
+
 @app.command("bench")
 @opt.with_method_options()
 @opt.with_model_options
 def bench(
-    out: str = typer.Option(..., "--out", help="Result file (JSON, schema in docs/bench_schema.md)."),
-    methods: Optional[str] = typer.Option(None, "--methods", show_default="ar,sd,eagle2,lantern,lantern++", help="Comma-separated methods; include ar for speedups. An entry may carry its own options: sjd:coupling=maximal:proactive=3x2 (a shared --lantern-lambda relaxes sjd too; give it per entry instead)."),
-    repeats: Optional[int] = typer.Option(None, "--repeats", help="Timed repeats of the whole workload (default: the profile's)."),
-    warmup: Optional[int] = typer.Option(None, "--warmup", help="Untimed warm-up runs per method (default: the profile's)."),
-    sweep: list[str] = typer.Option([], "--sweep", help="lambda=1,2,4 | delta=0.05,0.1 | tree=a,b | k=5,10 | batch=1,4,8 (every method, ar included; repeatable)."),
-    quality: bool = typer.Option(True, "--quality/--no-quality", help="Measure class accuracy and FD (demo models)."),
-    measure_law: bool = typer.Option(True, "--measure-law/--no-measure-law", help="Measure each drafting method's step TVD (what its acceptance rule does to the law) in an untimed warm-up pass."),
-    interleave: bool = typer.Option(True, "--interleave/--no-interleave",
-                                    help="Time the methods' repeats round-robin (default) or each method's back to "
-                                         "back (keeps one decoder in memory at a time)."),
+    out: Out,
+    methods: Methods = None,
+    repeats: Repeats = None,
+    warmup: Warmup = None,
+    sweep: Sweep = [],
+    quality: Quality = True,
+    measure_law: MeasureLaw = True,
+    interleave: Interleave = True,
     source: opt.ModelSource = None,  # every model option (opt.MODEL_OPTIONS)
     device: opt.Device = "auto",
     profile_name: opt.ProfileName = None,
@@ -40,13 +76,11 @@ def bench(
     num_images: opt.NumImages = None,
     seed: opt.Seed = 0,
     batch_size: opt.BatchSize = None,
-    shape: Optional[str] = typer.Option(None, "--shape", help="Project instead of measure: time AR and each method's iteration on a model shape with random weights (demo, llamagen-b, llamagen-l, llamagen-xl, llamagen-xxl, chameleon-7b, janus-pro-1b, janus-pro-7b, emu3-8b) and report tau x AR step / iteration; needs --tau-from or --tau."),
-    tau_from: Optional[str] = typer.Option(None, "--tau-from", help="--shape: a bench result file; every run in it is projected with the tau it measured."),
-    tau: Optional[float] = typer.Option(None, "--tau", help="--shape: the tau (measured on a trained model) of the methods in --methods; an entry may give its own as METHOD:tau=X."),
-    iterations: int = typer.Option(20, "--iterations", help="--shape: timed iterations per method."),
-    profile: bool = typer.Option(False, "--profile", help="Also write a torch.profiler trace of each run, "
-                                 "<out>.traces/NN.json.gz (NN = the run's index) of its first decode batch, from one extra untimed pass after "
-                                 "its timed repeats; open in ui.perfetto.dev."),
+    shape: Shape = None,
+    tau_from: TauFrom = None,
+    tau: Tau = None,
+    iterations: Iterations = 20,
+    profile: Profile = False,
 ) -> None:
     """Benchmark methods on one workload; speedups are ratios to AR from the same run."""
     if shape is not None:
@@ -59,10 +93,7 @@ def bench(
     for flag, value in (("--tau-from", tau_from), ("--tau", tau)):
         if value is not None:
             raise UserError(f"{flag} is for --shape projections; add --shape NAME or drop {flag}")
-    from runtime.bench.grids import grids_dir, write_grids
     from runtime.bench.runner import plan_runs
-    from runtime.bench.schema import save_bench
-    from runtime.utils.atomic import publish_folder, writing
 
     method_list = _check_bench_flags(methods or "ar,sd,eagle2,lantern,lantern++", repeats, warmup, out, num_images)
     plan = plan_runs(method_list, sweep)
@@ -72,11 +103,22 @@ def bench(
                 "attention": attention, "classes": classes, "num_images": num_images, "seed": seed,
                 "batch_size": batch_size, "repeats": repeats, "warmup": warmup, "quality": quality,
                 "interleave": interleave, "measure_law": measure_law}
+    result, path = _measure_and_save(source, flags.as_dict(), plan, settings, out, profile)
+    _print_bench(result, path)
+
+
+def _measure_and_save(source: Any, flags: dict[str, Any], plan: list[Any], settings: dict[str, Any], out: str,
+                      profile: bool) -> tuple[Any, Path]:
+    """Measure, then write the result file, its grids and (--profile) its traces, all or nothing."""
+    from runtime.bench.grids import grids_dir, write_grids
+    from runtime.bench.schema import save_bench
+    from runtime.utils.atomic import publish_folder, writing
+
     grids: list = []
     traces = Path(out).with_suffix(".traces")
     trace_staging = _staging_folder(traces) if profile else None
     try:
-        result = _measure(source, flags.as_dict(), plan, settings, trace_staging,
+        result = _measure(source, flags, plan, settings, trace_staging,
                           on_images=lambda i, images: grids.append((i, images)))
         with writing(f"--out {out}"):
             path = save_bench(result, out)
@@ -86,7 +128,7 @@ def bench(
     finally:
         if trace_staging is not None:
             shutil.rmtree(trace_staging, ignore_errors=True)  # already gone once published
-    _print_bench(result, path)
+    return result, path
 
 
 def _check_bench_flags(methods: str, repeats: int | None, warmup: int | None, out: str,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import signal
 import sys
-from typing import Any, List, Optional
+from typing import Annotated, Any, List, Optional
 
 import typer
 
@@ -20,35 +20,49 @@ from runtime.cli.app import app
 from runtime.utils.errors import UserError
 
 
+Host = Annotated[str, typer.Option("--host", help="Address to listen on (0.0.0.0: every interface).")]
+Port = Annotated[int, typer.Option("--port", help="TCP port.")]
+MaxQueue = Annotated[int, typer.Option("--max-queue", help="Images waiting for a slot before requests get 429.")]
+Timeout = Annotated[float, typer.Option("--timeout", help="Seconds a request may take before it gets 504 (its "
+                                        "images are dropped).")]
+ShutdownTimeout = Annotated[float, typer.Option(
+    "--shutdown-timeout", help="Seconds from SIGTERM / SIGINT to exit: the requests in flight finish "
+    "meanwhile (still listening: /ready 503, new requests 503); 2 s before the end those left are given up "
+    "(503). Keep it under the pod's terminationGracePeriodSeconds (Kubernetes' default 30).")]
+MaxRequestBytes = Annotated[int, typer.Option("--max-request-bytes", help="Largest request body; a larger one gets "
+                                              "413.")]
+ServedModelName = Annotated[Optional[List[str]], typer.Option(
+    "--served-model-name", help="The model's name in the API (GET /v1/models, a request's 'model'); "
+    "repeat it or separate by commas for aliases (default: the model's own name).")]
+ApiKey = Annotated[Optional[str], typer.Option(
+    "--api-key", envvar="LANTERN_API_KEY", show_envvar=True, help="Require 'Authorization: Bearer KEY' on /v1/* "
+    "(401 otherwise); /health, /ready and /metrics stay open. Prefer the environment variable: a flag shows in the "
+    "process list.")]
+AllowedOrigins = Annotated[Optional[List[str]], typer.Option(
+    "--allowed-origins", help="Browser origins allowed by CORS (https://app.example.com, or *); repeat "
+    "it or separate by commas. Default: none (no CORS headers).")]
+RootPath = Annotated[str, typer.Option("--root-path", help="The path prefix a proxy serves this under (e.g. "
+                                       "/lantern), for the docs' links.")]
+DisableDocs = Annotated[bool, typer.Option("--disable-docs", help="Serve no /docs, /redoc or /openapi.json.")]
+DisableUi = Annotated[bool, typer.Option("--disable-ui", help="Serve no web page at / (the API only).")]
+
+
 @app.command("serve")
 @opt.with_method_options()
 @opt.with_model_options
 def serve(
-    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
-    port: int = typer.Option(8000, "--port", help="TCP port."),
-    max_queue: int = typer.Option(64, "--max-queue", help="Images waiting for a slot before requests get 429."),
-    timeout: float = typer.Option(600.0, "--timeout", help="Seconds a request may take before it gets 504 (its "
-                                  "images are dropped)."),
-    shutdown_timeout: float = typer.Option(
-        25.0, "--shutdown-timeout", help="Seconds from SIGTERM / SIGINT to exit: the requests in flight finish "
-        "meanwhile (still listening: /ready 503, new requests 503); 2 s before the end those left are given up "
-        "(503). Keep it under the pod's terminationGracePeriodSeconds (Kubernetes' default 30)."),
-    max_request_bytes: int = typer.Option(1 << 20, "--max-request-bytes", help="Largest request body; a larger "
-                                          "one gets 413."),
-    served_model_name: Optional[List[str]] = typer.Option(
-        None, "--served-model-name", help="The model's name in the API (GET /v1/models, a request's 'model'); "
-        "repeat it or separate by commas for aliases (default: the model's own name)."),
-    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="LANTERN_API_KEY", show_envvar=True,
-                                          help="Require 'Authorization: Bearer KEY' on /v1/* (401 otherwise); "
-                                          "/health, /ready and /metrics stay open. Prefer the environment "
-                                          "variable: a flag shows in the process list."),
-    allowed_origins: Optional[List[str]] = typer.Option(
-        None, "--allowed-origins", help="Browser origins allowed by CORS (https://app.example.com, or *); repeat "
-        "it or separate by commas. Default: none (no CORS headers)."),
-    root_path: str = typer.Option("", "--root-path", help="The path prefix a proxy serves this under (e.g. "
-                                  "/lantern), for the docs' links."),
-    disable_docs: bool = typer.Option(False, "--disable-docs", help="Serve no /docs, /redoc or /openapi.json."),
-    disable_ui: bool = typer.Option(False, "--disable-ui", help="Serve no web page at / (the API only)."),
+    host: Host = "127.0.0.1",
+    port: Port = 8000,
+    max_queue: MaxQueue = 64,
+    timeout: Timeout = 600.0,
+    shutdown_timeout: ShutdownTimeout = 25.0,
+    max_request_bytes: MaxRequestBytes = 1 << 20,
+    served_model_name: ServedModelName = None,
+    api_key: ApiKey = None,
+    allowed_origins: AllowedOrigins = None,
+    root_path: RootPath = "",
+    disable_docs: DisableDocs = False,
+    disable_ui: DisableUi = False,
     source: opt.ModelSource = None,  # every model option (opt.MODEL_OPTIONS)
     t5_path: opt.T5Path = None,
     prompt_length: opt.PromptLength = None,
@@ -62,11 +76,8 @@ def serve(
     batch_size: opt.BatchSize = None,
 ) -> None:
     """Serve image generation over HTTP (OpenAI images API, continuous batching, /metrics)."""
-    import logging
-
     from runtime.generation.generator import ImageGenerator
     from runtime.models.layers import set_attention_kernel
-    from runtime.serve import AutoMethods, build_server
 
     if not 0 < port < 65536:
         raise UserError(f"--port must be in [1, 65535], got {port}")
@@ -76,8 +87,24 @@ def serve(
         raise UserError(f"--timeout must be > 0 seconds, got {timeout}")
     http = _http_options(shutdown_timeout, max_request_bytes, api_key, allowed_origins, root_path, disable_docs,
                          disable_ui)
-    _check_address(host, port)  # before minutes of loading and capture
-    if http.api_key is None and host not in ("127.0.0.1", "localhost", "::1"):
+    names = _check_listening(host, port, http.api_key is None, served_model_name)
+    gen = ImageGenerator.from_source(source, flags.as_dict(), device=device, profile=profile_name, dtype=dtype,
+                                     graph=graph, method=method, attention=attention, batch_size=batch_size,
+                                     t5_path=t5_path)
+    set_attention_kernel(attention)  # the engine thread decodes with it for the server's life
+    web, engine, served = _build(gen, prompt_length, max_queue, timeout, names, http)
+    _say_where(host, port, root_path, served, gen, http)
+    _listen(web, engine, served, host, port, root_path, shutdown_timeout)
+
+
+def _check_listening(host: str, port: int, open_api: bool, served_model_name: List[str] | None) -> list[str]:
+    """Before minutes of loading and capture: the address is this host's and free, the serve
+    extra is installed, the served names are sound (returned); a warning for an open API off
+    loopback."""
+    import logging
+
+    _check_address(host, port)
+    if open_api and host not in ("127.0.0.1", "localhost", "::1"):
         logging.getLogger("runtime.serve").warning(
             "serving on %s without an API key: whoever reaches this address can generate; set LANTERN_API_KEY "
             "(or put the server behind a proxy that authenticates)", host)
@@ -89,25 +116,38 @@ def serve(
     except ImportError:
         raise UserError("runtime serve needs the serve extra: pip install 'lantern-runtime[serve]' "
                         "(FastAPI, uvicorn, prometheus-client)") from None
-    gen = ImageGenerator.from_source(source, flags.as_dict(), device=device, profile=profile_name, dtype=dtype,
-                                     graph=graph, method=method, attention=attention, batch_size=batch_size,
-                                     t5_path=t5_path)
-    set_attention_kernel(attention)  # the engine thread decodes with it for the server's life
-    backend, batch = gen.backend, gen.default_batch
+    return names
+
+
+def _build(gen: Any, prompt_length: int | None, max_queue: int, timeout: float, names: list[str], http: Any) -> Any:
+    """(app, engine, served) over the generator's model and resolved method (each method of the
+    profile's [auto] table for --method auto)."""
+    from runtime.serve import AutoMethods, build_server
+
+    batch = gen.default_batch
     auto = AutoMethods(gen.auto_specs(), gen.profile.auto) if gen.auto else None
     spec = next(iter(auto.specs.values())) if auto is not None else gen.spec_for(batch)
-    web, engine, served = build_server(gen.loaded, spec, backend, batch_size=batch, max_queue=max_queue,
-                                       timeout_s=timeout, auto=auto, names=names or None, http=http,
-                                       conditioner=_conditioner(gen, prompt_length))
+    return build_server(gen.loaded, spec, gen.backend, batch_size=batch, max_queue=max_queue, timeout_s=timeout,
+                        auto=auto, names=names or None, http=http, conditioner=_conditioner(gen, prompt_length))
 
-    from runtime.serve.drain import DrainingServer, server_config
 
-    if logging.getLogger("runtime.serve").isEnabledFor(logging.WARNING):  # said unless -q
+def _say_where(host: str, port: int, root_path: str, served: Any, gen: Any, http: Any) -> None:
+    """The one line naming the address, model, method and device (unless -q)."""
+    import logging
+
+    if logging.getLogger("runtime.serve").isEnabledFor(logging.WARNING):
         where = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
         proxied = f" behind a proxy at {root_path}" if root_path else ""
         print(f"runtime serve: {where}{proxied} (OpenAI images API at /v1), model {', '.join(served.names)}, method "
-              f"{served.method}, device {backend.device}, batch {batch}{', API key required' if http.api_key else ''}; "
-              "/ready answers 200 once the steps are captured", file=sys.stderr, flush=True)
+              f"{served.method}, device {gen.backend.device}, batch {gen.default_batch}"
+              f"{', API key required' if http.api_key else ''}; /ready answers 200 once the steps are captured",
+              file=sys.stderr, flush=True)
+
+
+def _listen(web: Any, engine: Any, served: Any, host: str, port: int, root_path: str, shutdown_timeout: float) -> None:
+    """Serve until SIGTERM / SIGINT, drain, and exit with the signal's code."""
+    from runtime.serve.drain import DrainingServer, server_config
+
     server = DrainingServer(server_config(web, host=host, port=port, root_path=root_path), served,
                             shutdown_timeout)
     try:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
@@ -17,56 +17,75 @@ from runtime.utils.errors import UserError
 from runtime.config.method_options import METHOD_TABLE, Drafting, RelaxKind
 
 
+Out = Annotated[Path, typer.Option("--out", help=(
+    "Profile to write, e.g. profiles/my-cpu.toml (a NAME.tree.toml and NAME.tune.json go beside it)."))]
+Method = Annotated[Optional[str], typer.Option("--method", help=(
+    "Method whose tree is tuned: lantern++ or sd."))]
+NumImages = Annotated[Optional[int], typer.Option("--num-images", help=(
+    "Calibration images (classes cycled)."))]
+MaxNodes = Annotated[int, typer.Option("--max-nodes", help=(
+    "Largest tree considered (draft nodes, root excluded)."))]
+MaxDepth = Annotated[int, typer.Option("--max-depth", help=(
+    "Deepest tree considered."))]
+Ranks = Annotated[int, typer.Option("--ranks", help=(
+    "Most children of a node (ranks measured per depth)."))]
+DddThresholds = Annotated[str, typer.Option("--ddd-thresholds", help=(
+    "DDD thresholds to time, or 'none'."))]
+Occupancies = Annotated[str, typer.Option("--occupancies", help=(
+    "Batch occupancies at which AR and the tuned tree (exact) are timed; the faster at each is written "
+    "as the profile's [auto] table (--method auto). 'none' skips it."))]
+Force = Annotated[bool, typer.Option("--force", help=(
+    "Overwrite an existing profile."))]
+QualityBudget = Annotated[Optional[float], typer.Option("--quality-budget", help=(
+    "Also choose the relaxation: the fastest (rule, lambda) whose quality stays within this many "
+    "AR-vs-AR bands of AR on every figure (1: indistinguishable from AR at --quality-images)."))]
+QualityImages = Annotated[Optional[int], typer.Option("--quality-images", help=(
+    "Images per set the quality is judged on (default 240; AR is decoded twice more)."))]
+Lambdas = Annotated[Optional[str], typer.Option("--lambdas", help=(
+    "Lambdas tried by --quality-budget (default 1.5,2,3,5,8; the exact tree always competes)."))]
+RelaxRules = Annotated[Optional[str], typer.Option("--relax-rules", help=(
+    "Rules tried by --quality-budget (default paper,bounded)."))]
+InceptionWeights = Annotated[Optional[str], typer.Option("--inception-weights", help=(
+    "--quality-budget on a model other than the demo: torch-fidelity's InceptionV3 weights (default: "
+    "$LANTERN_INCEPTION_WEIGHTS)."))]
+
+
 @app.command("tune")
 @opt.with_method_options(only=("greedy", "temperature", "top_k", "top_p", "cfg", "lantern_k", "lantern_lambda",
                                  "relax_rule"))
 @opt.with_model_options
 def tune_cmd(
-    out: Path = typer.Option(..., "--out", help="Profile to write, e.g. profiles/my-cpu.toml (a NAME.tree.toml and NAME.tune.json go beside it)."),
+    out: Out,
     device: opt.Device = "auto",
     source: opt.ModelSource = None,  # every model option (opt.MODEL_OPTIONS)
     profile_name: opt.ProfileName = None,
     graph: opt.Graph = None,
     dtype: opt.Dtype = None,
-    method: Optional[str] = typer.Option("lantern++", "--method", help="Method whose tree is tuned: lantern++ or sd."),
-    flags: opt.MethodFlags = None,  # the sampling and relaxation options it calibrates with
+    method: Method = "lantern++",
+    flags: opt.MethodFlags = None,  # every method option (runtime.config.method_options)
     batch_size: opt.BatchSize = None,
     classes: opt.Classes = None,
-    num_images: Optional[int] = typer.Option(8, "--num-images", help="Calibration images (classes cycled)."),
-    max_nodes: int = typer.Option(32, "--max-nodes", help="Largest tree considered (draft nodes, root excluded)."),
-    max_depth: int = typer.Option(6, "--max-depth", help="Deepest tree considered."),
-    ranks: int = typer.Option(4, "--ranks", help="Most children of a node (ranks measured per depth)."),
-    ddd_thresholds: str = typer.Option("-0.1,-0.3,-0.6,-1.0", "--ddd-thresholds", help="DDD thresholds to time, or 'none'."),
-    occupancies: str = typer.Option("1,2,4,8", "--occupancies", help="Batch occupancies at which AR and the tuned "
-                                    "tree (exact) are timed; the faster at each is written as the profile's [auto] "
-                                    "table (--method auto). 'none' skips it."),
+    num_images: NumImages = 8,
+    max_nodes: MaxNodes = 32,
+    max_depth: MaxDepth = 6,
+    ranks: Ranks = 4,
+    ddd_thresholds: DddThresholds = "-0.1,-0.3,-0.6,-1.0",
+    occupancies: Occupancies = "1,2,4,8",
     seed: opt.Seed = 0,
-    force: bool = typer.Option(False, "--force", help="Overwrite an existing profile."),
-    quality_budget: Optional[float] = typer.Option(None, "--quality-budget", help="Also choose the relaxation: the "
-                                                   "fastest (rule, lambda) whose quality stays within this many "
-                                                   "AR-vs-AR bands of AR on every figure (1: indistinguishable "
-                                                   "from AR at --quality-images)."),
-    quality_images: Optional[int] = typer.Option(None, "--quality-images", help="Images per set the quality is "
-                                                 "judged on (default 240; AR is decoded twice more)."),
-    lambdas: Optional[str] = typer.Option(None, "--lambdas", help="Lambdas tried by --quality-budget "
-                                          "(default 1.5,2,3,5,8; the exact tree always competes)."),
-    relax_rules: Optional[str] = typer.Option(None, "--relax-rules", help="Rules tried by --quality-budget "
-                                              "(default paper,bounded)."),
-    inception_weights: Optional[str] = typer.Option(None, "--inception-weights", help="--quality-budget on a model "
-                                                    "other than the demo: torch-fidelity's InceptionV3 weights "
-                                                    "(default: $LANTERN_INCEPTION_WEIGHTS)."),
+    force: Force = False,
+    quality_budget: QualityBudget = None,
+    quality_images: QualityImages = None,
+    lambdas: Lambdas = None,
+    relax_rules: RelaxRules = None,
+    inception_weights: InceptionWeights = None,
 ) -> None:
     """Choose this device's static tree by measurement and write it as a profile."""
     from runtime.tools.tune import tree_toml, tune
+    from runtime.tools.tuned_profile import profile_toml
     from runtime.utils.atomic import atomic_path
 
     _check_tune_out(out, force)
-    for name, value, low, high in (("--max-nodes", max_nodes, 1, 128), ("--max-depth", max_depth, 1, 16),
-                                   ("--ranks", ranks, 1, 8), ("--num-images", num_images, 1, 1024)):
-        if not low <= value <= high:
-            raise UserError(f"{name} must be in [{low}, {high}], got {value}")
-    if method not in METHOD_TABLE or METHOD_TABLE[method].drafting != Drafting.STATIC:
-        raise UserError(f"--method {method}: runtime tune chooses a static tree, for lantern++ or sd")
+    _check_search_space(max_nodes, max_depth, ranks, num_images, method)
     thresholds = _thresholds(ddd_thresholds)
     occupancy_list = _occupancies(occupancies)
     search = _quality_options(quality_budget, quality_images, lambdas, relax_rules, inception_weights, method)
@@ -113,6 +132,15 @@ def _check_tune_out(out: Path, force: bool) -> None:
     if out.exists() and not force:
         raise UserError(f"--out {out} exists; pass --force to overwrite it or choose another name")
     probe_writable(out)  # before the calibration, not after it
+
+
+def _check_search_space(max_nodes: int, max_depth: int, ranks: int, num_images: int, method: str) -> None:
+    for name, value, low, high in (("--max-nodes", max_nodes, 1, 128), ("--max-depth", max_depth, 1, 16),
+                                   ("--ranks", ranks, 1, 8), ("--num-images", num_images, 1, 1024)):
+        if not low <= value <= high:
+            raise UserError(f"{name} must be in [{low}, {high}], got {value}")
+    if method not in METHOD_TABLE or METHOD_TABLE[method].drafting != Drafting.STATIC:
+        raise UserError(f"--method {method}: runtime tune chooses a static tree, for lantern++ or sd")
 
 
 def _open_tuning(source: Any, flags: dict[str, Any], method: str, device: str, profile_name: str | None,
@@ -262,97 +290,3 @@ def _occupancies(text: str) -> tuple[int, ...]:
     if not values or any(not 1 <= v <= 256 for v in values):
         raise UserError(f"--occupancies {text!r}: batch sizes in [1, 256]")
     return tuple(sorted(set(values)))
-
-
-def _toml_float(x: float) -> str:
-    """A TOML float (always a decimal point or exponent: the profile's keys are strict floats)."""
-    return repr(float(f"{float(x):.6g}"))
-
-
-def profile_toml(result: Any, base: Any, spec: Any, tree_file: str, record_file: str,
-                 occupancy: list[dict[str, Any]] | None = None, roof: Any = None, quality: Any = None) -> str:
-    """The tuned profile: the base profile's device and bench settings, the chosen tree and
-    method settings, comments saying what was measured and why this tree won, and (on a CPU)
-    the machine's measured peaks as `[roof]` for the phases' floors."""
-    c, costs = result.choice, result.costs
-    ms = lambda s: f"{s * 1e3:.2f} ms"  # noqa: E731
-    lines = [
-        f"# Written by `runtime tune` in {result.seconds:.0f} s on {result.device.get('name', '?')} "
-        f"({'graph' if result.graph else 'eager'}, batch {result.batch_size}); measurements in {record_file}.",
-        f"# Calibration: {result.calibration['iterations']} iterations of {result.method} over a "
-        f"{result.calibration['tree']} tree, classes {result.calibration['conditions']}.",
-        "# Acceptance rate by depth (rows) and rank (columns), given the parent accepted and lower ranks rejected:",
-        *[f"#   depth {d + 1}: " + " ".join(f"{a:.2f}" for a in row) for d, row in enumerate(result.rate)],
-        f"# Step costs (median of {costs['rounds']} interleaved rounds; verify and accept fitted non-decreasing "
-        f"in nodes, measured values in the record): AR step {ms(costs['ar_step_s'])}; verify by nodes "
-        + ", ".join(f"{n}: {ms(t)}" for n, t in costs["verify_s"].items()) + ";",
-        "#   accept by nodes " + ", ".join(f"{n}: {ms(t)}" for n, t in costs["accept_s"].items())
-        + "; draft by depth " + ", ".join(f"{d}: {ms(t)}" for d, t in costs["draft_s"].items()) + ".",
-        "# Best tree of each depth (expected tokens per iteration, ms per iteration, expected speedup over AR):",
-        *[f"#   depth {p['depth']}: {p['nodes']} nodes, {p['expected_tokens']:.2f} tokens, "
-          f"{ms(p['iteration_s'])}, {p['expected_speedup']:.2f}x" for p in result.per_depth],
-        f"# Chosen: depth {c['depth']}, {c['nodes']} nodes (largest expected tokens per second). The expected "
-        "speedup is a model's projection; `runtime bench` measures it.",
-    ]
-    if result.ddd:
-        lines.append("# DDD thresholds timed (images/s): "
-                     + ", ".join(f"{r['threshold']}: {r['images_per_s']:.3f}" for r in result.ddd["runs"]))
-    lines += [
-        f'description = "tuned by runtime tune: {c["nodes"]}-node depth-{c["depth"]} tree for {result.method}"',
-        "",
-        "[device]",
-        f'dtype = "{base.device.dtype}"',
-        f"graph = {'true' if result.graph else 'false'}",
-        *([f'hpu_mode = "{base.device.hpu_mode}"'] if base.device.hpu_mode else []),
-        f"batch_size = {result.batch_size}",
-        "",
-        "[tree]",
-        f'name = "{tree_file}"',
-        "",
-        "[method]",
-        'name = "lantern++"',
-    ]
-    if spec.decl.relaxation == RelaxKind.LAMBDA:
-        lines.append(f"lantern_lambda = {spec.lantern_lambda}")
-        lines.append(f'relax_rule = "{spec.relax_rule}"')
-    else:  # sd: exact acceptance over the tuned tree
-        lines.append("lantern_lambda = 1.0")
-    if result.ddd:
-        lines.append(f"ddd_threshold = {result.ddd['threshold']}")
-    pinned = base.method.pinned()
-    for key in ("top_k_draft", "total_tokens", "depth"):
-        if key in pinned:
-            lines.append(f"{key} = {pinned[key]}")
-    lines += ["", "[bench]", f"warmup = {base.bench.warmup}", f"repeats = {base.bench.repeats}", ""]
-    if occupancy:
-        lines += ["# --method auto: the faster of AR and the tree above (exact, lambda 1) at each batch occupancy, "
-                  "measured (images/s):",
-                  *[f"#   {row['occupancy']}: " + ", ".join(f"{m} {v:.3f}" for m, v in row["images_per_s"].items())
-                    for row in occupancy],
-                  "[auto]",
-                  "by_occupancy = { " + ", ".join(f'{row["occupancy"]} = "{row["fastest"]}"' for row in occupancy)
-                  + " }", ""]
-    if quality is not None:
-        c = quality.chosen
-        lines += [f"# Quality: AR and {len(quality.candidates)} settings of the tree above decoded {quality.images} "
-                  f"images each from the same seeds, judged by the {quality.features} against AR (paired "
-                  f"differences, 95 % intervals) and against AR on disjoint seeds (the band); chosen: the "
-                  f"fastest within {quality.budget:g} band(s) on every figure ({quality.seconds:.0f} s). "
-                  f"Every setting, in {record_file}:",
-                  *[f"#   {x.rule} lambda {x.lantern_lambda:g}: {x.images_per_s / quality.ar_images_per_s:.2f}x, "
-                    + ("within" if x.verdict.indistinguishable else "outside") + "; "
-                    + ", ".join(f"{m} {e.value:+.3f}" for m, e in x.verdict.vs_ar.items())
-                    for x in quality.candidates],
-                  "[quality]", f"budget = {float(quality.budget)}", f"images = {quality.images}",
-                  f"features = {json.dumps(quality.features)}", f'relax_rule = "{c.rule}"',
-                  f"lantern_lambda = {float(c.lantern_lambda)}",
-                  f"speedup = {_toml_float(c.images_per_s / quality.ar_images_per_s)}",
-                  "band = { " + ", ".join(f"{m} = {_toml_float(v)}" for m, v in quality.band.items()) + " }",
-                  "vs_ar = { " + ", ".join(f"{m} = [{_toml_float(e.value)}, {_toml_float(e.lo)}, {_toml_float(e.hi)}]"
-                                           for m, e in c.verdict.vs_ar.items()) + " }", ""]
-    if roof is not None:
-        (dtype, rate), = roof.matmul.items()
-        lines += ["# This machine's peaks, for each phase's roofline floor (runtime bench, selfcheck, report):",
-                  "[roof]", f"bandwidth_gbs = {roof.bandwidth / 1e9:.3f}", f"matmul_tflops = {rate / 1e12:.4f}",
-                  f"source = {json.dumps(f'runtime tune: {roof.source} ({dtype})')}", ""]
-    return "\n".join(lines)

@@ -183,7 +183,8 @@ class ImageGenerator:
         if self.auto:
             auto_method(self.profile, self.default_batch, self.flags)  # a profile without [auto], relaxation flags
         self.prompt_length = wl.resolve_prompt_length(prompt_length, self.loaded.config.model_type)
-        self.captions = wl.caption_encoder(self.loaded, self.backend, t5_path)
+        wl.check_t5_path(self.loaded, t5_path)
+        self._t5_path, self._captions = t5_path, None
         self._decoders: dict[tuple[Any, ...], SlotDecoder] = {}
 
     def _resolve(self, method: str | None, lossless: bool = False) -> MethodSpec:
@@ -201,6 +202,13 @@ class ImageGenerator:
         if self._spec is not None:
             return self._spec
         return self._resolve(auto_method(self.profile, occupancy, self.flags), lossless=True)
+
+    @property
+    def captions(self) -> Any:
+        """LlamaGen t2i: the T5 encoder of --t5-path, opened on first use (None where not given)."""
+        if self._captions is None and self._t5_path is not None:
+            self._captions = wl.caption_encoder(self.loaded, self.backend, self._t5_path)
+        return self._captions
 
     def auto_specs(self) -> dict[str, MethodSpec]:
         """Method "auto": every method the profile's [auto] table names, resolved lossless (the
@@ -238,7 +246,7 @@ class ImageGenerator:
         wl.check_num_images(num_images, limit)
         with self._busy():
             return wl.build_workload(self.loaded, self.backend, classes=classes, prompts=prompts,
-                                     num_images=num_images, caption_encoder=self.captions,
+                                     num_images=num_images, captions=lambda: self.captions,
                                      prompt_length=self.prompt_length)
 
     def generate(self, prompts: Sequence[str] | str | None = None, *, classes: Sequence[int] | str | None = None,
@@ -319,7 +327,7 @@ class ImageGenerator:
                     self.backend.release_inference(module)
             self._decoders.clear()
             self.loaded = None  # type: ignore[assignment]
-            self.captions = None
+            self._captions = None
             self._spec = None
             self._closed = True
         gc.collect()

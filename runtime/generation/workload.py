@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from runtime.utils.errors import UserError
 
@@ -112,11 +112,11 @@ def class_text(classes: str | Sequence[int] | None) -> str | None:
 
 
 def build_workload(loaded: LoadedModel, backend: Backend, *, classes: str | Sequence[int] | None,
-                   prompts: Sequence[str] | None, num_images: int | None, caption_encoder: Any = None,
+                   prompts: Sequence[str] | None, num_images: int | None, captions: Callable[[], Any] | None = None,
                    prompt_length: int | None = None) -> Workload:
     """The conditions of `num_images` images (default: one per class or prompt): class ids for a
-    class-conditional model, caption features (`caption_encoder`: a `T5Encoder`) for LlamaGen
-    t2i, prompt token ids padded to `prompt_length` (default: the longest) for the Chameleon
+    class-conditional model, caption features (`captions()`: the `T5Encoder`, opened once the
+    prompts are read) for LlamaGen t2i, prompt token ids padded to `prompt_length` (default: the longest) for the Chameleon
     family, which also sets the target's prompt length for the decoders built next."""
     from runtime.generation.loading import parse_classes
 
@@ -144,9 +144,10 @@ def build_workload(loaded: LoadedModel, backend: Backend, *, classes: str | Sequ
         ids, mask = loaded.prompt_encoder(texts, length)
         loaded.target.for_prompts(ids.size(1))
         return Workload(ids.to(backend.device), mask.to(backend.device), texts)
-    if caption_encoder is None:
+    encoder = captions() if captions is not None else None
+    if encoder is None:
         raise UserError("--prompts needs --t5-path DIR, a local T5 encoder (flan-t5-xl for LlamaGen)")
-    emb, mask = caption_encoder.encode(texts)
+    emb, mask = encoder.encode(texts)
     return Workload(emb.to(backend.dtype), mask, texts)
 
 
@@ -161,18 +162,24 @@ def _prompt_list(prompts: Sequence[str], num_images: int | None) -> list[str]:
     return cycle(texts, num_images)
 
 
-def caption_encoder(loaded: LoadedModel, backend: Backend, t5_path: str | None) -> Any:
-    """The T5 encoder of a LlamaGen t2i model from --t5-path (None where not given); refused for
-    the other kinds, which read class ids or their own tokenizer's prompts."""
-    if t5_path is None:
-        return None
+def check_t5_path(loaded: LoadedModel, t5_path: str | None) -> None:
+    """--t5-path is for LlamaGen t2i: refused for the other kinds, which read class ids or their
+    own tokenizer's prompts."""
     kind = loaded.config.model_type
+    if t5_path is None or kind == "t2i":
+        return
     if kind == "c2i":
         raise UserError("--t5-path does nothing for a class-conditional model (its prompts are class ids or "
                         "names); drop it")
-    if kind != "t2i":
-        raise UserError("--t5-path does nothing for a Chameleon model (it reads --prompts with its own "
-                        "tokenizer); drop --t5-path")
+    raise UserError("--t5-path does nothing for a Chameleon model (it reads --prompts with its own tokenizer); "
+                    "drop --t5-path")
+
+
+def caption_encoder(loaded: LoadedModel, backend: Backend, t5_path: str | None) -> Any:
+    """The T5 encoder of a LlamaGen t2i model from --t5-path (None where not given)."""
+    check_t5_path(loaded, t5_path)
+    if t5_path is None:
+        return None
     from runtime.models.t5 import T5Encoder
 
     return T5Encoder(t5_path, device=backend.device, dtype=backend.dtype, max_length=loaded.config.cls_token_num)
