@@ -24,17 +24,33 @@ _WORKLOAD_FLAGS = ("model", "gpt_model", "gpt_ckpt", "vq_ckpt", "drafter", "imag
 def bench_shape(args: dict[str, Any]) -> None:
     """Run a projection from `runtime bench`'s parameters (its `locals()`)."""
     from rich.console import Console
-    from rich.table import Table
 
-    from runtime.utils.atomic import atomic_write_text, writing
-    from runtime.bench import schema
-    from runtime.bench.environment import current_env
-    from runtime.bench.projection import Target, model_shape, project, projection_file, spec_from_run
-    from runtime.tools.roofline import device_roof
-    from runtime.cli.app import INVOCATION
+    from runtime.bench.projection import model_shape, project
     from runtime.generation.device_setup import open_backend
     from runtime.generation.workload import batch_size as batch_of
+    from runtime.tools.roofline import device_roof
+    from runtime.utils.atomic import atomic_write_text, writing
 
+    out = _check_shape_flags(args)
+    shape = model_shape(args["shape"])
+    if args["iterations"] < 2:
+        raise UserError(f"--iterations must be >= 2, got {args['iterations']}")
+    backend, prof = open_backend(args["device"], args["profile_name"], args["graph"], args["dtype"])
+    targets = _targets(args, args["flags"].as_dict(), prof, shape)
+    warmup = max(prof.bench.warmup if args["warmup"] is None else args["warmup"], 1)
+    console = Console(stderr=True)
+    roof = device_roof(backend, prof)
+    body = project(shape, backend, targets, warmup=warmup, iterations=args["iterations"],
+                   batch_size=batch_of(args["batch_size"], prof),
+                   progress=lambda text: console.print(f"[dim]{text}[/dim]"), roof=roof)
+    data, device = _projection_file(body, backend, prof, warmup, args["iterations"])
+    with writing(f"--out {out}"):
+        atomic_write_text(out, json.dumps(data, indent=2))
+    _print_projection(data, device, shape, out, roof)
+
+
+def _check_shape_flags(args: dict[str, Any]) -> Path:
+    """--out, once the flags that do nothing with --shape are refused."""
     given = [f"--{k.replace('_', '-')}" for k in _WORKLOAD_FLAGS if args.get(k) is not None]
     given += ["--sweep"] if args["sweep"] else []
     given += ["--trust-checkpoint"] if args["trust_checkpoint"] else []
@@ -44,48 +60,57 @@ def bench_shape(args: dict[str, Any]) -> None:
     out = Path(args["out"])
     if out.is_dir():
         raise UserError(f"--out {out}: is a folder; --out names the projection file, e.g. {out / 'projection.json'}")
-    shape = model_shape(args["shape"])
-    if args["iterations"] < 2:
-        raise UserError(f"--iterations must be >= 2, got {args['iterations']}")
-    backend, prof = open_backend(args["device"], args["profile_name"], args["graph"], args["dtype"])
-    flags = args["flags"].as_dict()
+    return out
+
+
+def _targets(args: dict[str, Any], flags: dict[str, Any], prof: Any, shape: Any) -> list[Any]:
+    """What is projected: every run of --tau-from's file at its tau, or --methods at --tau."""
+    from runtime.bench import schema
+    from runtime.bench.projection import Target, spec_from_run
+
     if (args["tau_from"] is None) == (args["tau"] is None):
         raise UserError("--shape needs the tau of a trained model: --tau-from RESULT.json (every run in it) or "
                         "--tau X with one method in --methods")
-    if args["tau_from"] is not None:
-        if args["methods"] is not None or any(v is not None for v in flags.values()):
-            raise UserError("--tau-from projects the runs of the file with their own settings; drop --methods and "
-                            "the method flags")
-        result = schema.load_bench(args["tau_from"])
-        targets = [Target(f"{r.method} [{r.params.label()}]", spec_from_run(r, result.workload.sampling),
-                          r.stats.mean_accepted_length,
-                          f"{args['tau_from']}: {r.method} [{r.params.label()}] on {result.workload.model}")
-                   for r in result.runs if r.method != BASELINE and not METHOD_TABLE[r.method].checks
-                   and r.params.dynamic_depth is None]
-        if not targets:
-            raise UserError(f"{args['tau_from']}: no run to project (ar, ddd and --dynamic-depth runs are skipped)")
-    else:
-        targets = _given_tau_targets(args["methods"], float(args["tau"]), flags, prof, shape)
-    warmup = prof.bench.warmup if args["warmup"] is None else args["warmup"]
-    batch = batch_of(args["batch_size"], prof)
-    console = Console(stderr=True)
-    roof = device_roof(backend, prof)
-    body = project(shape, backend, targets, warmup=max(warmup, 1), iterations=args["iterations"], batch_size=batch,
-                   progress=lambda text: console.print(f"[dim]{text}[/dim]"), roof=roof)
+    if args["tau_from"] is None:
+        return _given_tau_targets(args["methods"], float(args["tau"]), flags, prof, shape)
+    if args["methods"] is not None or any(v is not None for v in flags.values()):
+        raise UserError("--tau-from projects the runs of the file with their own settings; drop --methods and "
+                        "the method flags")
+    result = schema.load_bench(args["tau_from"])
+    targets = [Target(f"{r.method} [{r.params.label()}]", spec_from_run(r, result.workload.sampling),
+                      r.stats.mean_accepted_length,
+                      f"{args['tau_from']}: {r.method} [{r.params.label()}] on {result.workload.model}")
+               for r in result.runs if r.method != BASELINE and not METHOD_TABLE[r.method].checks
+               and r.params.dynamic_depth is None]
+    if not targets:
+        raise UserError(f"{args['tau_from']}: no run to project (ar, ddd and --dynamic-depth runs are skipped)")
+    return targets
+
+
+def _projection_file(body: Any, backend: Any, prof: Any, warmup: int, iterations: int) -> tuple[Any, dict[str, Any]]:
+    """(the projection file's data, its device record)."""
+    from datetime import datetime, timezone
+
+    from runtime.bench import schema
+    from runtime.bench.environment import current_env
+    from runtime.bench.projection import projection_file
+    from runtime.cli.app import INVOCATION
+
     info = backend.info()
     device = {"backend": backend.name, "name": str(info.get("name", backend.name)), "count": 1,
               "versions": {k: str(info[k]) for k in ("torch", "cuda", "driver", "synapseai") if info.get(k)}}
-    from datetime import datetime, timezone
-
     values = prof.to_dict()  # as resolved: the graph mode and dtype the steps really ran with
     values.setdefault("device", {}).update(graph=bool(backend.graph_mode), dtype=info.get("dtype"))
     env = current_env(profile=schema.Profile(name=prof.name, values=values),
-                             started_at=datetime.now(timezone.utc), bench_seconds=0.0, warmup=max(warmup, 1),
-                             repeats=args["iterations"], timer="synchronize+perf_counter", schedule="sequential",
-                             command_line=INVOCATION or ["runtime"] + sys.argv[1:], dtype=info.get("dtype"))
-    data = projection_file(body, device, schema.to_env_dict(env))
-    with writing(f"--out {out}"):
-        atomic_write_text(out, json.dumps(data, indent=2))
+                      started_at=datetime.now(timezone.utc), bench_seconds=0.0, warmup=warmup,
+                      repeats=iterations, timer="synchronize+perf_counter", schedule="sequential",
+                      command_line=INVOCATION or ["runtime"] + sys.argv[1:], dtype=info.get("dtype"))
+    return projection_file(body, device, schema.to_env_dict(env)), device
+
+
+def _print_projection(data: Any, device: dict[str, Any], shape: Any, out: Path, roof: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
 
     table = Table(title=f"projection on {device['name']}: {shape.description} -> {out}")
     for col in ("method", "tau (source)", "iteration / AR step", "iteration / floor", "projected speedup [95% CI]"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
@@ -68,60 +68,88 @@ def train_demo_command(
     Console().print(_summary(manifest, out))
 
 
+DrafterOut = Annotated[Path, typer.Option("--out", help=(
+    "Folder to write to: the bundle with the new drafter (--model), or the drafter folder (--gpt-ckpt: "
+    "config.json, model.safetensors, manifest.json)."))]
+DrafterModel = Annotated[str, typer.Option("--model", help=(
+    "'demo' (the packaged bundle), a bundle folder, or a prompted model (Chameleon, Janus, Emu3) by "
+    "folder or Hugging Face Hub id."))]
+DrafterModelRevision = Annotated[Optional[str], typer.Option("--model-revision", help=(
+    "Branch, tag or commit of a --model given by Hub id."))]
+DrafterSteps = Annotated[Optional[int], typer.Option("--steps", help=(
+    "Drafter steps (default 700 for a bundle, 2000 for --gpt-ckpt)."))]
+DrafterSeed = Annotated[int, typer.Option("--seed", help=(
+    "Seed of the drafter's initialisation, data and batches."))]
+DrafterThreads = Annotated[int, typer.Option("--threads", help=(
+    "CPU threads (torch.set_num_threads)."))]
+DrafterForce = Annotated[bool, typer.Option("--force", help=(
+    "Replace --out if it exists."))]
+DrafterGptModel = Annotated[Optional[str], typer.Option("--gpt-model", rich_help_panel="Any target (--gpt-ckpt)", help=(
+    "The target's LlamaGen config (GPT-B, GPT-L, ...)."))]
+DrafterGptCkpt = Annotated[Optional[str], typer.Option("--gpt-ckpt", rich_help_panel="Any target (--gpt-ckpt)", help=(
+    "Train for this official c2i checkpoint (or fine-tune, or HF folder)."))]
+DrafterImageSize = Annotated[Optional[int], typer.Option("--image-size", rich_help_panel="Any target (--gpt-ckpt)", help=(
+    "The checkpoint's image size (default: from its file name)."))]
+DrafterTrustCheckpoint = Annotated[bool, typer.Option("--trust-checkpoint", rich_help_panel="Any target (--gpt-ckpt)", help=(
+    "Allow a checkpoint holding pickled Python objects."))]
+DrafterDevice = Annotated[Optional[str], typer.Option("--device", rich_help_panel="Any target (--gpt-ckpt)", help=(
+    "auto, cpu, cuda or hpu (default auto; fp32 throughout)."))]
+DrafterNumImages = Annotated[Optional[int], typer.Option("--num-images", rich_help_panel="Any target (--gpt-ckpt)", help=(
+    "Images the target generates for the self-distilled data (default 1000)."))]
+DrafterClasses = Annotated[Optional[str], typer.Option("--classes", rich_help_panel="Any target (--gpt-ckpt)", help=(
+    "Comma-separated class ids cycled over the images (default: all)."))]
+DrafterTokensFile = Annotated[Optional[str], typer.Option("--tokens", rich_help_panel="Any target (--gpt-ckpt)", help=(
+    "Teacher-force on these tokens instead (.npy, (N, tokens per image) int); needs --labels."))]
+DrafterLabelsFile = Annotated[Optional[str], typer.Option("--labels", rich_help_panel="Any target (--gpt-ckpt)", help=(
+    "Class of each row of --tokens (.npy, (N,) int)."))]
+DrafterPrompts = Annotated[Optional[str], typer.Option("--prompts", rich_help_panel="Any target (--gpt-ckpt)", help=(
+    "Prompted model (--model: Chameleon, Janus, Emu3): prompts the target draws its data from, one per "
+    "line, cycled over --num-images."))]
+DrafterDataCfg = Annotated[Optional[float], typer.Option("--data-cfg", rich_help_panel="Any target (--gpt-ckpt)", help=(
+    "CFG scale of the generation (default 4.0, LlamaGen's c2i)."))]
+DrafterDataTopK = Annotated[Optional[int], typer.Option("--data-top-k", rich_help_panel="Any target (--gpt-ckpt)", help=(
+    "Top-k of the generation (default 2000; 0 = off)."))]
+DrafterDataTemperature = Annotated[Optional[float], typer.Option("--data-temperature", rich_help_panel="Any target (--gpt-ckpt)", help=(
+    "Temperature of the generation (default 1.0)."))]
+DrafterData = Annotated[Optional[Path], typer.Option("--data", rich_help_panel="Any target (--gpt-ckpt)", help=(
+    "Folder of the self-distilled shards (default OUT/data); reused when it holds an index.json."))]
+DrafterBatch = Annotated[Optional[int], typer.Option("--batch", rich_help_panel="Any target (--gpt-ckpt)", help=(
+    "Images per step (default 16)."))]
+DrafterLr = Annotated[Optional[float], typer.Option("--lr", rich_help_panel="Any target (--gpt-ckpt)", help=(
+    "Peak learning rate (default 1e-3)."))]
+DrafterResume = Annotated[bool, typer.Option("--resume", rich_help_panel="Any target (--gpt-ckpt)", help=(
+    "Continue an interrupted run in --out from its checkpoint.pt."))]
+DrafterEvalImages = Annotated[Optional[int], typer.Option("--eval-images", rich_help_panel="Any target (--gpt-ckpt)", help=(
+    "Images for the final greedy tau of the drafter on its target (default 8; 0 = skip)."))]
+
+
 @train_app.command("drafter")
 def train_drafter_command(
-    out: Path = typer.Option(..., "--out", help="Folder to write to: the bundle with the new drafter (--model), or "
-                             "the drafter folder (--gpt-ckpt: config.json, model.safetensors, manifest.json)."),
-    model: str = typer.Option("demo", "--model", help="'demo' (the packaged bundle), a bundle folder, or a prompted "
-                              "model (Chameleon, Janus, Emu3) by folder or Hugging Face Hub id."),
-    model_revision: Optional[str] = typer.Option(None, "--model-revision", help="Branch, tag or commit of a --model "
-                                                 "given by Hub id."),
-    steps: Optional[int] = typer.Option(None, "--steps", help="Drafter steps (default 700 for a bundle, 2000 for "
-                                        "--gpt-ckpt)."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the drafter's initialisation, data and batches."),
-    threads: int = typer.Option(2, "--threads", help="CPU threads (torch.set_num_threads)."),
-    force: bool = typer.Option(False, "--force", help="Replace --out if it exists."),
-    gpt_model: Optional[str] = typer.Option(None, "--gpt-model", rich_help_panel="Any target (--gpt-ckpt)",
-                                            help="The target's LlamaGen config (GPT-B, GPT-L, ...)."),
-    gpt_ckpt: Optional[str] = typer.Option(None, "--gpt-ckpt", rich_help_panel="Any target (--gpt-ckpt)",
-                                           help="Train for this official c2i checkpoint (or fine-tune, or HF folder)."),
-    image_size: Optional[int] = typer.Option(None, "--image-size", rich_help_panel="Any target (--gpt-ckpt)",
-                                             help="The checkpoint's image size (default: from its file name)."),
-    trust_checkpoint: bool = typer.Option(False, "--trust-checkpoint", rich_help_panel="Any target (--gpt-ckpt)",
-                                          help="Allow a checkpoint holding pickled Python objects."),
-    device: Optional[str] = typer.Option(None, "--device", rich_help_panel="Any target (--gpt-ckpt)",
-                               help="auto, cpu, cuda or hpu (default auto; fp32 throughout)."),
-    num_images: Optional[int] = typer.Option(None, "--num-images", rich_help_panel="Any target (--gpt-ckpt)",
-                                   help="Images the target generates for the self-distilled data (default 1000)."),
-    classes: Optional[str] = typer.Option(None, "--classes", rich_help_panel="Any target (--gpt-ckpt)",
-                                          help="Comma-separated class ids cycled over the images (default: all)."),
-    tokens_file: Optional[str] = typer.Option(None, "--tokens", rich_help_panel="Any target (--gpt-ckpt)",
-                                              help="Teacher-force on these tokens instead (.npy, (N, tokens per "
-                                              "image) int); needs --labels."),
-    labels_file: Optional[str] = typer.Option(None, "--labels", rich_help_panel="Any target (--gpt-ckpt)",
-                                              help="Class of each row of --tokens (.npy, (N,) int)."),
-    prompts: Optional[str] = typer.Option(None, "--prompts", rich_help_panel="Any target (--gpt-ckpt)",
-                                          help="Prompted model (--model: Chameleon, Janus, Emu3): prompts the target draws its data "
-                                          "from, one per line, cycled over --num-images."),
-    data_cfg: Optional[float] = typer.Option(None, "--data-cfg", rich_help_panel="Any target (--gpt-ckpt)",
-                                             help="CFG scale of the generation (default 4.0, LlamaGen's c2i)."),
-    data_top_k: Optional[int] = typer.Option(None, "--data-top-k", rich_help_panel="Any target (--gpt-ckpt)",
-                                             help="Top-k of the generation (default 2000; 0 = off)."),
-    data_temperature: Optional[float] = typer.Option(None, "--data-temperature",
-                                                     rich_help_panel="Any target (--gpt-ckpt)",
-                                                     help="Temperature of the generation (default 1.0)."),
-    data: Optional[Path] = typer.Option(None, "--data", rich_help_panel="Any target (--gpt-ckpt)",
-                                        help="Folder of the self-distilled shards (default OUT/data); reused "
-                                        "when it holds an index.json."),
-    batch: Optional[int] = typer.Option(None, "--batch", rich_help_panel="Any target (--gpt-ckpt)",
-                                        help="Images per step (default 16)."),
-    lr: Optional[float] = typer.Option(None, "--lr", rich_help_panel="Any target (--gpt-ckpt)",
-                                       help="Peak learning rate (default 1e-3)."),
-    resume: bool = typer.Option(False, "--resume", rich_help_panel="Any target (--gpt-ckpt)",
-                                help="Continue an interrupted run in --out from its checkpoint.pt."),
-    eval_images: Optional[int] = typer.Option(None, "--eval-images", rich_help_panel="Any target (--gpt-ckpt)",
-                                              help="Images for the final greedy tau of the drafter on its target "
-                                              "(default 8; 0 = skip)."),
+    out: DrafterOut,
+    model: DrafterModel = "demo",
+    model_revision: DrafterModelRevision = None,
+    steps: DrafterSteps = None,
+    seed: DrafterSeed = 0,
+    threads: DrafterThreads = 2,
+    force: DrafterForce = False,
+    gpt_model: DrafterGptModel = None,
+    gpt_ckpt: DrafterGptCkpt = None,
+    image_size: DrafterImageSize = None,
+    trust_checkpoint: DrafterTrustCheckpoint = False,
+    device: DrafterDevice = None,
+    num_images: DrafterNumImages = None,
+    classes: DrafterClasses = None,
+    tokens_file: DrafterTokensFile = None,
+    labels_file: DrafterLabelsFile = None,
+    prompts: DrafterPrompts = None,
+    data_cfg: DrafterDataCfg = None,
+    data_top_k: DrafterDataTopK = None,
+    data_temperature: DrafterDataTemperature = None,
+    data: DrafterData = None,
+    batch: DrafterBatch = None,
+    lr: DrafterLr = None,
+    resume: DrafterResume = False,
+    eval_images: DrafterEvalImages = None,
 ) -> None:
     """Train a fresh drafter: for a demo bundle's frozen target (--model), or for any c2i LlamaGen
     checkpoint (--gpt-ckpt) on data the target generates itself."""
@@ -143,8 +171,6 @@ def train_drafter_command(
     if gpt_ckpt is not None or chameleon:
         from runtime.cli.train_drafter_any import train_drafter_for_checkpoint
 
-        if gpt_ckpt is not None and model != "demo":
-            raise UserError("give either --model (a bundle or Chameleon folder) or --gpt-ckpt (a checkpoint), not both")
         train_drafter_for_checkpoint({**locals(), "chameleon": chameleon, "family": family})
         return
     given = [f for f, v in (("--gpt-model", gpt_model), ("--image-size", image_size), ("--tokens", tokens_file),
@@ -157,9 +183,13 @@ def train_drafter_command(
     if given:
         raise UserError(f"{given[0]} applies to --gpt-ckpt (or Chameleon folder) training only; add --gpt-ckpt FILE "
                         f"or drop {given[0]}")
+    _retrain_bundle_drafter(model, out, 700 if steps is None else steps, seed, threads, force)
+
+
+def _retrain_bundle_drafter(model: str, out: Path, steps: int, seed: int, threads: int, force: bool) -> None:
+    """A demo bundle's drafter trained afresh for its frozen target, the bundle written to `out`."""
     from runtime.demo.train import retrain_drafter
 
-    steps = 700 if steps is None else steps
     _check_out(out, force)
     command = " ".join(shlex.quote(p) for p in ["runtime", "train", "drafter", "--model", model, "--out", str(out),
                                                  "--steps", str(steps), "--seed", str(seed),

@@ -91,54 +91,15 @@ def _command(args: dict[str, Any]) -> str:
 def train_drafter_for_checkpoint(args: dict[str, Any]) -> dict[str, Any]:
     """Run the three stages for the command's arguments (`locals()` of the command); returns the manifest."""
     import torch
-    from rich.console import Console
 
     from backends import get_backend
-    from runtime.training import drafter_training as dt
-    from runtime.bench.environment import file_sha256
-    from runtime.cli.progress import training_progress
-    from runtime.models.configs import DrafterConfig
-    from runtime.models.drafter import Drafter
-    from runtime.models.loading import build_gpt, save_drafter_folder
-    from runtime.generation.loading import parse_classes
-
-    defaults = {**DEFAULTS, **(CHAMELEON_DEFAULTS if args.get("chameleon") else {})}
-    values = {k: (defaults[k] if args.get(k) is None else args[k]) for k in defaults}
-    for flag, key, low in (("--num-images", "num_images", 1), ("--batch", "batch", 1), ("--eval-images", "eval_images", 0)):
-        if values[key] < low:
-            raise UserError(f"{flag} must be >= {low}, got {values[key]}")
-    for flag, key in (("--lr", "lr"), ("--data-temperature", "data_temperature")):
-        if not 0 < values[key] < float("inf"):
-            raise UserError(f"{flag} must be a positive finite number, got {values[key]}")
-    if not 0 <= values["data_cfg"] < float("inf") or values["data_top_k"] < 0:
-        raise UserError("--data-cfg must be a finite number >= 0 and --data-top-k an integer >= 0")
-    if args["tokens_file"] is None and args["labels_file"] is not None:
-        raise UserError("--labels goes with --tokens; add --tokens FILE.npy or drop --labels")
-    generation = [flag for flag, key in GENERATION_FLAGS if args.get(key) is not None]
-    if args["tokens_file"] is not None and generation:
-        raise UserError(f"--tokens replaces generation: drop {generation[0]}")
-    out = Path(args["out"])
-    torch.set_num_threads(args["threads"])
-    tokens = labels = cond_masks = None
-    classes = None
-    if args["chameleon"]:
-        target, prompts, cond_masks = _chameleon_target(args, values)
-        classes = prompts
-    else:
-        if args["prompts"] is not None:
-            raise UserError("--prompts is for Chameleon folders (--model DIR); a LlamaGen c2i target takes --classes")
-        target = build_gpt(args["gpt_model"], args["gpt_ckpt"], args["image_size"], "c2i", args["trust_checkpoint"])
-        if target.config.model_type != "c2i":
-            raise UserError(f"{args['gpt_ckpt']}: a t2i target; runtime train drafter supports c2i targets for now")
-        if args["tokens_file"] is not None:
-            tokens, labels = _load_labelled_tokens(args["tokens_file"], args["labels_file"], target)
-        elif args["classes"] is None:
-            classes = [i % target.config.num_classes for i in range(values["num_images"])]
-        else:
-            classes = parse_classes(args["classes"], values["num_images"], _ClassRange(target.config.num_classes))
     from runtime.cli.workload import process_group_backend
     from runtime.utils.distributed import barrier, destroy, init_distributed
 
+    values, generation = _values(args)
+    out = Path(args["out"])
+    torch.set_num_threads(args["threads"])
+    target, classes, tokens, labels, cond_masks = _target_and_data(args, values)
     ctx = init_distributed(process_group_backend(values["device"]))  # torchrun: data-parallel, else one process
     backend = get_backend(values["device"], dtype="fp32", graph_mode=False, index=ctx.device_index)
     target = target.to(backend.device, torch.float32).eval()
@@ -154,6 +115,77 @@ def train_drafter_for_checkpoint(args: dict[str, Any]) -> dict[str, Any]:
                         f"{'--tokens' if tokens is not None else generation[0]}, or give another --data folder")
     command = _command({**args, **{k: v for k, v in values.items() if args.get(k) is not None}})
     started = time.perf_counter()
+    drafter, index, result, settings = _distill_and_train(args, values, target, backend, data_dir, reuse,
+                                                          (classes, tokens, labels, cond_masks), ctx)
+    if not ctx.is_main:  # rank 0 evaluates and writes the folder
+        destroy(ctx)
+        return {}
+    tau = _greedy_tau(args, values, target, drafter, classes, cond_masks, backend)
+    _save(out, drafter)
+    manifest = _manifest(args, values, target, command, data_dir, reuse, index, settings, result, tau, started)
+    manifest["training"]["ranks"] = ctx.world_size
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    destroy(ctx)
+    _print_done(args, result, tau, out)
+    return manifest
+
+
+def _values(args: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """(each training setting, given or its default; the generation flags given), checked."""
+    defaults = {**DEFAULTS, **(CHAMELEON_DEFAULTS if args.get("chameleon") else {})}
+    values = {k: (defaults[k] if args.get(k) is None else args[k]) for k in defaults}
+    for flag, key, low in (("--num-images", "num_images", 1), ("--batch", "batch", 1), ("--eval-images", "eval_images", 0)):
+        if values[key] < low:
+            raise UserError(f"{flag} must be >= {low}, got {values[key]}")
+    for flag, key in (("--lr", "lr"), ("--data-temperature", "data_temperature")):
+        if not 0 < values[key] < float("inf"):
+            raise UserError(f"{flag} must be a positive finite number, got {values[key]}")
+    if not 0 <= values["data_cfg"] < float("inf") or values["data_top_k"] < 0:
+        raise UserError("--data-cfg must be a finite number >= 0 and --data-top-k an integer >= 0")
+    if args["tokens_file"] is None and args["labels_file"] is not None:
+        raise UserError("--labels goes with --tokens; add --tokens FILE.npy or drop --labels")
+    generation = [flag for flag, key in GENERATION_FLAGS if args.get(key) is not None]
+    if args["tokens_file"] is not None and generation:
+        raise UserError(f"--tokens replaces generation: drop {generation[0]}")
+    return values, generation
+
+
+def _target_and_data(args: dict[str, Any], values: dict[str, Any]) -> tuple[Any, Any, Any, Any, Any]:
+    """(target, conditions to distil on: class ids or prompt ids, teacher tokens, their labels,
+    prompt masks) of a prompted folder or a LlamaGen c2i checkpoint."""
+    from runtime.generation.loading import parse_classes
+    from runtime.models.loading import build_gpt
+
+    if args["chameleon"]:
+        target, prompts, cond_masks = _chameleon_target(args, values)
+        return target, prompts, None, None, cond_masks
+    if args["prompts"] is not None:
+        raise UserError("--prompts is for Chameleon folders (--model DIR); a LlamaGen c2i target takes --classes")
+    target = build_gpt(args["gpt_model"], args["gpt_ckpt"], args["image_size"], "c2i", args["trust_checkpoint"])
+    if target.config.model_type != "c2i":
+        raise UserError(f"{args['gpt_ckpt']}: a t2i target; runtime train drafter supports c2i targets for now")
+    if args["tokens_file"] is not None:
+        tokens, labels = _load_labelled_tokens(args["tokens_file"], args["labels_file"], target)
+        return target, None, tokens, labels, None
+    if args["classes"] is None:
+        return target, [i % target.config.num_classes for i in range(values["num_images"])], None, None, None
+    return target, parse_classes(args["classes"], values["num_images"], _ClassRange(target.config.num_classes)), \
+        None, None, None
+
+
+def _distill_and_train(args: dict[str, Any], values: dict[str, Any], target: Any, backend: Any, data_dir: Path,
+                       reuse: bool, data: tuple[Any, Any, Any, Any], ctx: Any) -> tuple[Any, Any, Any, Any]:
+    """Stages 1 and 2: the self-distilled data (or the reused shards), then the drafter trained on
+    them; (drafter, data index, training result, settings)."""
+    import torch
+
+    from runtime.cli.progress import training_progress
+    from runtime.models.configs import DrafterConfig
+    from runtime.models.drafter import Drafter
+    from runtime.training import drafter_training as dt
+
+    classes, tokens, labels, cond_masks = data
+    out = Path(args["out"])
     settings = dt.TrainSettings(steps=values["steps"], batch=values["batch"], lr=values["lr"], seed=args["seed"])
     with (training_progress() if ctx.is_main else nullcontext(dt._quiet)) as progress:
         out.mkdir(parents=True, exist_ok=True)
@@ -165,20 +197,36 @@ def train_drafter_for_checkpoint(args: dict[str, Any]) -> dict[str, Any]:
         torch.manual_seed(args["seed"])  # the same initial drafter on every rank
         drafter = Drafter(DrafterConfig.for_target(target.config)).to(backend.device)
         result = dt.train(drafter, target, data_dir, out, settings, resume=args["resume"], progress=progress, ctx=ctx)
-    if not ctx.is_main:  # rank 0 evaluates and writes the folder
-        destroy(ctx)
-        return {}
-    tau = None
-    if values["eval_images"]:
-        if args["chameleon"]:
-            rows = [i % len(classes) for i in range(values["eval_images"])]
-            tau = dt.greedy_tau(target, drafter, classes[rows].to(backend.device), seed=args["seed"] + 1,
-                                cond_masks=cond_masks[rows].to(backend.device))
-        else:
-            eval_classes = [i % target.config.num_classes for i in range(values["eval_images"])]
-            tau = dt.greedy_tau(target, drafter, eval_classes, seed=args["seed"] + 1)
+    return drafter, index, result, settings
+
+
+def _greedy_tau(args: dict[str, Any], values: dict[str, Any], target: Any, drafter: Any, classes: Any,
+                cond_masks: Any, backend: Any) -> float | None:
+    """Stage 3: the new drafter's greedy tau on its target (None with --eval-images 0)."""
+    from runtime.training import drafter_training as dt
+
+    if not values["eval_images"]:
+        return None
+    if args["chameleon"]:
+        rows = [i % len(classes) for i in range(values["eval_images"])]
+        return dt.greedy_tau(target, drafter, classes[rows].to(backend.device), seed=args["seed"] + 1,
+                             cond_masks=cond_masks[rows].to(backend.device))
+    eval_classes = [i % target.config.num_classes for i in range(values["eval_images"])]
+    return dt.greedy_tau(target, drafter, eval_classes, seed=args["seed"] + 1)
+
+
+def _save(out: Path, drafter: Any) -> None:
+    from runtime.models.loading import save_drafter_folder
+
     save_drafter_folder(out, drafter.config, drafter)
-    manifest = {
+
+
+def _manifest(args: dict[str, Any], values: dict[str, Any], target: Any, command: str, data_dir: Path, reuse: bool,
+              index: Any, settings: Any, result: Any, tau: float | None, started: float) -> dict[str, Any]:
+    """The drafter folder's manifest.json: the command, the target, the data, training and metrics."""
+    from runtime.bench.environment import file_sha256
+
+    return {
         "kind": "lantern-runtime drafter",
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": command,
@@ -197,14 +245,15 @@ def train_drafter_for_checkpoint(args: dict[str, Any]) -> dict[str, Any]:
                     "greedy_tau_sd_depth4": tau, "greedy_tau_images": values["eval_images"] or None},
         "wall_time_s": time.perf_counter() - started,
     }
-    manifest["training"]["ranks"] = ctx.world_size
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
-    destroy(ctx)
+
+
+def _print_done(args: dict[str, Any], result: Any, tau: float | None, out: Path) -> None:
+    from rich.console import Console
+
     tau_text = "-" if tau is None else f"{tau:.2f}"
-    Console().print(f"drafter for {Path(args['gpt_ckpt'] or args['model']).name}: held-out top-1 {result['val']['top1']:.1%}, top-3 "
-                    f"{result['val']['top3']:.1%}, greedy tau (sd, depth 4) {tau_text}; written to {out} "
-                    f"(use it with --drafter {out})", highlight=False)
-    return manifest
+    Console().print(f"drafter for {Path(args['gpt_ckpt'] or args['model']).name}: held-out top-1 "
+                    f"{result['val']['top1']:.1%}, top-3 {result['val']['top3']:.1%}, greedy tau (sd, depth 4) "
+                    f"{tau_text}; written to {out} (use it with --drafter {out})", highlight=False)
 
 
 class _ClassRange:

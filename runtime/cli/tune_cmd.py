@@ -80,7 +80,7 @@ def tune_cmd(
     inception_weights: InceptionWeights = None,
 ) -> None:
     """Choose this device's static tree by measurement and write it as a profile."""
-    from runtime.tools.tune import tree_toml, tune
+    from runtime.tools.tune import tune
     from runtime.tools.tuned_profile import profile_toml
     from runtime.utils.atomic import atomic_path
 
@@ -90,8 +90,7 @@ def tune_cmd(
     occupancy_list = _occupancies(occupancies)
     search = _quality_options(quality_budget, quality_images, lambdas, relax_rules, inception_weights, method)
     run = _open_tuning(source, flags.as_dict(), method, device, profile_name, graph, dtype, classes, num_images,
-                       batch_size, search)
-    run["seed"] = seed
+                       batch_size, search) | {"seed": seed}
     result = _run_with_bar("tune: acceptance", None, lambda progress: tune(
         run["loaded"], run["spec"], run["backend"], run["conditions"], batch_size=run["batch"],
         max_nodes=max_nodes, max_depth=max_depth, ranks=ranks, ddd_thresholds=thresholds, progress=progress,
@@ -99,11 +98,7 @@ def tune_cmd(
     out.parent.mkdir(parents=True, exist_ok=True)
     tree_path = out.with_name(out.stem + ".tree.toml")
     record_path = out.with_name(out.stem + ".tune.json")
-    c = result.choice
-    with atomic_path(tree_path) as tmp:
-        Path(tmp).write_text(tree_toml([tuple(p) for p in c["paths"]],
-                                       f"runtime tune: {c['nodes']} nodes, depth {c['depth']}, "
-                                       f"expected {c['expected_tokens']:.2f} tokens per iteration"))
+    _write_tree(tree_path, result.choice)
     quality = _search_quality(run, tree_path, search) if search is not None else None
     if quality is not None:
         run["spec"] = replace(run["spec"], lantern_lambda=quality.chosen.lantern_lambda, relax_rule=quality.chosen.rule)
@@ -119,6 +114,17 @@ def tune_cmd(
 
 
 CONSOLE = Console(stderr=True)
+
+
+def _write_tree(path: Path, c: dict[str, Any]) -> None:
+    """The chosen tree as a TOML tree file (`paths = [[0], [1], [0, 0]]`)."""
+    from runtime.tools.tune import tree_toml
+    from runtime.utils.atomic import atomic_path
+
+    with atomic_path(path) as tmp:
+        Path(tmp).write_text(tree_toml([tuple(p) for p in c["paths"]],
+                                       f"runtime tune: {c['nodes']} nodes, depth {c['depth']}, "
+                                       f"expected {c['expected_tokens']:.2f} tokens per iteration"))
 
 
 def _check_tune_out(out: Path, force: bool) -> None:
