@@ -93,3 +93,16 @@ def test_the_package_root_holds_only_its_face():
     `__main__` and the public face); every other module sits in the folder of its layer."""
     loose = sorted(p.name for p in (ROOT / "runtime").glob("*.py"))
     assert len(loose) <= 4, f"move these into a layer's folder: {loose}"
+
+
+def test_the_commands_are_thin_shells():
+    """The commands keep flags, output files and printing; the work is below them: no function of
+    runtime/cli is over 60 lines (decorators excluded, its signature included)."""
+    import ast
+
+    long = []
+    for path in sorted((ROOT / "runtime" / "cli").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 60:
+                long.append(f"{path.name}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)")
+    assert long == [], long
