@@ -204,7 +204,7 @@ def _result_record(parts: list[dict[str, Any]], gen: ImageGenerator, seed: int, 
     result = {
         "schema_version": RESULT_SCHEMA_VERSION, "software": software_record(), "method": method, "device": device,
         "model": {"name": loaded.name, "params": loaded.params, "tokens_per_image": loaded.config.block_size,
-                  "image_size": loaded.image_size, "type": loaded.config.model_type},
+                  "image_size": loaded.image_size, "type": loaded.config.model_type, "family": loaded.family},
         "sampling": spec.describe(), "sampling_source": sources, "attention": gen.attention, "batch_size": batch,
         "num_images": n, "seed": seed, "stats": stats,
         "timing": {"total_s": total_s, "images_per_s": n / total_s if total_s > 0 else None,

@@ -153,15 +153,15 @@ def _values(args: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
 def _target_and_data(args: dict[str, Any], values: dict[str, Any]) -> tuple[Any, Any, Any, Any, Any]:
     """(target, conditions to distil on: class ids or prompt ids, teacher tokens, their labels,
     prompt masks) of a prompted folder or a LlamaGen c2i checkpoint."""
-    from runtime.generation.loading import parse_classes
-    from runtime.models.loading import build_gpt
+    from runtime.generation.loading import load_target, parse_classes
 
     if args["chameleon"]:
         target, prompts, cond_masks = _chameleon_target(args, values)
         return target, prompts, None, None, cond_masks
     if args["prompts"] is not None:
         raise UserError("--prompts is for Chameleon folders (--model DIR); a LlamaGen c2i target takes --classes")
-    target = build_gpt(args["gpt_model"], args["gpt_ckpt"], args["image_size"], "c2i", args["trust_checkpoint"])
+    target, _ = load_target(family=None, model=None, gpt_model=args["gpt_model"], gpt_ckpt=args["gpt_ckpt"],
+                            image_size=args["image_size"], trust=args["trust_checkpoint"])
     if target.config.model_type != "c2i":
         raise UserError(f"{args['gpt_ckpt']}: a t2i target; runtime train drafter supports c2i targets for now")
     if args["tokens_file"] is not None:
@@ -268,7 +268,7 @@ class _ClassRange:
 def _chameleon_target(args: dict[str, Any], values: dict[str, Any]):
     """(target, prompt ids (n, L), masks (n, L)) of a Chameleon folder and the --prompts file."""
     from runtime.generation.workload import cycle, read_prompt_file
-    from runtime.models.chameleon_folder import load_chameleon_folder
+    from runtime.generation.loading import load_target
 
     family = args.get("family") or "chameleon"
     sized = family == "emu3"  # Emu3's grid follows --image-size; the others' is fixed by their config
@@ -279,14 +279,8 @@ def _chameleon_target(args: dict[str, Any], values: dict[str, Any]):
                             f"drop {flag}")
     if args["prompts"] is None and not (Path(args["data"] or "") / "index.json").is_file():
         raise UserError("a Chameleon folder needs --prompts FILE (one prompt per line) for its data")
-    if family == "chameleon":
-        target, _, encoder, _ = load_chameleon_folder(args["model"], None, trust=args["trust_checkpoint"],
-                                                      with_vq=False)
-    else:
-        from runtime.models.hf_folders import load_emu3_folder, load_janus_folder
-
-        load = load_janus_folder if family == "janus" else load_emu3_folder
-        target, _, encoder, _ = load(Path(args["model"]), image_size=args.get("image_size"), with_vq=False)
+    target, encoder = load_target(family=family, model=args["model"], gpt_model=None, gpt_ckpt=None,
+                                  image_size=args.get("image_size"), trust=args["trust_checkpoint"])
     texts = cycle(read_prompt_file(args["prompts"]), values["num_images"]) if args["prompts"] else [""]  # data reused
     ids, masks = encoder(texts)
     target.for_prompts(ids.size(1))

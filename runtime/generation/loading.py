@@ -48,6 +48,13 @@ class LoadedModel:
     recommended_source: str = "model recommendation"  # how result files name `recommended`
     files: list[Path] = field(default_factory=list)  # every weights file read (result files hash them)
     prompt_encoder: Any = None  # texts -> (prompt ids, masks), for targets conditioned on token prompts
+    kind: str | None = None  # the family where the target's type does not name it: "janus", "emu3", "chameleon"
+
+    @property
+    def family(self) -> str:
+        """What result files and the server's /info call the model: c2i, t2i (LlamaGen and the demo),
+        chameleon (Anole, Lumina-mGPT), janus or emu3."""
+        return self.kind or self.config.model_type
 
     @property
     def config(self):
@@ -85,7 +92,7 @@ def _load_model(*, model: str | None, gpt_model: str | None, gpt_ckpt: str | Non
         raise UserError("--model-revision applies to a model named by its Hub id (--model OWNER/NAME); drop it")
     gpt_ckpt, vq_ckpt = (resolve_file(p) if p else p for p in (gpt_ckpt, vq_ckpt))
     if drafter:
-        drafter = resolve_model(drafter) if looks_like_repo_id(drafter) else resolve_file(drafter)
+        drafter = resolve_model(drafter, flag="--drafter") if looks_like_repo_id(drafter) else resolve_file(drafter)
     family = _folder_family(model) if gpt_ckpt is None and model not in (None, "demo") else None
     if family == "chameleon":
         return _load_chameleon(model, vq_ckpt=vq_ckpt, drafter=drafter, image_size=image_size, trust=trust,
@@ -198,7 +205,7 @@ def _load_hf_family(family: str, folder: str, *, vq_ckpt: str | None, drafter: s
     return LoadedModel(name or Path(folder).name, target.to(device, dtype).eval(),
                        draft.to(device, dtype).eval() if draft is not None else None, vq.to(device).eval(),
                        rows * vq.downsample, recommended=dict(sampling), recommended_source=source,
-                       files=files + weight_files(drafter), prompt_encoder=encoder)
+                       files=files + weight_files(drafter), prompt_encoder=encoder, kind=family)
 
 
 def _load_chameleon(folder: str, *, vq_ckpt: str | None, drafter: str | None, image_size: int | None, trust: bool,
@@ -265,3 +272,24 @@ def parse_classes(text: str | None, num_images: int | None, loaded: LoadedModel)
     if num_images < 1:
         raise UserError(f"--num-images must be >= 1, got {num_images}")
     return [classes[i % len(classes)] for i in range(num_images)]
+
+
+def load_target(*, family: str | None, model: str | None, gpt_model: str | None, gpt_ckpt: str | None,
+                image_size: int | None, trust: bool) -> tuple[Any, Any]:
+    """A target alone, on the host in its file's dtype, without its VQ decoder or a drafter (what
+    training a drafter for it needs): (target, prompt encoder) for a prompted folder of `family`
+    ("chameleon", "janus", "emu3"), (target, None) for a LlamaGen checkpoint (`gpt_ckpt`)."""
+    if family is None:
+        from runtime.models.loading import build_gpt
+
+        return build_gpt(gpt_model, gpt_ckpt, image_size, "c2i", trust), None
+    if family == "chameleon":
+        from runtime.models.chameleon_folder import load_chameleon_folder
+
+        target, _, encoder, _ = load_chameleon_folder(model, None, trust=trust, with_vq=False)
+        return target, encoder
+    from runtime.models.hf_folders import load_emu3_folder, load_janus_folder
+
+    load = load_janus_folder if family == "janus" else load_emu3_folder
+    target, _, encoder, _ = load(Path(str(model)), image_size=image_size, with_vq=False)
+    return target, encoder

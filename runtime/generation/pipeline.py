@@ -115,6 +115,7 @@ def make_decoder(loaded: LoadedModel, spec: MethodSpec, backend: Backend, batch_
     if spec.needs_drafter and loaded.drafter is None:
         raise UserError(f"method {spec.method} needs a drafter: pass --drafter DIR (a LANTERN drafter "
                         "folder), use --method sjd (no drafter needed) or --method ar")
+    check_published_support(spec, loaded.config.vocab_size)
     neighbours = neighbours_for(loaded.vq, spec, loaded.config.vocab_size)
     with out_of_memory_as_user_error(None, backend, batch_size):
         decoder = new_decoder(loaded.target, loaded.drafter, spec, neighbours=neighbours, backend=backend,
@@ -122,6 +123,22 @@ def make_decoder(loaded: LoadedModel, spec: MethodSpec, backend: Backend, batch_
     if watch_law and watches_law(spec):
         decoder.measure_law, decoder.law_every = True, WATCH_EVERY
     return decoder
+
+
+def check_published_support(spec: MethodSpec, vocab_size: int) -> None:
+    """pjd's released loop (`--accept published`) under sampling cannot keep a support filter: a
+    later row's token is drawn under its draft context, so a token outside the final context's
+    top-k / top-p set can be kept (measured: 345 of 3,600 sequences under top-k 2 were ones AR's
+    top-k 2 cannot make). Refused where the filter removes anything (docs/methods.md)."""
+    s = spec.sampling
+    if spec.method != "pjd" or spec.accept != "published" or s.greedy:
+        return
+    if 0 < s.top_k < vocab_size or s.top_p < 1.0:
+        what = f"top-k {s.top_k}" if 0 < s.top_k < vocab_size else f"top-p {s.top_p:g}"
+        raise UserError(f"--accept published cannot keep {what} (from a flag, the profile or the model's default): "
+                        "its later rows draw under draft context, so tokens outside the final context's set are "
+                        "kept; give --top-k 0 --top-p 1 to run the released rule unfiltered, --accept exact, or "
+                        "--greedy")
 
 
 def timed_many(decoder: SlotDecoder, work: list[tuple[torch.Tensor, torch.Tensor | None, int]], backend: Backend

@@ -101,11 +101,28 @@ def _config(folder: Path) -> dict[str, Any]:
 def _tokenizer(folder: Path) -> Any:
     from transformers import AutoTokenizer
 
+    missing = [name for name in ("tokenizer.json", "tokenizer_config.json") if not (folder / name).is_file()]
+    if missing:
+        raise UserError(f"{folder}: no {missing[0]}; the folder needs tokenizer.json and tokenizer_config.json "
+                        "(re-download the model)")
+    if _asks_for_code(folder / "tokenizer_config.json"):
+        raise UserError(f"{folder}: its tokenizer_config.json names code of its own (auto_map), which the runtime "
+                        "never runs; use the model's transformers-layout repository (runtime models lists them)")
     try:
-        return AutoTokenizer.from_pretrained(str(folder))
+        # never the folder's own code: with trust_remote_code unset transformers would ask in a terminal
+        return AutoTokenizer.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
     except (OSError, ValueError) as err:
         raise UserError(f"{folder}: its tokenizer does not load ({str(err).splitlines()[0]}); the folder needs "
                         "tokenizer.json and tokenizer_config.json (re-download the model)") from None
+
+
+def _asks_for_code(config: Path) -> bool:
+    """Whether a tokenizer config names Python of its own (`auto_map`: remote code)."""
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return False  # transformers' own reading reports it
+    return isinstance(data, dict) and "auto_map" in data
 
 
 def _chat_template(folder: Path, tokenizer: Any) -> str:

@@ -54,7 +54,26 @@ def cache_dir() -> str:
     return os.path.join(os.path.expanduser(home), "hub")
 
 
-def resolve_model(name: str, revision: str | None = None) -> str:
+def check_hub_names(name: str, revision: str | None, flag: str = "--model") -> None:
+    """Refuse, in one line, a Hub id the Hub library would not take (`validate_repo_id`: `x/y..z`,
+    `a--b/c`, `a/b.git`, `a/b-`) and a revision that is empty or a path (`..`, `/x`)."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError as err:
+        reason = str(err).splitlines()[0].rstrip(".")
+        raise UserError(f"{flag} {name}: not a Hub id the Hub accepts ({reason}); give owner/name as its Hub page "
+                        "spells it, or a local folder") from None
+    if revision is not None:
+        parts = revision.split("/")
+        if not revision.strip() or revision != revision.strip() or any(p in ("", ".", "..") for p in parts):
+            raise UserError(f"--model-revision {revision!r}: not a branch, tag or commit (empty, or a path); give "
+                            "one such as main, v1.0 or a commit hash")
+
+
+def resolve_model(name: str, revision: str | None = None, flag: str = "--model") -> str:
     """A local folder as given; a Hub id `owner/name` -> its snapshot folder in the cache."""
     if name in CONVERTED and not Path(name).exists():
         raise UserError(f"--model {name}: that repository holds the original release's layout (remote code); the "
@@ -64,6 +83,7 @@ def resolve_model(name: str, revision: str | None = None) -> str:
             raise UserError(f"--model-revision {revision}: {name} is a local folder, not a Hub id; drop "
                             "--model-revision or name the model by its Hub id (owner/name)")
         return name
+    check_hub_names(name, revision, flag)
     try:
         from huggingface_hub import snapshot_download
         from huggingface_hub.errors import (

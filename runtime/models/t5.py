@@ -63,11 +63,11 @@ class T5Encoder:
         dtype_kw = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
 
         try:
-            tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+            tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
         except Exception as err:
             raise UserError(f"{folder}: cannot load the T5 tokenizer ({_first_line(err)})") from None
         try:
-            model = T5EncoderModel.from_pretrained(str(folder), local_files_only=True,
+            model = T5EncoderModel.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False,
                                                   **{dtype_kw: dtype})
         except Exception as err:
             raise UserError(f"{folder}: cannot load the T5 encoder ({_first_line(err)})") from None

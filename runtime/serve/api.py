@@ -170,6 +170,8 @@ class ServerInfo(BaseModel):
     names: list[str] = Field(description="The names a request's `model` may give (--served-model-name).")
     method: str = Field(description="The decoding method (`auto`: chosen by load; each image names its own).")
     version: str = Field(description="The package version.")
+    family: str = Field(description="The model's family: c2i or t2i (LlamaGen, the demo), chameleon (Anole, "
+                        "Lumina-mGPT), janus or emu3.")
     prompt: Literal["class", "text"] = Field(description="`class`: the prompt is a class id or name; `text`: "
                                              "a caption or prompt.")
     num_classes: int | None = Field(description="Class ids 0..num_classes-1 (class models; null for text).")
@@ -320,7 +322,7 @@ def _add_probes(app: FastAPI, engine: Engine, served: "Served", http: HttpOption
     async def info() -> ServerInfo:
         classes = not served.text
         return ServerInfo(model=served.model, names=served.names, method=served.method, version=served.version,
-                          prompt="class" if classes else "text",
+                          family=served.loaded.family, prompt="class" if classes else "text",
                           num_classes=served.loaded.num_classes if classes else None,
                           class_names=served.loaded.class_names if classes else None,
                           size=served.size, tokens_per_image=engine.decoder.config.num_tokens,

@@ -1,0 +1,178 @@
+"""A model folder is untrusted input (issue 69, the parts done so far): Hub ids the Hub library
+would reject and revisions that are paths are one line; a tokenizer that names code of its own is
+refused and its code never runs, in a terminal or not; both tokenizer files are required; pjd's
+released loop under sampling refuses a support filter it cannot keep; result files and /info name
+the model's family."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+BAD_IDS = ["x/y..z", "a--b/c", "a/b.git", "a/b-"]
+
+
+@pytest.fixture
+def offline(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+
+
+def one_line(res, *needles: str) -> None:
+    assert res.exit_code == 2, (res.exit_code, res.stderr)
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in res.stderr, res.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+@pytest.mark.parametrize("bad", BAD_IDS)
+def test_a_hub_id_the_hub_rejects_is_one_line_wherever_it_is_given(run_cli, offline, tmp_path, bad) -> None:
+    out = str(tmp_path / "out")
+    one_line(run_cli("run", "--model", bad, "--device", "cpu", "--out", out), f"--model {bad}: not a Hub id")
+    one_line(run_cli("run", "--drafter", bad, "--device", "cpu", "--out", out), f"--drafter {bad}: not a Hub id")
+    one_line(run_cli("train", "drafter", "--model", bad, "--out", out), f"--model {bad}: not a Hub id")
+    one_line(run_cli("serve", "--model", bad, "--device", "cpu", "--port", "8765"), f"--model {bad}: not a Hub id")
+    assert not Path(out).exists()
+
+
+@pytest.mark.parametrize("revision", ["../..", "", "main/../..", " main"])
+def test_a_revision_that_is_empty_or_a_path_is_one_line(run_cli, offline, tmp_path, revision) -> None:
+    res = run_cli("run", "--model", "owner/name", "--model-revision", revision, "--device", "cpu",
+                  "--out", str(tmp_path / "out"))
+    one_line(res, "--model-revision", "not a branch, tag or commit")
+
+
+def test_pjd_published_refuses_a_support_filter_it_cannot_keep(run_cli, tmp_path) -> None:
+    base = ("run", "--method", "pjd", "--accept", "published", "--device", "cpu", "--num-images", "1")
+    one_line(run_cli(*base, "--top-k", "5", "--out", str(tmp_path / "a")), "cannot keep top-k 5", "--top-k 0")
+    one_line(run_cli(*base, "--top-p", "0.9", "--out", str(tmp_path / "b")), "cannot keep top-p 0.9")
+    assert run_cli(*base, "--top-k", "5", "--greedy", "--out", str(tmp_path / "c")).exit_code == 0
+    assert run_cli(*base, "--out", str(tmp_path / "d")).exit_code == 0  # the demo's default: no filter
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_result_files_name_the_family(run_cli, tmp_path) -> None:
+    assert run_cli("run", "--method", "ar", "--device", "cpu", "--num-images", "1",
+                   "--out", str(tmp_path / "o")).exit_code == 0
+    assert json.loads((tmp_path / "o" / "result.json").read_text())["model"]["family"] == "c2i"
+
+
+# -- prompted folders (the tiny Janus-Pro of tests/hf_tiny.py) ---------------------------------------
+
+@pytest.fixture(scope="module")
+def janus_folder(tmp_path_factory) -> Path:
+    """A plain copy (no cache links) of the tiny Janus-Pro snapshot."""
+    pytest.importorskip("transformers")
+    import hf_tiny
+    from runtime.models.hub import resolve_model
+
+    home = tmp_path_factory.mktemp("hf_home")
+    hf_tiny.write_hub_cache(home)
+    patch = pytest.MonkeyPatch()
+    patch.setenv("HF_HOME", str(home))
+    patch.setenv("HF_HUB_OFFLINE", "1")
+    patch.delenv("HF_HUB_CACHE", raising=False)
+    snapshot = Path(resolve_model(hf_tiny.JANUS_ID))
+    patch.undo()
+    folder = tmp_path_factory.mktemp("janus") / "Janus-tiny"
+    shutil.copytree(snapshot, folder, symlinks=False)
+    return folder
+
+
+def _copy(folder: Path, where: Path) -> Path:
+    target = where / folder.name
+    shutil.copytree(folder, target)
+    return target
+
+
+def _prompts(where: Path) -> str:
+    (where / "prompts.txt").write_text("a red cat\n")
+    return str(where / "prompts.txt")
+
+
+def test_the_family_of_a_janus_folder(janus_folder) -> None:
+    from runtime import ImageGenerator
+
+    with ImageGenerator(str(janus_folder), device="cpu", graph=False, method="ar") as g:
+        assert g.loaded.family == "janus" and g.loaded.config.model_type == "chameleon"
+
+
+@pytest.mark.parametrize("missing", ["tokenizer_config.json", "tokenizer.json"])
+def test_a_missing_tokenizer_file_is_refused(run_cli, janus_folder, tmp_path, missing) -> None:
+    folder = _copy(janus_folder, tmp_path)
+    (folder / missing).unlink()
+    res = run_cli("run", "--model", str(folder), "--prompts", _prompts(tmp_path), "--method", "ar", "--device", "cpu",
+                  "--out", str(tmp_path / "out"))
+    one_line(res, f"no {missing}", "tokenizer.json and tokenizer_config.json")
+    assert not (tmp_path / "out").exists()
+
+
+def _with_remote_tokenizer(janus_folder: Path, where: Path) -> tuple[Path, Path]:
+    """The folder with a tokenizer_config.json naming a .py of its own that writes a marker file."""
+    folder = _copy(janus_folder, where)
+    marker = where / "code_ran"
+    (folder / "evil_tokenizer.py").write_text(
+        f"open({str(marker)!r}, 'w').write('ran')\n"
+        "from transformers import PreTrainedTokenizerFast\n"
+        "class EvilTokenizer(PreTrainedTokenizerFast):\n    pass\n")
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["auto_map"] = {"AutoTokenizer": [None, "evil_tokenizer.EvilTokenizer"]}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder, marker
+
+
+def test_a_tokenizer_with_code_of_its_own_is_refused_and_never_run(run_cli, janus_folder, tmp_path) -> None:
+    folder, marker = _with_remote_tokenizer(janus_folder, tmp_path)
+    res = run_cli("run", "--model", str(folder), "--prompts", _prompts(tmp_path), "--method", "ar", "--device", "cpu",
+                  "--out", str(tmp_path / "out"))
+    one_line(res, "names code of its own", "never runs")
+    assert not marker.exists()
+
+
+@pytest.mark.slow
+def test_in_a_terminal_answering_yes_runs_no_code(janus_folder, tmp_path) -> None:
+    """transformers asks "Do you wish to run the custom code? [y/N]" in a terminal when
+    trust_remote_code is unset; the runtime never leaves it unset, so even a "y" typed at the
+    terminal runs nothing."""
+    folder, marker = _with_remote_tokenizer(janus_folder, tmp_path)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "LANTERN_GRAPH": "0", "COLUMNS": "200"}
+    primary, secondary = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "runtime", "run", "--model", str(folder), "--prompts",
+                             _prompts(tmp_path), "--method", "ar", "--device", "cpu", "--out", str(tmp_path / "out")],
+                            stdin=secondary, stdout=secondary, stderr=secondary, env=env, close_fds=True)
+    os.close(secondary)
+    output = b""
+    deadline = time.time() + 180
+    while proc.poll() is None and time.time() < deadline:
+        ready, _, _ = select.select([primary], [], [], 0.2)
+        if ready:
+            try:
+                chunk = os.read(primary, 4096)
+            except OSError:
+                break
+            output += chunk
+            if b"[y/N]" in chunk:
+                os.write(primary, b"y\n")
+        else:
+            os.write(primary, b"y\n")  # answer yes to anything asked, asked or not
+    proc.wait(30)
+    try:
+        output += os.read(primary, 65536)
+    except OSError:
+        pass
+    os.close(primary)
+    text = output.decode(errors="replace")
+    assert proc.returncode == 2, text
+    assert "never runs" in text and "Traceback" not in text and b"[y/N]" not in output
+    assert not marker.exists() and not (tmp_path / "out").exists()
