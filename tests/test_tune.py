@@ -213,3 +213,33 @@ def test_method_auto_runs_the_tables_lossless_method_for_the_batch(tmp_path, run
     relaxed = run_cli("run", "--device", "cpu", "--profile-name", str(profile), "--method", "auto", "--lantern-lambda",
                       "3", "--out", str(tmp_path / "y"))
     assert relaxed.exit_code == 2 and "picks lossless methods only" in relaxed.stderr
+
+
+@pytest.mark.slow
+def test_tune_interrupted_in_its_quality_phase_leaves_nothing_beside_out(tmp_path):
+    """SIGINT while --quality-budget decodes: exit 130, and neither the profile, its tree file,
+    its record nor the staging folder is left (the tree is staged until all three are written)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "q.toml"
+    env = {**os.environ, "LANTERN_GRAPH": "0"}
+    proc = subprocess.Popen([sys.executable, "-m", "runtime", "tune", "--device", "cpu", "--num-images", "1",
+                             "--max-nodes", "2", "--max-depth", "2", "--ranks", "2", "--ddd-thresholds", "none",
+                             "--occupancies", "1", "--quality-budget", "1", "--quality-images", "96", "--lambdas",
+                             "4", "--relax-rules", "paper", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.time() + 300
+    staged = []
+    while proc.poll() is None and time.time() < deadline and not staged:
+        staged = list(tmp_path.glob(".q.tune-*/q.tree.toml"))  # the tree is written: the quality phase starts
+        time.sleep(0.05)
+    assert staged, "the quality phase never started"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert "nothing half-written was left" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -81,8 +81,6 @@ def tune_cmd(
 ) -> None:
     """Choose this device's static tree by measurement and write it as a profile."""
     from runtime.tools.tune import tune
-    from runtime.tools.tuned_profile import profile_toml
-    from runtime.utils.atomic import atomic_path
 
     _check_tune_out(out, force)
     _check_search_space(max_nodes, max_depth, ranks, num_images, method)
@@ -96,24 +94,47 @@ def tune_cmd(
         max_nodes=max_nodes, max_depth=max_depth, ranks=ranks, ddd_thresholds=thresholds, progress=progress,
         seed=seed))
     out.parent.mkdir(parents=True, exist_ok=True)
-    tree_path = out.with_name(out.stem + ".tree.toml")
-    record_path = out.with_name(out.stem + ".tune.json")
-    _write_tree(tree_path, result.choice)
-    quality = _search_quality(run, tree_path, search) if search is not None else None
-    if quality is not None:
-        run["spec"] = replace(run["spec"], lantern_lambda=quality.chosen.lantern_lambda, relax_rule=quality.chosen.rule)
-    occupancy = _occupancy(run, tree_path, quality, occupancy_list)
-    with atomic_path(record_path) as tmp:
-        Path(tmp).write_text(json.dumps({**result.to_dict(), "occupancy": occupancy,
-                                         "quality": quality.to_dict() if quality else None}, indent=2) + "\n")
-    with atomic_path(out) as tmp:
-        Path(tmp).write_text(profile_toml(result, run["profile"], run["spec"], tree_path.name, record_path.name,
-                                          occupancy, run["roof"], quality))
+    quality = _write_profile(run, result, out, search, occupancy_list)
     _print_choice(result, quality)
     print(out)
 
 
 CONSOLE = Console(stderr=True)
+
+
+def _write_profile(run: dict[str, Any], result: Any, out: Path, search: dict[str, Any] | None,
+                   occupancies: list[int]) -> Any:
+    """The quality search and occupancy table over the tuned tree, then the profile with its tree
+    file and record (`NAME.tree.toml`, `NAME.tune.json`). The tree lives in a staging folder
+    until all three are written, so an interrupted search leaves nothing beside --out."""
+    import shutil
+    import tempfile
+
+    from runtime.tools.tuned_profile import profile_toml
+    from runtime.utils.atomic import atomic_path
+
+    tree_path = out.with_name(out.stem + ".tree.toml")
+    record_path = out.with_name(out.stem + ".tune.json")
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.stem}.tune-", dir=out.parent))
+    try:
+        staged_tree = staging / tree_path.name
+        _write_tree(staged_tree, result.choice)
+        quality = _search_quality(run, staged_tree, search) if search is not None else None
+        if quality is not None:
+            run["spec"] = replace(run["spec"], lantern_lambda=quality.chosen.lantern_lambda,
+                                  relax_rule=quality.chosen.rule)
+        occupancy = _occupancy(run, staged_tree, quality, occupancies)
+        with atomic_path(record_path) as tmp:
+            Path(tmp).write_text(json.dumps({**result.to_dict(), "occupancy": occupancy,
+                                             "quality": quality.to_dict() if quality else None}, indent=2) + "\n")
+        with atomic_path(tree_path) as tmp:
+            shutil.copyfile(staged_tree, tmp)
+        with atomic_path(out) as tmp:
+            Path(tmp).write_text(profile_toml(result, run["profile"], run["spec"], tree_path.name, record_path.name,
+                                              occupancy, run["roof"], quality))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return quality
 
 
 def _write_tree(path: Path, c: dict[str, Any]) -> None:
