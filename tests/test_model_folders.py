@@ -176,3 +176,35 @@ def test_in_a_terminal_answering_yes_runs_no_code(janus_folder, tmp_path) -> Non
     assert proc.returncode == 2, text
     assert "never runs" in text and "Traceback" not in text and b"[y/N]" not in output
     assert not marker.exists() and not (tmp_path / "out").exists()
+
+
+TEMPLATES = {
+    "raises": ("{{ raise_exception('no images today') }}", "chat template fails (TemplateError: no images today)"),
+    "syntax": ("{% for m in messages %}{{ m['content'] }", "chat template is not valid Jinja"),
+    "divides by zero": ("{{ 1 / 0 }}", "chat template fails (ZeroDivisionError"),
+    "sandbox escape": ("{{ ''.__class__.__mro__[1].__subclasses__() }}", "chat template fails (SecurityError"),
+    "runaway output": ("{% for i in range(100000) %}{% for j in range(100000) %}xxxxxxxxxx{% endfor %}{% endfor %}",
+                       "renders more than"),
+    "runaway loop": ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+                     "ran past"),
+    "empty": ("", "renders a prompt without the prompt's text (empty)"),
+    "drops the text": ("<|User|>: a picture", "without the prompt's text (the text is dropped)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TEMPLATES))
+def test_a_chat_template_that_misbehaves_is_one_line(run_cli, janus_folder, tmp_path, case) -> None:
+    import resource
+
+    folder = _copy(janus_folder, tmp_path)
+    template, expected = TEMPLATES[case]
+    (folder / "chat_template.jinja").write_text(template)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    started = time.monotonic()
+    res = run_cli("run", "--model", str(folder), "--prompts", _prompts(tmp_path), "--method", "ar", "--device", "cpu",
+                  "--out", str(tmp_path / "out"))
+    one_line(res, "chat template", expected)
+    assert time.monotonic() - started < 60
+    grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert grown_kib < 1 << 20  # under 1 GiB more while refusing
+    assert not (tmp_path / "out").exists()

@@ -17,9 +17,10 @@
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 
@@ -125,6 +126,84 @@ def _asks_for_code(config: Path) -> bool:
     return isinstance(data, dict) and "auto_map" in data
 
 
+TEMPLATE_SECONDS = 5.0  # a chat template renders a prompt within this, or is refused
+TEMPLATE_CHARS = 1 << 20  # and into at most this many characters
+
+
+class _TemplateLimit(Exception):
+    """A chat template past TEMPLATE_SECONDS or TEMPLATE_CHARS."""
+
+
+def _conversation(prompt: str) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": [{"type": "text", "text": prompt}]}]
+
+
+@contextmanager
+def _template_faults(folder: Path) -> Iterator[None]:
+    """What rendering a folder's chat template can raise (its own errors, its sandbox's refusals,
+    the limits above), as one line naming the folder."""
+    import jinja2
+
+    try:
+        yield
+    except _TemplateLimit as err:
+        raise UserError(f"{folder}: its chat template {err}; the runtime renders templates within "
+                        f"{TEMPLATE_SECONDS:g} s and {TEMPLATE_CHARS:,} characters (re-download the model)") from None
+    except (jinja2.TemplateError, ArithmeticError, LookupError, TypeError, ValueError, AttributeError,
+            RecursionError, MemoryError) as err:
+        what = "is not valid Jinja" if isinstance(err, jinja2.TemplateSyntaxError) else "fails"
+        raise UserError(f"{folder}: its chat template {what} ({type(err).__name__}: "
+                        f"{str(err).splitlines()[0] if str(err) else '-'}); re-download the model") from None
+
+
+@contextmanager
+def _deadline(seconds: float) -> Iterator[None]:
+    """SIGALRM after `seconds` (main thread only; elsewhere the output limit alone holds)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def expire(*_: Any) -> None:
+        raise _TemplateLimit(f"ran past {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def check_chat_template(template: str, tokenizer: Any, folder: Path) -> None:
+    """Render the template once on a probe prompt in transformers' own sandbox, within
+    TEMPLATE_SECONDS and TEMPLATE_CHARS: a template that raises, is not Jinja, escapes the
+    sandbox, runs away or renders nothing is refused in one line before anything is built."""
+    import time
+
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    with _template_faults(folder):
+        compiled = _compile_jinja_template(template)
+        context = {**tokenizer.special_tokens_map, "messages": _conversation("a red cat"),
+                   "add_generation_prompt": True}
+        size, parts, start = 0, [], time.monotonic()
+        with _deadline(TEMPLATE_SECONDS):
+            for chunk in compiled.generate(**context):
+                size += len(chunk)
+                parts.append(chunk)
+                if size > TEMPLATE_CHARS:
+                    raise _TemplateLimit(f"renders more than {TEMPLATE_CHARS:,} characters")
+                if time.monotonic() - start > TEMPLATE_SECONDS:
+                    raise _TemplateLimit(f"ran past {TEMPLATE_SECONDS:g} s")
+    if "a red cat" not in "".join(parts):
+        raise UserError(f"{folder}: its chat template renders a prompt without the prompt's text "
+                        f"({'empty' if not ''.join(parts).strip() else 'the text is dropped'}); re-download the model")
+
+
 def _chat_template(folder: Path, tokenizer: Any) -> str:
     """The processor's chat template: chat_template.jinja, chat_template.json, processor_config.json,
     or the tokenizer's own."""
@@ -197,12 +276,13 @@ def load_janus_folder(folder: Path, *, image_size: int | None = None, with_vq: b
         cfg, state, embed_dim=int(vq_cfg.get("embed_dim", 8)), projection=int(vq_cfg.get("projection_dim", 2048)),
         aligner_layers=int(vq_cfg.get("num_hidden_layers", 2)), source=str(folder))
     template = _chat_template(folder, tokenizer)
+    check_chat_template(template, tokenizer, folder)
     boi_token = tokenizer.convert_ids_to_tokens(boi)
 
     def render(prompt: str) -> str:
-        conversation = [{"role": "user", "content": [{"type": "text", "text": prompt}]}]
-        return tokenizer.apply_chat_template(conversation, chat_template=template, add_generation_prompt=True,
-                                             tokenize=False) + boi_token
+        with _template_faults(folder):
+            return tokenizer.apply_chat_template(_conversation(prompt), chat_template=template,
+                                                 add_generation_prompt=True, tokenize=False) + boi_token
 
     encoder = ChatPromptEncoder(tokenizer, pad=cfg.pad_token_id, render=render)
     files = sorted(p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin") and p.is_file())
