@@ -208,3 +208,34 @@ def test_a_chat_template_that_misbehaves_is_one_line(run_cli, janus_folder, tmp_
     grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
     assert grown_kib < 1 << 20  # under 1 GiB more while refusing
     assert not (tmp_path / "out").exists()
+
+
+# -- paths a folder names --------------------------------------------------------------------------
+
+def test_a_sharded_index_naming_a_file_outside_the_folder_is_refused(run_cli, janus_folder, tmp_path) -> None:
+    folder = _copy(janus_folder, tmp_path)
+    for weights in folder.glob("*.safetensors"):
+        weights.unlink()
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w": "../../etc/passwd"}}))
+    res = run_cli("run", "--model", str(folder), "--prompts", _prompts(tmp_path), "--method", "ar", "--device", "cpu",
+                  "--out", str(tmp_path / "out"))
+    one_line(res, "model.safetensors.index.json", "'../../etc/passwd'", "not a file inside its folder")
+
+
+@pytest.mark.parametrize("ref", ["", "../../../elsewhere", "/tmp"])
+def test_a_cache_ref_that_names_no_snapshot_is_one_line(run_cli, tmp_path, monkeypatch, ref) -> None:
+    pytest.importorskip("transformers")
+    import hf_tiny
+
+    home = tmp_path / "hf_home"
+    hf_tiny.write_hub_cache(home)
+    monkeypatch.setenv("HF_HOME", str(home))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    repo = home / "hub" / f"models--{hf_tiny.JANUS_ID.replace('/', '--')}"
+    snapshot = next((repo / "snapshots").iterdir())
+    shutil.copytree(snapshot, tmp_path / "elsewhere")  # a model outside the cache, which must not load
+    (repo / "refs" / "main").write_text(ref)
+    res = run_cli("run", "--model", hf_tiny.JANUS_ID, "--prompts", _prompts(tmp_path), "--method", "ar",
+                  "--device", "cpu", "--out", str(tmp_path / "out"))
+    one_line(res, f"--model {hf_tiny.JANUS_ID}", "snapshot is damaged", "refs/main")

@@ -96,8 +96,11 @@ def resolve_model(name: str, revision: str | None = None, flag: str = "--model")
         raise UserError(f"--model {name}: a Hub id needs huggingface_hub; pip install huggingface_hub") from None
     hint = _download_hint(name, revision)
     try:
-        return snapshot_download(name, revision=revision, local_files_only=_offline(), cache_dir=cache_dir())
+        return _confined_snapshot(snapshot_download(name, revision=revision, local_files_only=_offline(),
+                                                    cache_dir=cache_dir()), name, revision, hint)
     except LocalEntryNotFoundError:
+        if (_repo_cache(name) / "refs" / (revision or "main")).is_file():  # cached, but its ref leads nowhere
+            raise _damaged(name, revision, hint) from None
         where = cache_dir()
         why = "HF_HUB_OFFLINE is set" if _offline() else "the Hub could not be reached"
         raise UserError(f"--model {name}{f'@{revision}' if revision else ''}: no such folder here, and not in the "
@@ -115,6 +118,27 @@ def resolve_model(name: str, revision: str | None = None, flag: str = "--model")
     except OSError as err:  # network failures below huggingface_hub's own errors
         raise UserError(f"--model {name}: could not download ({str(err).splitlines()[0]}); run `{hint}` where "
                         "the Hub is reachable, or set HF_HUB_OFFLINE=1 to use the cache only") from None
+
+
+def _confined_snapshot(path: str, name: str, revision: str | None, hint: str) -> str:
+    """The snapshot folder the cache resolved, refused unless it is a folder directly under the
+    repository's `snapshots/` (a `refs/` file holding a path, or nothing, would point elsewhere)."""
+    snapshot = Path(path)
+    snapshots = _repo_cache(name) / "snapshots"
+    inside = os.path.realpath(snapshot.parent) == os.path.realpath(snapshots) and snapshot.name not in ("", ".", "..")
+    if not inside or not snapshot.is_dir():
+        raise _damaged(name, revision, hint)
+    return path
+
+
+def _repo_cache(name: str) -> Path:
+    return Path(cache_dir()) / f"models--{name.replace('/', '--')}"
+
+
+def _damaged(name: str, revision: str | None, hint: str) -> UserError:
+    ref = f"refs/{revision or 'main'}"
+    return UserError(f"--model {name}: the cached snapshot is damaged ({ref} names no snapshot folder under "
+                     f"{_repo_cache(name) / 'snapshots'}); run `{hint}` again")
 
 
 def resolve_file(spec: str, revision: str | None = None) -> str:

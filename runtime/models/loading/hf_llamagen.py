@@ -174,6 +174,18 @@ def is_hf_folder(path: str | os.PathLike[str]) -> bool:
     return path.is_dir() and (path / "config.json").is_file()
 
 
+def confined_name(name: object, named_in: Path) -> str:
+    """A file name a folder's own file gives (a shard of a sharded index), refused unless it is a
+    plain relative path inside that folder: no absolute path, no `..`, not empty."""
+    from pathlib import PurePosixPath
+
+    parts = PurePosixPath(str(name)).parts if isinstance(name, str) else ()
+    if not parts or PurePosixPath(str(name)).is_absolute() or ".." in parts or "\\" in str(name):
+        raise UserError(f"{named_in}: names the file {name!r}, which is not a file inside its folder; the folder "
+                        "is damaged or hostile (re-download the model)")
+    return str(name)
+
+
 def read_hf_weights(folder: Path) -> dict[str, Tensor]:
     """Weights of an HF folder: `model.safetensors`, a sharded safetensors index, or
     `pytorch_model.bin` (loaded with weights_only=True)."""
@@ -187,8 +199,8 @@ def read_hf_weights(folder: Path) -> dict[str, Tensor]:
         if not isinstance(weight_map, dict):
             raise UserError(f"{index}: missing 'weight_map'")
         state: dict[str, Tensor] = {}
-        for shard in sorted(set(weight_map.values())):
-            shard_path = folder / shard
+        for shard in sorted(set(weight_map.values()), key=str):
+            shard_path = folder / confined_name(shard, index)
             if not shard_path.is_file():
                 raise UserError(f"{index}: shard {shard} not found in {folder}")
             state.update(read_safetensors(shard_path))
