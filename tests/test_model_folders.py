@@ -239,3 +239,80 @@ def test_a_cache_ref_that_names_no_snapshot_is_one_line(run_cli, tmp_path, monke
     res = run_cli("run", "--model", hf_tiny.JANUS_ID, "--prompts", _prompts(tmp_path), "--method", "ar",
                   "--device", "cpu", "--out", str(tmp_path / "out"))
     one_line(res, f"--model {hf_tiny.JANUS_ID}", "snapshot is damaged", "refs/main")
+
+
+# -- config fields that size tensors --------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def emu3_folder(tmp_path_factory) -> Path:
+    pytest.importorskip("transformers")
+    import hf_tiny
+    from runtime.models.hub import resolve_model
+
+    home = tmp_path_factory.mktemp("hf_home_emu3")
+    hf_tiny.write_hub_cache(home)
+    patch = pytest.MonkeyPatch()
+    patch.setenv("HF_HOME", str(home))
+    patch.setenv("HF_HUB_OFFLINE", "1")
+    patch.delenv("HF_HUB_CACHE", raising=False)
+    snapshot = Path(resolve_model(hf_tiny.EMU3_ID))
+    patch.undo()
+    folder = tmp_path_factory.mktemp("emu3") / "Emu3-tiny"
+    shutil.copytree(snapshot, folder, symlinks=False)
+    return folder
+
+
+def _set(config: dict, path: str, value) -> None:
+    *parents, key = path.split(".")
+    for part in parents:
+        config = config[part]
+    config[key] = value
+
+
+CONFIG_CASES = [  # (family, field, value, what the line says)
+    ("janus", "text_config.hidden_size", 10**9, "text_config.hidden_size must be an integer in [1, 65,536]"),
+    ("janus", "text_config.intermediate_size", 10**9, "text_config.intermediate_size must be an integer"),
+    ("janus", "text_config.num_hidden_layers", 10**6, "text_config.num_hidden_layers must be an integer"),
+    ("janus", "text_config.hidden_size", 64.0, "got 64.0"),
+    ("janus", "vq_config.num_embeddings", 10**10, "vq_config.num_embeddings must be an integer"),
+    ("janus", "vq_config.num_embeddings", -1, "vq_config.num_embeddings must be an integer"),
+    ("janus", "vq_config", [1, 2], "vq_config must be a JSON object"),
+    ("janus", "vision_config.num_image_tokens", "many", "vision_config.num_image_tokens must be an integer"),
+    ("janus", "text_config.rms_norm_eps", float("nan"), "text_config.rms_norm_eps must be a number in (0, 1)"),
+    ("janus", "text_config.hidden_size", 65536, "GiB free"),  # in range, but past this machine's memory
+    ("emu3", "vocabulary_map", [1, 2], "vocabulary_map must be a JSON object of token ids"),
+    ("emu3", "vocabulary_map.<|visual token 000000|>", "x", "must be a token id"),
+    ("emu3", "vocabulary_map.<|visual token 000000|>", 10**12, "must be a token id"),
+]
+
+
+@pytest.mark.parametrize("family,field,value,expected", CONFIG_CASES,
+                         ids=[f"{f}-{k}-{v!r}" for f, k, v, _ in CONFIG_CASES])
+def test_a_config_field_that_sizes_a_tensor_is_checked_before_anything_is_built(
+        run_cli, janus_folder, emu3_folder, tmp_path, family, field, value, expected) -> None:
+    import resource
+
+    import hf_tiny
+
+    folder = _copy(janus_folder if family == "janus" else emu3_folder, tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    if field.startswith("vocabulary_map.") and not isinstance(value, list):
+        config["vocabulary_map"][field.split(".", 1)[1]] = value
+    else:
+        _set(config, field, value)
+    (folder / "config.json").write_text(json.dumps(config))
+    size = ("--image-size", str(hf_tiny.EMU3_GRID * 8)) if family == "emu3" else ()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    res = run_cli("run", "--model", str(folder), *size, "--prompts", _prompts(tmp_path), "--method", "ar",
+                  "--device", "cpu", "--out", str(tmp_path / "out"))
+    one_line(res, "config.json", expected)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 1 << 20  # KiB: under 1 GiB more
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_config_nested_too_deep_is_one_line(run_cli, janus_folder, tmp_path) -> None:
+    folder = _copy(janus_folder, tmp_path)
+    (folder / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    res = run_cli("run", "--model", str(folder), "--prompts", _prompts(tmp_path), "--method", "ar", "--device", "cpu",
+                  "--out", str(tmp_path / "out"))
+    one_line(res, "config.json nests its JSON too deep")

@@ -47,16 +47,25 @@ def read_config(folder: Path) -> dict[str, Any] | None:
     return config if config is not None and config.get("model_type") == "chameleon" else None
 
 
+CONFIG_BYTES = 16 << 20  # a config.json past this is not a model config (Emu3's, the largest, is ~3 MB)
+
+
 def read_model_config(folder: Path) -> dict[str, Any] | None:
     """The folder's config.json as a dict (any model type); None where the folder has none. Not
     JSON, or not an object: one line naming the file and the fix."""
     path = folder / "config.json"
     if not path.is_file():
         return None
+    if path.stat().st_size > CONFIG_BYTES:
+        raise UserError(f"{path} is {path.stat().st_size:,} bytes, more than a model config holds "
+                        f"({CONFIG_BYTES:,}); fix or re-download the model folder's config.json")
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise UserError(f"{path} is not valid JSON ({str(err).splitlines()[0]}); fix or re-download the model "
+                        "folder's config.json") from None
+    except RecursionError:
+        raise UserError(f"{path} nests its JSON too deep to be a model config; fix or re-download the model "
                         "folder's config.json") from None
     except OSError:
         return None
