@@ -316,3 +316,67 @@ def test_a_config_nested_too_deep_is_one_line(run_cli, janus_folder, tmp_path) -
     res = run_cli("run", "--model", str(folder), "--prompts", _prompts(tmp_path), "--method", "ar", "--device", "cpu",
                   "--out", str(tmp_path / "out"))
     one_line(res, "config.json nests its JSON too deep")
+
+
+# -- what a damaged folder is called -----------------------------------------------------------------
+
+def _damage(folder: Path, how: str) -> None:
+    config = folder / "config.json"
+    if how == "empty folder":
+        for item in folder.iterdir():
+            shutil.rmtree(item) if item.is_dir() else item.unlink()
+    elif how == "no model_type":
+        data = json.loads(config.read_text())
+        del data["model_type"]
+        config.write_text(json.dumps(data))
+    elif how == "/dev/zero":
+        config.unlink()
+        config.symlink_to("/dev/zero")
+    elif how == "dangling":
+        config.unlink()
+        config.symlink_to(folder / "nowhere.json")
+    elif how == "a folder":
+        config.unlink()
+        config.mkdir()
+
+
+DAMAGE = {"empty folder": "an empty folder", "no model_type": "names no model_type",
+          "/dev/zero": "config.json is not a regular file", "dangling": "config.json is a link to nothing",
+          "a folder": "config.json is a folder"}
+
+
+@pytest.mark.parametrize("how", sorted(DAMAGE))
+def test_a_damaged_folder_is_named_for_what_it_lacks(run_cli, janus_folder, tmp_path, how) -> None:
+    folder = _copy(janus_folder, tmp_path)
+    _damage(folder, how)
+    res = run_cli("run", "--model", str(folder), "--prompts", _prompts(tmp_path), "--device", "cpu",
+                  "--out", str(tmp_path / "out"))
+    one_line(res, DAMAGE[how])
+    assert "manifest.json)" not in res.stderr or how == "no model_type"
+
+
+def test_an_empty_model_path_is_named_as_empty(run_cli, tmp_path) -> None:
+    one_line(run_cli("run", "--model", "", "--device", "cpu", "--out", str(tmp_path / "o")), "--model is empty")
+    one_line(run_cli("run", "--drafter", " ", "--device", "cpu", "--out", str(tmp_path / "o")), "--drafter is empty")
+
+
+@pytest.mark.parametrize("size,expected", [(0, "--image-size 0: Emu3 makes images in steps of"),
+                                           (10**6, "does not fit this model's"),
+                                           (4000, "does not fit this model's")])
+def test_an_emu3_image_size_it_cannot_make_is_one_line(run_cli, emu3_folder, tmp_path, size, expected) -> None:
+    res = run_cli("run", "--model", str(emu3_folder), "--image-size", str(size), "--prompts", _prompts(tmp_path),
+                  "--device", "cpu", "--out", str(tmp_path / "out"))
+    one_line(res, expected)
+    assert "RoPE table" not in res.stderr
+
+
+def test_a_chameleon_configs_sizes_are_checked_too(tmp_path) -> None:
+    from runtime.models.config_checks import check_config_fields
+    from runtime.utils.errors import UserError
+
+    with pytest.raises(UserError, match=r"config.json: hidden_size must be an integer in \[1, 65,536\], got 64.0"):
+        check_config_fields({"model_type": "chameleon", "hidden_size": 64.0}, tmp_path, flat=True)
+    with pytest.raises(UserError, match=r"config.json: num_hidden_layers must be an integer"):
+        check_config_fields({"model_type": "chameleon", "num_hidden_layers": 10**6}, tmp_path, flat=True)
+    with pytest.raises(UserError, match=r"vq_config.embed_dim must be an integer"):
+        check_config_fields({"model_type": "chameleon", "vq_config": {"embed_dim": -1}}, tmp_path, flat=True)

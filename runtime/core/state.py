@@ -317,5 +317,9 @@ def check_tree(tree: Any, config: DecodeConfig) -> None:
                         f"{tree.max_children - 1}) but this model has only {config.vocab} tokens; "
                         "use a narrower tree or a smaller --top-k-draft")
     room = config.target.max_position - config.cls - config.num_tokens
+    if room < 1:
+        raise UserError(f"this model's positions (max_position_embeddings {config.target.max_position}) cannot hold "
+                        f"a prompt of {config.cls} tokens and an image of {config.num_tokens} tokens; choose a "
+                        "smaller --image-size or --prompt-length")
     if tree.max_depth + 1 > room:
         raise UserError(f"tree depth {tree.max_depth} is too deep for this model's RoPE table (at most {room - 1})")

@@ -85,6 +85,10 @@ def _load_model(*, model: str | None, gpt_model: str | None, gpt_ckpt: str | Non
                 device: torch.device, dtype: torch.dtype, revision: str | None = None) -> LoadedModel:
     from runtime.models.hub import looks_like_repo_id, resolve_file, resolve_model
 
+    for flag, value in (("--model", model), ("--drafter", drafter), ("--gpt-ckpt", gpt_ckpt), ("--vq-ckpt", vq_ckpt)):
+        if value is not None and not str(value).strip():
+            raise UserError(f"{flag} is empty; give a path{' or a Hub id' if flag in ('--model', '--drafter') else ''} "
+                            f"(or drop {flag})")
     hub_id = model if model is not None and looks_like_repo_id(model) else None
     if model not in (None, "demo") and gpt_ckpt is None:
         model = resolve_model(model, revision)
@@ -134,6 +138,8 @@ def _load_model(*, model: str | None, gpt_model: str | None, gpt_ckpt: str | Non
     from runtime.demo.bundle import load_demo_bundle
 
     path = None if model in (None, "demo") else model
+    if path is not None and Path(path).is_dir() and not (Path(path) / "manifest.json").is_file():
+        _not_a_model(Path(path))
     if path is not None and not Path(path).is_dir():
         raise UserError(f"--model {path}: not a directory; give 'demo', a bundle directory from "
                         "'runtime train demo', or official checkpoints with --gpt-ckpt/--vq-ckpt")
@@ -148,6 +154,23 @@ def _load_model(*, model: str | None, gpt_model: str | None, gpt_ckpt: str | Non
                        bundle.class_names, bundle.recommended, bundle,
                        recommended_source="model bundle recommendation (manifest.json)",
                        files=weight_files(bundle.path))
+
+
+def _not_a_model(folder: Path) -> None:
+    """A --model folder that is neither a prompted model (config.json with a model_type) nor a
+    bundle (manifest.json), refused with what it lacks."""
+    from runtime.models.chameleon_folder import read_model_config
+
+    config = read_model_config(folder)
+    if config is not None:  # it has a config.json, and read_family found no model_type in it
+        raise UserError(f"{folder / 'config.json'} names no model_type, and the folder has no manifest.json: not a "
+                        "Chameleon, Janus or Emu3 folder nor a bundle (an HF LlamaGen folder goes in --gpt-ckpt); "
+                        "re-download the model or give the right flag")
+    if not any(folder.iterdir()):
+        raise UserError(f"--model {folder}: an empty folder (a damaged download?); give the model's folder, its "
+                        "Hub id, or 'demo'")
+    raise UserError(f"--model {folder}: neither a model folder (config.json) nor a model bundle (manifest.json); "
+                    "give the model's folder, its Hub id, or 'demo'")
 
 
 def _folder_family(path: str) -> str | None:

@@ -27,6 +27,7 @@ import torch
 
 from runtime.utils.errors import UserError
 from runtime.models.chameleon import ChameleonTarget, config_from_hf
+from runtime.models.config_checks import check_config_fields
 from runtime.models.chameleon_vq import ChameleonVQ, ChameleonVQConfig
 
 END_OF_TURN = "<reserved08706>"
@@ -54,6 +55,11 @@ def read_model_config(folder: Path) -> dict[str, Any] | None:
     """The folder's config.json as a dict (any model type); None where the folder has none. Not
     JSON, or not an object: one line naming the file and the fix."""
     path = folder / "config.json"
+    if path.is_symlink() and not path.exists():
+        raise UserError(f"{path} is a link to nothing (a damaged download); re-download the model folder")
+    if path.exists() and not path.is_file():
+        kind = "a folder" if path.is_dir() else "not a regular file"
+        raise UserError(f"{path} is {kind}, not a model config (a damaged download); re-download the model folder")
     if not path.is_file():
         return None
     if path.stat().st_size > CONFIG_BYTES:
@@ -136,6 +142,7 @@ def load_chameleon_folder(folder: str | Path, vq_ckpt: str | None, *, trust: boo
     config = read_config(folder)
     if config is None:
         raise UserError(f"{folder}: config.json does not describe a Chameleon model (model_type 'chameleon')")
+    check_config_fields(config, folder, flat=True)
     vocab_map = config.get("vocabulary_map") or {}
     ids = image_token_ids(vocab_map, str(folder / "config.json"))
     vq_cfg = ChameleonVQConfig.from_hf(config.get("vq_config") or {})
@@ -144,7 +151,7 @@ def load_chameleon_folder(folder: str | Path, vq_ckpt: str | None, *, trust: boo
                         f"{vq_cfg.codebook_size}; the vocabulary and vq_config disagree")
     base = config_from_hf(config, ids, (vq_cfg.resolution // vq_cfg.downsample) ** 2)
     lumina = is_lumina(config)
-    size = (image_size or LUMINA_DEFAULT_SIZE) if lumina else vq_cfg.resolution
+    size = (LUMINA_DEFAULT_SIZE if image_size is None else image_size) if lumina else vq_cfg.resolution
     if lumina:
         ids, cfg, start = _lumina_layout(base, ids, vocab_map, size, vq_cfg.downsample, str(folder / "config.json"))
     else:

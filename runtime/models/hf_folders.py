@@ -27,6 +27,7 @@ import torch
 from runtime.utils.errors import UserError
 from runtime.models.chameleon import ChameleonConfig, ChameleonTarget, config_from_hf
 from runtime.models.chameleon_folder import read_model_config
+from runtime.models.config_checks import check_config_fields
 
 JANUS_SAMPLING: dict[str, Any] = {"cfg": 5.0, "top_k": 0, "temperature": 1.0, "top_p": 1.0}
 JANUS_SAMPLING_SOURCE = "model default (Janus-Pro's generation: guidance 5, temperature 1)"
@@ -98,90 +99,6 @@ def _config(folder: Path) -> dict[str, Any]:
         raise UserError(f"{folder}: no config.json; give the model's folder (or its Hub id)")
     check_config_fields(config, folder)
     return config
-
-
-# Fields that size tensors, with the largest value a real model of these families has room for
-# (Emu3-Gen: hidden 4096, 32 layers, vocabulary 184,622; headroom of 8x or more).
-TEXT_FIELDS = {"hidden_size": 65536, "intermediate_size": 262144, "num_hidden_layers": 1024,
-               "num_attention_heads": 1024, "num_key_value_heads": 1024, "vocab_size": 1 << 24,
-               "max_position_embeddings": 1 << 22}
-VQ_FIELDS = {"num_embeddings": 1 << 20, "embed_dim": 65536, "base_channels": 65536, "latent_channels": 65536,
-             "in_channels": 64, "out_channels": 64, "num_res_blocks": 64, "codebook_size": 1 << 20}
-
-
-def _field_fault(config_path: Path, key: str, value: Any, what: str) -> UserError:
-    return UserError(f"{config_path}: {key} must be {what}, got {value!r}; fix or re-download the model folder's "
-                     "config.json")
-
-
-def check_config_fields(config: dict[str, Any], folder: Path) -> None:
-    """Every field of a Janus / Emu3 config.json that sizes a tensor, checked for type and range
-    before anything is built, and the model's bytes against the host's free memory."""
-    import math
-
-    path = folder / "config.json"
-    text = config.get("text_config")
-    for section, fields in (("text_config", TEXT_FIELDS), ("vq_config", VQ_FIELDS)):
-        values = config.get(section)
-        if values is None:
-            continue
-        if not isinstance(values, dict):
-            raise _field_fault(path, section, type(values).__name__, "a JSON object")
-        for key, high in fields.items():
-            value = values.get(key)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high):
-                raise _field_fault(path, f"{section}.{key}", value, f"an integer in [1, {high:,}]")
-    eps = text.get("rms_norm_eps") if isinstance(text, dict) else None
-    if eps is not None and (isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps)
-                            or not 0 < eps < 1):
-        raise _field_fault(path, "text_config.rms_norm_eps", eps, "a number in (0, 1)")
-    vision = config.get("vision_config")
-    if vision is not None and not isinstance(vision, dict):
-        raise _field_fault(path, "vision_config", type(vision).__name__, "a JSON object")
-    tokens = (vision or {}).get("num_image_tokens")
-    if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or not 1 <= tokens <= 1 << 16):
-        raise _field_fault(path, "vision_config.num_image_tokens", tokens, f"an integer in [1, {1 << 16:,}]")
-    vocab_map = config.get("vocabulary_map")
-    if vocab_map is not None:
-        if not isinstance(vocab_map, dict):
-            raise _field_fault(path, "vocabulary_map", type(vocab_map).__name__, "a JSON object of token ids")
-        vocab = text.get("vocab_size") if isinstance(text, dict) else None
-        for name, value in vocab_map.items():
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < (vocab or 1 << 24):
-                raise _field_fault(path, f"vocabulary_map[{name!r}]", value,
-                                   f"a token id in [0, {vocab or 1 << 24:,})")
-    if isinstance(text, dict):
-        _check_model_bytes(text, config.get("vq_config") or {}, folder)
-
-
-def host_free_bytes() -> int | None:
-    """The host's available memory (Linux MemAvailable), None where it cannot be read."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
-def _check_model_bytes(text: dict[str, Any], vq: dict[str, Any], folder: Path) -> None:
-    """Refuse a model whose config asks for more host memory than is free (its weights are read
-    and built on the host in fp32 first)."""
-    h, layers = text.get("hidden_size", 4096), text.get("num_hidden_layers", 32)
-    ffn, vocab = text.get("intermediate_size", 11008), text.get("vocab_size", 65536)
-    heads = text.get("num_attention_heads", 32)
-    kv_dim = h * text.get("num_key_value_heads", heads) // max(heads, 1)
-    params = layers * (2 * h * h + 2 * h * kv_dim + 3 * h * ffn) + 2 * vocab * h
-    params += vq.get("num_embeddings", 16384) * vq.get("embed_dim", 8)
-    need = 4 * params
-    free = host_free_bytes()
-    if free is not None and need > free:
-        raise UserError(f"{folder / 'config.json'}: the model it describes takes about {need / 2**30:,.1f} GiB "
-                        f"(hidden_size {h}, num_hidden_layers {layers}, intermediate_size {ffn}, vocab_size "
-                        f"{vocab}) and this machine has {free / 2**30:,.1f} GiB free; check that config.json is "
-                        "this model's, or use a machine with more memory")
 
 
 def _tokenizer(folder: Path) -> Any:
@@ -392,10 +309,15 @@ def load_emu3_folder(folder: Path, *, image_size: int | None = None, with_vq: bo
     if EMU3_ROW_END not in vocab_map:
         raise UserError(f"{folder / 'config.json'}: the vocabulary has no {EMU3_ROW_END} (Emu3's row end)")
     downsample = 2 ** (len(vq_cfg.get("channel_multiplier", (1, 2, 2, 4))) - 1)
-    size = image_size or EMU3_DEFAULT_SIZE
+    size = EMU3_DEFAULT_SIZE if image_size is None else image_size
     if size < downsample or size % downsample:
         raise UserError(f"--image-size {size}: Emu3 makes images in steps of {downsample} px (e.g. 512, 720)")
     side = size // downsample
+    positions = text.get("max_position_embeddings", 1 << 22)
+    if side * (side + 1) + 2 > positions:
+        largest = next((s for s in range(side, 0, -1) if s * (s + 1) + 2 <= positions), 0) * downsample
+        raise UserError(f"--image-size {size}: an Emu3 image of {side} x {side + 1} tokens does not fit this model's "
+                        f"{positions:,} positions (max_position_embeddings); give at most --image-size {largest}")
     ids = torch.tensor([bpe for _, bpe in visual] + [int(vocab_map[EMU3_ROW_END])])
     base = config_from_hf(text, ids, side * (side + 1))
     tokenizer = _tokenizer(folder)
