@@ -112,7 +112,8 @@ def score(args: argparse.Namespace) -> int:
 
     from runtime.bench.report.numbers import speedup_ci, tau_ci
     from runtime.bench.schema import ar_baseline, load_bench
-    from runtime.cli.workload import merge_law, software_record
+    from runtime.cli.workload import software_record
+    from runtime.generation.workload import merge_law
     from runtime.demo.bundle import load_demo_bundle
     from runtime.demo.quality import demo_scores
     from runtime.tools.quality_budget import RESAMPLES, band, judge, own, paired
