@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from backends.layer_swap import restore_class, swap_class
+from runtime.utils.host_memory import host_free_bytes
 
 log = logging.getLogger(__name__)
 
@@ -158,17 +159,6 @@ def packable(module: nn.Module) -> list[nn.Linear]:
     return [m for m in cpu_linears(module) if m.weight.numel() >= MIN_PACKED_ELEMENTS]
 
 
-def _available_bytes() -> int | None:
-    try:
-        with open("/proc/meminfo", encoding="ascii") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
 def pack_linears(module: nn.Module) -> int:
     """Pack every layer of `packable(module)` that has no current packed copy; returns how many
     layers read packed weights now. Idempotent; leaves the module as it is where this PyTorch
@@ -181,7 +171,7 @@ def pack_linears(module: nn.Module) -> int:
         return 0
     todo = [m for m in layers if _lookup(m.weight) is None]
     need = sum(m.weight.numel() * m.weight.element_size() for m in todo)
-    room = _available_bytes()
+    room = host_free_bytes()
     if todo and room is not None and need > room // 2:
         log.warning("linear layers not packed: their packed copies need %.1f GB and %.1f GB is free; "
                     "steps run on the unpacked weights (slower at 2-16 rows)", need / 1e9, room / 1e9)

@@ -151,3 +151,10 @@ def write_hub_cache(hf_home: Path) -> dict[str, Any]:
     etok.save_pretrained(staging / "emu3")
     return {"janus": (janus, jtok, jproc, cache_snapshot(hf_home, JANUS_ID, staging / "janus")),
             "emu3": (emu3, etok, cache_snapshot(hf_home, EMU3_ID, staging / "emu3"))}
+
+
+def use_hub_cache(patch: Any, hf_home: Path) -> None:
+    """Point huggingface_hub at the cache in `hf_home`, offline (`patch`: a pytest MonkeyPatch)."""
+    patch.setenv("HF_HOME", str(hf_home))
+    patch.setenv("HF_HUB_OFFLINE", "1")
+    patch.delenv("HF_HUB_CACHE", raising=False)

@@ -158,9 +158,7 @@ def test_janus_and_emu3_by_hub_id_give_runtime_runs_tokens(run_cli, tmp_path, mo
 
     home = tmp_path / "hf_home"
     hf_tiny.write_hub_cache(home)
-    monkeypatch.setenv("HF_HOME", str(home))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    hf_tiny.use_hub_cache(monkeypatch, home)
     prompts = ["a red cat", "the blue dog on the grass"]
     (tmp_path / "prompts.txt").write_text("\n".join(prompts) + "\n")
     for model, extra in ((hf_tiny.JANUS_ID, {}), (hf_tiny.EMU3_ID, {"image_size": hf_tiny.EMU3_GRID * 8})):

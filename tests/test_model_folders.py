@@ -23,9 +23,9 @@ BAD_IDS = ["x/y..z", "a--b/c", "a/b.git", "a/b-"]
 
 @pytest.fixture
 def offline(monkeypatch, tmp_path):
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    import hf_tiny
+
+    hf_tiny.use_hub_cache(monkeypatch, tmp_path / "hf_home")
 
 
 def one_line(res, *needles: str) -> None:
@@ -71,23 +71,27 @@ def test_result_files_name_the_family(run_cli, tmp_path) -> None:
 # -- prompted folders (the tiny Janus-Pro of tests/hf_tiny.py) ---------------------------------------
 
 @pytest.fixture(scope="module")
-def janus_folder(tmp_path_factory) -> Path:
-    """A plain copy (no cache links) of the tiny Janus-Pro snapshot."""
+def snapshots(tmp_path_factory) -> dict[str, Path]:
+    """Plain copies (no cache links) of the tiny Janus-Pro and Emu3 snapshots, by family."""
     pytest.importorskip("transformers")
     import hf_tiny
-    from runtime.models.hub import resolve_model
 
-    home = tmp_path_factory.mktemp("hf_home")
-    hf_tiny.write_hub_cache(home)
-    patch = pytest.MonkeyPatch()
-    patch.setenv("HF_HOME", str(home))
-    patch.setenv("HF_HUB_OFFLINE", "1")
-    patch.delenv("HF_HUB_CACHE", raising=False)
-    snapshot = Path(resolve_model(hf_tiny.JANUS_ID))
-    patch.undo()
-    folder = tmp_path_factory.mktemp("janus") / "Janus-tiny"
-    shutil.copytree(snapshot, folder, symlinks=False)
-    return folder
+    made = hf_tiny.write_hub_cache(tmp_path_factory.mktemp("hf_home"))
+    copies = {}
+    for family, name in (("janus", "Janus-tiny"), ("emu3", "Emu3-tiny")):
+        copies[family] = tmp_path_factory.mktemp(family) / name
+        shutil.copytree(made[family][-1], copies[family], symlinks=False)
+    return copies
+
+
+@pytest.fixture(scope="module")
+def janus_folder(snapshots) -> Path:
+    return snapshots["janus"]
+
+
+@pytest.fixture(scope="module")
+def emu3_folder(snapshots) -> Path:
+    return snapshots["emu3"]
 
 
 def _copy(folder: Path, where: Path) -> Path:
@@ -229,9 +233,7 @@ def test_a_cache_ref_that_names_no_snapshot_is_one_line(run_cli, tmp_path, monke
 
     home = tmp_path / "hf_home"
     hf_tiny.write_hub_cache(home)
-    monkeypatch.setenv("HF_HOME", str(home))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    hf_tiny.use_hub_cache(monkeypatch, home)
     repo = home / "hub" / f"models--{hf_tiny.JANUS_ID.replace('/', '--')}"
     snapshot = next((repo / "snapshots").iterdir())
     shutil.copytree(snapshot, tmp_path / "elsewhere")  # a model outside the cache, which must not load
@@ -242,25 +244,6 @@ def test_a_cache_ref_that_names_no_snapshot_is_one_line(run_cli, tmp_path, monke
 
 
 # -- config fields that size tensors --------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def emu3_folder(tmp_path_factory) -> Path:
-    pytest.importorskip("transformers")
-    import hf_tiny
-    from runtime.models.hub import resolve_model
-
-    home = tmp_path_factory.mktemp("hf_home_emu3")
-    hf_tiny.write_hub_cache(home)
-    patch = pytest.MonkeyPatch()
-    patch.setenv("HF_HOME", str(home))
-    patch.setenv("HF_HUB_OFFLINE", "1")
-    patch.delenv("HF_HUB_CACHE", raising=False)
-    snapshot = Path(resolve_model(hf_tiny.EMU3_ID))
-    patch.undo()
-    folder = tmp_path_factory.mktemp("emu3") / "Emu3-tiny"
-    shutil.copytree(snapshot, folder, symlinks=False)
-    return folder
-
 
 def _set(config: dict, path: str, value) -> None:
     *parents, key = path.split(".")

@@ -42,10 +42,8 @@ def test_every_python_block_runs(tmp_path, monkeypatch, capsys) -> None:
     janus_id = "deepseek-community/Janus-Pro-1B"
     if hf_tiny.JANUS_ID != janus_id:  # the cache holds the tiny model under its own id
         STAND_INS[f'"{janus_id}"'] = f'"{hf_tiny.JANUS_ID}"'
-    monkeypatch.setenv("HF_HOME", str(home))
-    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    hf_tiny.use_hub_cache(monkeypatch, home)  # HF_HUB_OFFLINE restored after, though the page's block sets it too
     monkeypatch.setenv("LANTERN_GRAPH", "0")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # restored after, though the page's block sets it too
     gpt = save_tiny_official(tmp_path, "c2i_tiny.pt", "vq_ds16_c2i.pt")
     save_drafter_folder(tmp_path / "drafter-XL", DrafterConfig.for_target(gpt.config),
                         Drafter(DrafterConfig.for_target(gpt.config)))

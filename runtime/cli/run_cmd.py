@@ -100,7 +100,7 @@ def _generate_part(gen: ImageGenerator, work: Workload, mine: list[int], seed: i
     if not mine:  # more ranks than images: this rank has none, and says so in the gathered parts
         return _idle_part(ctx.rank, backend)
     backend.reset_peak_memory()
-    with _progress(len(mine), gen.spec_for(gen.default_batch).method, enabled=ctx.is_main) as advance:
+    with _progress(len(mine), gen.spec_for(min(gen.default_batch, len(mine))).method, enabled=ctx.is_main) as advance:
         result = _maybe_profiled(backend, trace, lambda: gen.run(work.select(mine), seed=seed, indices=mine,
                                                                  on_image=lambda j, t: advance()))
     return {"rank": ctx.rank, "indices": mine, "tokens": result.tokens.numpy(), "images": result.arrays,

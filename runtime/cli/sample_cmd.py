@@ -68,8 +68,9 @@ def sample(**params: Any) -> None:
             prompt_length=params["prompt_length"], device_index=ctx.device_index)
         work = _workload(gen, params, per_class)
         chunks = plan(len(work), chunk_size)
-        store, layout, record = _open_store(gen, work, params, chunks, ctx)
-        made, seconds = _make_chunks(gen, work, store, chunks, params, (rank, world), ctx.is_main)
+        slots = min(gen.default_batch, chunk_size, len(work))  # one decoder for every chunk, the last included
+        store, layout, record = _open_store(gen, work, params, chunks, gen.spec_for(slots), ctx)
+        made, seconds = _make_chunks(gen, work, store, chunks, params, slots, (rank, world), ctx.is_main)
         barrier(ctx)
         if ctx.is_main:  # chunks other jobs or ranks wrote since; this process's own are known sound
             with writing(f"--out {params['out']}"):
@@ -82,7 +83,7 @@ def sample(**params: Any) -> None:
         if ctx.is_main:
             with writing(f"--out {params['out']}", then=RESUME):
                 summary = store.assemble(chunks, list(work.labels))
-                _write_result(store.root, summary, record, gen, made, seconds, world)
+                _write_result(store.root, summary, record, gen.spec_for(slots), gen.backend, made, seconds, world)
     finally:
         destroy(ctx)
 
@@ -103,12 +104,8 @@ def _workload(gen: Any, params: dict[str, Any], per_class: int | None) -> Any:
     return gen.workload(prompts=prompts, classes=classes, num_images=num_images, limit=SAMPLE_IMAGES)
 
 
-def _slots(gen: Any, params: dict[str, Any], images: int) -> int:
-    """Images decoded together: the batch size, no wider than a chunk or the workload."""
-    return min(gen.default_batch, params["chunk"], images)
-
-
-def _open_store(gen: Any, work: Any, params: dict[str, Any], chunks: list[Any], ctx: Any) -> tuple[Any, Any, Any]:
+def _open_store(gen: Any, work: Any, params: dict[str, Any], chunks: list[Any], spec: Any,
+                ctx: Any) -> tuple[Any, Any, Any]:
     """(the sample store, its chunk layout, the workload record that must match to resume), the
     store opened and its chunks checked by rank 0 (or each independent job)."""
     from runtime.generation.sample_store import ChunkLayout, SampleStore, conditions_digest
@@ -117,7 +114,6 @@ def _open_store(gen: Any, work: Any, params: dict[str, Any], chunks: list[Any], 
     loaded = gen.loaded
     store = SampleStore(Path(params["out"]))
     layout = ChunkLayout((loaded.image_size, loaded.image_size, 3), int(loaded.config.block_size))
-    spec = gen.spec_for(_slots(gen, params, len(work)))
     record = {"model": loaded.name, "method": spec.describe(), "seed": params["seed"], "num_images": len(work),
               "chunk": params["chunk"], "conditions": conditions_digest(list(work.labels))}
     if ctx.is_main or not ctx.is_distributed:
@@ -128,7 +124,7 @@ def _open_store(gen: Any, work: Any, params: dict[str, Any], chunks: list[Any], 
     return store, layout, record
 
 
-def _make_chunks(gen: Any, work: Any, store: Any, chunks: list[Any], params: dict[str, Any],
+def _make_chunks(gen: Any, work: Any, store: Any, chunks: list[Any], params: dict[str, Any], slots: int,
                  shard: tuple[int, int], shown: bool) -> tuple[int, float]:
     """Make this process's missing chunks, each written as it is done; (images made, seconds)."""
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
@@ -138,7 +134,6 @@ def _make_chunks(gen: Any, work: Any, store: Any, chunks: list[Any], params: dic
 
     rank, world = shard
     todo = store.missing(mine(chunks, rank, world))
-    slots = _slots(gen, params, len(work))
     started, made = time.perf_counter(), 0
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("ETA"), TimeRemainingColumn())
@@ -186,15 +181,14 @@ def _parse_shard(text: str | None) -> tuple[int, int]:
     return i, n
 
 
-def _write_result(root: Path, summary: dict[str, Any], workload: dict[str, Any], gen: Any, made: int,
-                  seconds: float, world: int) -> None:
+def _write_result(root: Path, summary: dict[str, Any], workload: dict[str, Any], spec: Any, backend: Any,
+                  made: int, seconds: float, world: int) -> None:
     from rich.console import Console
 
     from runtime.core.law import bound_warning
     from runtime.generation.workload import merge_stats
     from runtime.utils.atomic import atomic_write_text
 
-    spec, backend = gen.spec_for(min(gen.default_batch, workload["chunk"], workload["num_images"])), gen.backend
 
     chunks = summary["chunks"]
     chunk_seconds = sum(c["seconds"] for c in chunks)

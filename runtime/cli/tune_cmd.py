@@ -199,7 +199,8 @@ def _open_tuning(source: Any, flags: dict[str, Any], method: str, device: str, p
 
 
 def _run_with_bar(label: str, total: int | None, work: Any) -> Any:
-    """`work(progress)` under a progress bar on stderr; progress(what, done, total)."""
+    """`work(progress)` under a progress bar on stderr, first labelled `label`; progress(what, done,
+    total) relabels it "tune: what"."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -207,7 +208,7 @@ def _run_with_bar(label: str, total: int | None, work: Any) -> Any:
         task = bar.add_task(label, total=total)
 
         def progress(what: str, done: int, total: int | None) -> None:
-            bar.update(task, completed=done, total=total, description=f"{label.split(':')[0]}: {what}")
+            bar.update(task, completed=done, total=total, description=f"tune: {what}")
 
         return work(progress)
 

@@ -19,6 +19,7 @@ import gc
 import shlex
 import threading
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
@@ -101,17 +102,18 @@ def _option_value(name: str, value: Any) -> Any:
 
 
 def _graph_from_env() -> bool | None:
-    """LANTERN_GRAPH=1/0 (true/false, yes/no, on/off) as the CLI's --graph / --no-graph; None where unset."""
+    """LANTERN_GRAPH read as the CLI's --graph / --no-graph reads it (click's boolean); None where unset."""
     import os
 
-    text = os.environ.get("LANTERN_GRAPH", "").strip().lower()
+    import click
+
+    text = os.environ.get("LANTERN_GRAPH", "").strip()
     if not text:
         return None
-    if text in ("1", "true", "yes", "on", "y", "t"):
-        return True
-    if text in ("0", "false", "no", "off", "n", "f"):
-        return False
-    raise UserError(f"LANTERN_GRAPH={text!r} is not a boolean; set it to 1 or 0 (or unset it)")
+    try:
+        return bool(click.BOOL.convert(text, None, None))
+    except click.BadParameter:
+        raise UserError(f"LANTERN_GRAPH={text!r} is not a boolean; set it to 1 or 0 (or unset it)") from None
 
 
 class ImageGenerator:
@@ -159,7 +161,7 @@ class ImageGenerator:
               t5_path: str | None = None, prompt_length: int | None = None, device_index: int | None = None) -> None:
         from runtime.generation.device_setup import open_model
         from runtime.generation.settings import AUTO, auto_method
-        from runtime.models.layers import use_attention_kernel
+        from runtime.models.layers import check_attention_kernel
 
         self._lock = threading.Lock()
         self._closed = False
@@ -170,14 +172,12 @@ class ImageGenerator:
                             f"{did_you_mean(unknown[0], OPTIONS_BY_NAME)}; the options are runtime run's flags "
                             "with underscores (temperature=, cfg=, lantern_lambda=, tree=, ...)")
         self.flags = {name: _option_value(name, options.get(name)) for name in OPTIONS_BY_NAME}
-        with use_attention_kernel(attention):  # refuses an unknown kernel before any work
-            pass
+        check_attention_kernel(attention)  # before any work
         self.attention, self.source, self.method = attention, source, method
         self._given = {"device": device, "profile": profile, "dtype": dtype, "graph": graph, "t5_path": t5_path,
                        "prompt_length": prompt_length}
         self.backend, self.profile, self.loaded = open_model(source, device, profile, graph, dtype, index=device_index)
         self.default_batch = wl.batch_size(batch_size, self.profile)
-        self._batch_given = batch_size
         self.auto = method == AUTO
         self._spec = None if self.auto else self._resolve(method)
         if self.auto:
@@ -352,22 +352,18 @@ class ImageGenerator:
         batch = wl.batch_size(given, self.profile) if given is not None else self.default_batch
         return min(batch, max(images, 1))
 
-    class _Busy:
-        def __init__(self, owner: "ImageGenerator") -> None:
-            self.owner = owner
-
-        def __enter__(self) -> None:
-            if self.owner._closed:
-                raise UserError("this ImageGenerator is closed; make a new one")
-            if not self.owner._lock.acquire(blocking=False):
-                raise RuntimeError("this ImageGenerator is in use by another thread (or an unfinished stream); "
-                                   "one generator serves one thread at a time: give each thread its own")
-
-        def __exit__(self, *exc: object) -> None:
-            self.owner._lock.release()
-
-    def _busy(self) -> "ImageGenerator._Busy":
-        return ImageGenerator._Busy(self)
+    @contextmanager
+    def _busy(self) -> Iterator[None]:
+        """Hold the generator for one call (or one stream, until it ends)."""
+        if self._closed:
+            raise UserError("this ImageGenerator is closed; make a new one")
+        if not self._lock.acquire(blocking=False):
+            raise RuntimeError("this ImageGenerator is in use by another thread (or an unfinished stream); "
+                               "one generator serves one thread at a time: give each thread its own")
+        try:
+            yield
+        finally:
+            self._lock.release()
 
     def _generation(self, out: RunOutput, work: wl.Workload, idx: list[int], spec: MethodSpec, batch: int,
                     seed: int, warning: str | None) -> Generation:
@@ -379,38 +375,29 @@ class ImageGenerator:
             images=[Image.fromarray(a) for a in out.images], tokens=out.tokens, seeds=list(out.seeds),
             labels=list(work.labels), method=spec.method, batch_size=batch, stats=dict(out.stats), timings=timings,
             settings=spec.describe(), sources=self.sources(spec, batch),
-            command=self.command_line(work.labels, seed, batch), bound_warning=warning, arrays=out.images,
+            command=self.command_line(spec, work.labels, seed, batch), bound_warning=warning, arrays=out.images,
             indices=idx, image_seconds=out.image_seconds)
 
-    def command_line(self, labels: Sequence[Any], seed: int, batch: int, prompts_file: str = "prompts.txt") -> str:
-        """The `runtime run` line that makes the same tokens (prompts: written one per line to
-        `prompts_file`)."""
+    def command_line(self, spec: MethodSpec, labels: Sequence[Any], seed: int, batch: int,
+                     prompts_file: str = "prompts.txt") -> str:
+        """The `runtime run` line that makes the same tokens: the model and device as given, the
+        resolved method pinned by `spec.cli_args()` (a tree file as given), the workload (prompts:
+        written one per line to `prompts_file`)."""
         s, g = self.source, self._given
-        parts: list[str] = ["runtime", "run"]
         pairs: list[tuple[str, Any]] = [
             ("--model", s.model), ("--model-revision", s.model_revision), ("--gpt-model", s.gpt_model),
             ("--gpt-ckpt", s.gpt_ckpt), ("--gpt-type", s.gpt_type if s.gpt_type != "c2i" else None),
             ("--vq-ckpt", s.vq_ckpt), ("--image-size", s.image_size), ("--drafter", s.drafter),
             ("--device", g["device"] if g["device"] != "auto" else None), ("--profile-name", g["profile"]),
-            ("--dtype", g["dtype"]), ("--method", self.method),
-            ("--attention", self.attention if self.attention != "auto" else None), ("--t5-path", g["t5_path"]),
-            ("--prompt-length", g["prompt_length"])]
-        for name, value in self.flags.items():
-            flag = OPTIONS_BY_NAME[name].cli_flag
-            if value is not None and "/" in flag:
-                parts.append(flag.split("/")[0 if value else 1])
-            elif value is not None:
-                pairs.append((flag, value))
-        for flag, value in pairs:
-            if value is not None:
-                parts += [flag, str(value)]
-        if s.trust_checkpoint:
-            parts.append("--trust-checkpoint")
-        if g["graph"] is not None:
-            parts.append("--graph" if g["graph"] else "--no-graph")
+            ("--dtype", g["dtype"]), ("--attention", self.attention if self.attention != "auto" else None),
+            ("--t5-path", g["t5_path"]), ("--prompt-length", g["prompt_length"]),
+            ("--tree", self.flags["tree"] if spec.tree_is_file else None)]
+        parts = ["runtime", "run", *(word for flag, value in pairs if value is not None for word in (flag, str(value)))]
+        parts += ["--trust-checkpoint"] * bool(s.trust_checkpoint)
+        parts += [] if g["graph"] is None else ["--graph" if g["graph"] else "--no-graph"]
+        parts += spec.cli_args()
         if labels and isinstance(labels[0], str):
             parts += ["--prompts", prompts_file, "--num-images", str(len(labels))]
         else:
             parts += ["--classes", ",".join(str(c) for c in labels)]
-        parts += ["--seed", str(seed), "--batch-size", str(batch)]
-        return shlex.join(parts)
+        return shlex.join(parts + ["--seed", str(seed), "--batch-size", str(batch)])

@@ -11,8 +11,6 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from runtime.utils.errors import UserError
 
 if TYPE_CHECKING:
-    import torch
-
     from backends import Backend
     from runtime.generation.loading import LoadedModel
 
@@ -212,10 +210,3 @@ def merge_law(all_stats: list[dict[str, Any]]) -> dict[str, Any]:
     mean = {key: sum((s.get(key) or 0.0) * int(s.get("law_steps") or 0) for s in all_stats) / steps
             for key in ("step_tvd", "step_tvd_bound")}
     return {**mean, "law_steps": steps}
-
-
-def as_tensor_rows(tokens: list[Any]) -> "torch.Tensor":
-    """Per-image token rows (block_size,) as one (n, block_size) long tensor on the host."""
-    import torch
-
-    return torch.stack([t.detach().to("cpu", torch.long) for t in tokens])

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.utils.errors import UserError
+from runtime.utils.host_memory import host_free_bytes
 
 
 # Fields that size tensors, with the largest value a real model of these families has room for
@@ -63,18 +64,6 @@ def check_config_fields(config: dict[str, Any], folder: Path, flat: bool = False
                                    f"a token id in [0, {vocab or 1 << 24:,})")
     if isinstance(text, dict):
         _check_model_bytes(text, config.get("vq_config") or {}, folder)
-
-
-def host_free_bytes() -> int | None:
-    """The host's available memory (Linux MemAvailable), None where it cannot be read."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
 
 
 def _check_model_bytes(text: dict[str, Any], vq: dict[str, Any], folder: Path) -> None:

@@ -26,12 +26,17 @@ ATTENTION_KERNELS: tuple[str, ...] = ("auto", "math")
 _attention_kernel = "auto"
 
 
-def set_attention_kernel(name: str) -> str:
-    """Make every `attend` call use kernel `name` ("auto" or "math"); returns the previous one."""
-    global _attention_kernel
+def check_attention_kernel(name: str) -> None:
+    """Refuse a kernel setting other than ATTENTION_KERNELS, in one line."""
     if name not in ATTENTION_KERNELS:
         raise UserError(f"--attention {name!r} is not a kernel setting; choose "
                         f"{' or '.join(ATTENTION_KERNELS)} (math: LlamaGen's reference kernel)")
+
+
+def set_attention_kernel(name: str) -> str:
+    """Make every `attend` call use kernel `name` ("auto" or "math"); returns the previous one."""
+    global _attention_kernel
+    check_attention_kernel(name)
     previous, _attention_kernel = _attention_kernel, name
     return previous
 
