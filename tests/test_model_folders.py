@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 BAD_IDS = ["x/y..z", "a--b/c", "a/b.git", "a/b-"]
 
@@ -263,6 +264,8 @@ CONFIG_CASES = [  # (family, field, value, what the line says)
     ("janus", "vision_config.num_image_tokens", "many", "vision_config.num_image_tokens must be an integer"),
     ("janus", "text_config.rms_norm_eps", float("nan"), "text_config.rms_norm_eps must be a number in (0, 1)"),
     ("janus", "text_config.hidden_size", 65536, "GiB free"),  # in range, but past this machine's memory
+    ("janus", "text_config.vocab_size", 0, "text_config.vocab_size must be an integer in [1, 16,777,216], got 0"),
+    ("emu3", "text_config.rms_norm_eps", float("nan"), "text_config.rms_norm_eps must be a number in (0, 1)"),
     ("emu3", "vocabulary_map", [1, 2], "vocabulary_map must be a JSON object of token ids"),
     ("emu3", "vocabulary_map.<|visual token 000000|>", "x", "must be a token id"),
     ("emu3", "vocabulary_map.<|visual token 000000|>", 10**12, "must be a token id"),
@@ -363,3 +366,46 @@ def test_a_chameleon_configs_sizes_are_checked_too(tmp_path) -> None:
         check_config_fields({"model_type": "chameleon", "num_hidden_layers": 10**6}, tmp_path, flat=True)
     with pytest.raises(UserError, match=r"vq_config.embed_dim must be an integer"):
         check_config_fields({"model_type": "chameleon", "vq_config": {"embed_dim": -1}}, tmp_path, flat=True)
+
+
+def test_a_model_bigger_than_the_devices_free_memory_is_refused_before_it_is_moved(janus_folder) -> None:
+    """The bytes the target, drafter and VQ take in the run's dtype against what the device reports
+    free (a GPU's `mem_get_info`; passed in here, as `ModelSource.load` passes the backend's)."""
+    from runtime.generation.loading import load_model
+    from runtime.utils.errors import UserError
+
+    args = dict(model=str(janus_folder), gpt_model=None, gpt_ckpt=None, vq_ckpt=None, image_size=None, drafter=None,
+                gpt_type="c2i", trust=False, device=torch.device("cpu"))
+    with pytest.raises(UserError, match=r"Janus-tiny: the model takes about 0.0 GiB in bfloat16 and cpu has 0.0 GiB "
+                                        r"free; free the device \(other processes\), use a lower-precision --dtype"):
+        load_model(**args, dtype=torch.bfloat16, device_free=1000)
+    loaded = load_model(**args, dtype=torch.float32, device_free=1 << 30)
+    assert next(loaded.target.parameters()).dtype == torch.float32
+
+
+class _RunsCode:
+    """Unpickled, runs `touch` on its path: the marker that code from a weight file ran."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_pickle_weight_file_that_would_run_code_is_one_line_without_warnings(janus_folder, tmp_path) -> None:
+    """A protocol-4 pickle (torch's safe loader warns about the protocol before refusing it), in a
+    real process: one line, no torch warning before it, and its code never ran."""
+    import pickle
+
+    folder = _copy(janus_folder, tmp_path)
+    (folder / "model.safetensors").unlink()
+    marker = tmp_path / "ran"
+    (folder / "pytorch_model.bin").write_bytes(pickle.dumps(_RunsCode(marker), protocol=4))
+    res = subprocess.run([sys.executable, "-m", "runtime", "run", "--model", str(folder), "--prompts",
+                          _prompts(tmp_path), "--method", "ar", "--device", "cpu", "--out", str(tmp_path / "out")],
+                         capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)
+    assert res.returncode == 2 and res.stderr.strip().splitlines() == [
+        f"error: cannot read checkpoint {folder / 'pytorch_model.bin'}: not a PyTorch checkpoint (a pickle the safe "
+        "loader refuses: Unsupported operand 149)"], res.stderr
+    assert not marker.exists() and not (tmp_path / "out").exists()

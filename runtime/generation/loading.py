@@ -82,7 +82,8 @@ def load_model(**kwargs: Any) -> LoadedModel:
 
 def _load_model(*, model: str | None, gpt_model: str | None, gpt_ckpt: str | None, vq_ckpt: str | None,
                 image_size: int | None, drafter: str | None, gpt_type: str, trust: bool,
-                device: torch.device, dtype: torch.dtype, revision: str | None = None) -> LoadedModel:
+                device: torch.device, dtype: torch.dtype, revision: str | None = None,
+                device_free: int | None = None) -> LoadedModel:
     from runtime.models.hub import looks_like_repo_id, resolve_file, resolve_model
 
     for flag, value in (("--model", model), ("--drafter", drafter), ("--gpt-ckpt", gpt_ckpt), ("--vq-ckpt", vq_ckpt)):
@@ -100,11 +101,12 @@ def _load_model(*, model: str | None, gpt_model: str | None, gpt_ckpt: str | Non
     family = _folder_family(model) if gpt_ckpt is None and model not in (None, "demo") else None
     if family == "chameleon":
         return _load_chameleon(model, vq_ckpt=vq_ckpt, drafter=drafter, image_size=image_size, trust=trust,
-                               gpt_model=gpt_model, gpt_type=gpt_type, device=device, dtype=dtype, name=hub_id)
+                               gpt_model=gpt_model, gpt_type=gpt_type, device=device, dtype=dtype, name=hub_id,
+                               device_free=device_free)
     if family in ("janus", "emu3"):
         return _load_hf_family(family, model, vq_ckpt=vq_ckpt, drafter=drafter, image_size=image_size,
                                trust=trust, gpt_model=gpt_model, gpt_type=gpt_type, device=device, dtype=dtype,
-                               name=hub_id)
+                               name=hub_id, device_free=device_free)
     if gpt_ckpt is None:
         given = [flag for flag, value in (("--gpt-model", gpt_model), ("--vq-ckpt", vq_ckpt),
                                           ("--drafter", drafter), ("--trust-checkpoint", trust or None))
@@ -130,9 +132,8 @@ def _load_model(*, model: str | None, gpt_model: str | None, gpt_ckpt: str | Non
         draft = build_drafter(drafter, target.config) if drafter else None
         check_vocab_fits_codebook(target.config.vocab_size, vq.config.codebook_size, f"{gpt_ckpt} and {vq_ckpt}")
         kind = target.config.model_type
-        return LoadedModel(gpt_model or Path(gpt_ckpt).stem, target.to(device, dtype).eval(),
-                           draft.to(device, dtype).eval() if draft is not None else None,
-                           vq.to(device).eval(), size, recommended=dict(LLAMAGEN_SAMPLING[kind]),
+        target, draft, vq = _place(target, draft, vq, device, dtype, device_free, gpt_ckpt)
+        return LoadedModel(gpt_model or Path(gpt_ckpt).stem, target, draft, vq, size, recommended=dict(LLAMAGEN_SAMPLING[kind]),
                            recommended_source=LLAMAGEN_SAMPLING_SOURCE[kind],
                            files=weight_files(gpt_ckpt, vq_ckpt, drafter))
     from runtime.demo.bundle import load_demo_bundle
@@ -202,7 +203,7 @@ def _prompted_drafter(drafter: str | None, target: Any) -> Any:
 
 def _load_hf_family(family: str, folder: str, *, vq_ckpt: str | None, drafter: str | None, image_size: int | None,
                     trust: bool, gpt_model: str | None, gpt_type: str, device: torch.device, dtype: torch.dtype,
-                    name: str | None = None) -> LoadedModel:
+                    name: str | None = None, device_free: int | None = None) -> LoadedModel:
     """A Janus / Emu3 folder in transformers' layout (target, its own VQ, its own tokenizer)."""
     from runtime.models.hf_folders import (
         EMU3_SAMPLING,
@@ -225,15 +226,14 @@ def _load_hf_family(family: str, folder: str, *, vq_ckpt: str | None, drafter: s
     draft = _prompted_drafter(drafter, target)
     sampling, source = (JANUS_SAMPLING, JANUS_SAMPLING_SOURCE) if family == "janus" else (EMU3_SAMPLING,
                                                                                           EMU3_SAMPLING_SOURCE)
-    return LoadedModel(name or Path(folder).name, target.to(device, dtype).eval(),
-                       draft.to(device, dtype).eval() if draft is not None else None, vq.to(device).eval(),
-                       rows * vq.downsample, recommended=dict(sampling), recommended_source=source,
+    target, draft, vq = _place(target, draft, vq, device, dtype, device_free, folder)
+    return LoadedModel(name or Path(folder).name, target, draft, vq, rows * vq.downsample, recommended=dict(sampling), recommended_source=source,
                        files=files + weight_files(drafter), prompt_encoder=encoder, kind=family)
 
 
 def _load_chameleon(folder: str, *, vq_ckpt: str | None, drafter: str | None, image_size: int | None, trust: bool,
                     gpt_model: str | None, gpt_type: str, device: torch.device, dtype: torch.dtype,
-                    name: str | None = None) -> LoadedModel:
+                    name: str | None = None, device_free: int | None = None) -> LoadedModel:
     """A Chameleon-family folder (Anole, Lumina-mGPT), with Meta's vqgan.ckpt where the folder has no VQ decoder."""
     from runtime.models.chameleon_folder import (
         ANOLE_SAMPLING,
@@ -247,11 +247,29 @@ def _load_chameleon(folder: str, *, vq_ckpt: str | None, drafter: str | None, im
     cfg = target.config
     size = ((cfg.row_width - 1) if cfg.row_width else int(round(cfg.block_size ** 0.5))) * vq.downsample
     draft = _prompted_drafter(drafter, target)
-    return LoadedModel(name or Path(folder).name, target.to(device, dtype).eval(),
-                       draft.to(device, dtype).eval() if draft is not None else None, vq.to(device).eval(), size,
+    target, draft, vq = _place(target, draft, vq, device, dtype, device_free, folder)
+    return LoadedModel(name or Path(folder).name, target, draft, vq, size,
                        recommended=dict(LUMINA_SAMPLING if cfg.row_width else ANOLE_SAMPLING),
                        recommended_source=LUMINA_SAMPLING_SOURCE if cfg.row_width else ANOLE_SAMPLING_SOURCE,
                        files=files + weight_files(drafter), prompt_encoder=encoder)
+
+
+def _place(target: torch.nn.Module, draft: torch.nn.Module | None, vq: torch.nn.Module, device: torch.device,
+           dtype: torch.dtype, device_free: int | None, source: str) -> tuple[Any, Any, Any]:
+    """(target, drafter, VQ) on the device, in eval mode: the target and drafter in `dtype`, the VQ
+    in its own. Refused first, in one line, where their bytes exceed what the device has free
+    (`device_free`, None where unknown: the host was checked when the config was read)."""
+    if device_free is not None:
+        need = sum(t.numel() for m in (target, draft) if m is not None
+                   for t in (*m.parameters(), *m.buffers()) if t.is_floating_point()) * dtype.itemsize
+        need += sum(t.numel() * t.element_size() for t in (*vq.parameters(), *vq.buffers()))
+        if need > device_free:
+            raise UserError(f"{source}: the model takes about {need / 2**30:,.1f} GiB in "
+                            f"{str(dtype).replace('torch.', '')} and {device} has {device_free / 2**30:,.1f} GiB "
+                            "free; free the device (other processes), use a lower-precision --dtype, or a larger "
+                            "device")
+    return (target.to(device, dtype).eval(), draft.to(device, dtype).eval() if draft is not None else None,
+            vq.to(device).eval())
 
 
 def weight_files(*paths: str | Path | None) -> list[Path]:

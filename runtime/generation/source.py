@@ -37,4 +37,4 @@ class ModelSource:
         return load_model(model=self.model, gpt_model=self.gpt_model, gpt_ckpt=self.gpt_ckpt, vq_ckpt=self.vq_ckpt,
                           image_size=self.image_size, drafter=self.drafter, gpt_type=self.gpt_type,
                           trust=self.trust_checkpoint, device=backend.device, dtype=backend.dtype,
-                          revision=self.model_revision)
+                          revision=self.model_revision, device_free=backend.free_memory())

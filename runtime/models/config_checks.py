@@ -5,7 +5,7 @@ built (a config asking for 10**9-wide layers is one line, not an allocation that
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from runtime.utils.errors import UserError
 from runtime.utils.host_memory import host_free_bytes
@@ -25,12 +25,53 @@ def _field_fault(config_path: Path, key: str, value: Any, what: str) -> UserErro
                      "config.json")
 
 
+LLAMAGEN_FIELDS = {"hidden_size": 65536, "intermediate_size": 262144, "num_hidden_layers": 1024,
+                   "num_attention_heads": 1024, "num_key_value_heads": 1024, "vocab_size": 1 << 24,
+                   "block_size": 1 << 22, "cls_token_num": 1 << 16, "num_classes": 1 << 24, "caption_dim": 65536,
+                   "multiple_of": 1 << 16}
+
+
+def check_int_fields(values: Mapping[str, Any], fields: Mapping[str, int], path: Path | str,
+                     section: str = "") -> None:
+    """Each of `fields` present in `values` an integer (not a bool or a float) in [1, its bound]."""
+    for key, high in fields.items():
+        value = values.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high):
+            raise _field_fault(Path(path), f"{section}.{key}" if section else key, value,
+                               f"an integer in [1, {high:,}]")
+
+
+def check_number(values: Mapping[str, Any], key: str, low: float, high: float, path: Path | str,
+                 name: str | None = None, closed: bool = False) -> None:
+    """`values[key]`, where present, a finite number in (low, high) (`closed`: [low, high])."""
+    import math
+
+    value = values.get(key)
+    if value is None:
+        return
+    number = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    inside = number and (low <= value <= high if closed else low < value < high)
+    if not inside:
+        bounds = f"[{low:g}, {high:g}]" if closed else f"({low:g}, {high:g})"
+        raise _field_fault(Path(path), name or key, value, f"a number in {bounds}")
+
+
+def check_llamagen_fields(config: Mapping[str, Any], path: Path | str, kind: str = "model") -> None:
+    """An HF LlamaGen model's or a LANTERN drafter's config.json (`kind`), read as untrusted: the
+    fields that size tensors typed and bounded, the numbers finite, and the bytes it describes
+    against the host's free memory."""
+    check_int_fields(config, LLAMAGEN_FIELDS, path)
+    check_number(config, "rms_norm_eps", 0, 1, path)
+    for key in ("rope_base", "rope_theta"):
+        check_number(config, key, 0, 1e12, path)
+    check_number(config, "class_dropout_p", 0, 1, path, closed=True)
+    check_model_bytes(config, {}, Path(path), kind)
+
+
 def check_config_fields(config: dict[str, Any], folder: Path, flat: bool = False) -> None:
     """Every field of a Janus / Emu3 config.json (`flat`: a Chameleon one, whose text fields sit at
     its top level) that sizes a tensor, checked for type and range before anything is built, and
     the model's bytes against the host's free memory."""
-    import math
-
     path = folder / "config.json"
     text = config if flat else config.get("text_config")
     for section, fields in (("" if flat else "text_config", TEXT_FIELDS), ("vq_config", VQ_FIELDS)):
@@ -39,14 +80,9 @@ def check_config_fields(config: dict[str, Any], folder: Path, flat: bool = False
             continue
         if not isinstance(values, dict):
             raise _field_fault(path, section, type(values).__name__, "a JSON object")
-        for key, high in fields.items():
-            value = values.get(key)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high):
-                raise _field_fault(path, f"{section}.{key}" if section else key, value, f"an integer in [1, {high:,}]")
-    eps = text.get("rms_norm_eps") if isinstance(text, dict) else None
-    if eps is not None and (isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps)
-                            or not 0 < eps < 1):
-        raise _field_fault(path, "rms_norm_eps" if flat else "text_config.rms_norm_eps", eps, "a number in (0, 1)")
+        check_int_fields(values, fields, path, section)
+    if isinstance(text, dict):
+        check_number(text, "rms_norm_eps", 0, 1, path, "rms_norm_eps" if flat else "text_config.rms_norm_eps")
     vision = config.get("vision_config")
     if vision is not None and not isinstance(vision, dict):
         raise _field_fault(path, "vision_config", type(vision).__name__, "a JSON object")
@@ -63,22 +99,29 @@ def check_config_fields(config: dict[str, Any], folder: Path, flat: bool = False
                 raise _field_fault(path, f"vocabulary_map[{name!r}]", value,
                                    f"a token id in [0, {vocab or 1 << 24:,})")
     if isinstance(text, dict):
-        _check_model_bytes(text, config.get("vq_config") or {}, folder)
+        check_model_bytes(text, config.get("vq_config") or {}, path)
 
 
-def _check_model_bytes(text: dict[str, Any], vq: dict[str, Any], folder: Path) -> None:
-    """Refuse a model whose config asks for more host memory than is free (its weights are read
-    and built on the host in fp32 first)."""
+def model_bytes(text: Mapping[str, Any], vq: Mapping[str, Any] | None = None) -> int:
+    """fp32 bytes of a decoder-only transformer described by HF-style fields (defaults: a 7B
+    Llama's), plus a VQ codebook."""
     h, layers = text.get("hidden_size", 4096), text.get("num_hidden_layers", 32)
     ffn, vocab = text.get("intermediate_size", 11008), text.get("vocab_size", 65536)
     heads = text.get("num_attention_heads", 32)
     kv_dim = h * text.get("num_key_value_heads", heads) // max(heads, 1)
     params = layers * (2 * h * h + 2 * h * kv_dim + 3 * h * ffn) + 2 * vocab * h
-    params += vq.get("num_embeddings", 16384) * vq.get("embed_dim", 8)
-    need = 4 * params
+    params += (vq or {}).get("num_embeddings", 16384) * (vq or {}).get("embed_dim", 8)
+    return 4 * params
+
+
+def check_model_bytes(text: Mapping[str, Any], vq: Mapping[str, Any], config_path: Path, kind: str = "model") -> None:
+    """Refuse a model whose config asks for more host memory than is free (its weights are read
+    and built on the host in fp32 first)."""
+    need = model_bytes(text, vq)
     free = host_free_bytes()
     if free is not None and need > free:
-        raise UserError(f"{folder / 'config.json'}: the model it describes takes about {need / 2**30:,.1f} GiB "
-                        f"(hidden_size {h}, num_hidden_layers {layers}, intermediate_size {ffn}, vocab_size "
-                        f"{vocab}) and this machine has {free / 2**30:,.1f} GiB free; check that config.json is "
-                        "this model's, or use a machine with more memory")
+        fields = ", ".join(f"{key} {text[key]}" for key in ("hidden_size", "num_hidden_layers", "intermediate_size",
+                                                             "vocab_size") if key in text)
+        raise UserError(f"{config_path}: the {kind} it describes takes about {need / 2**30:,.1f} GiB ({fields}) and "
+                        f"this machine has {free / 2**30:,.1f} GiB free; check that config.json is this {kind}'s, "
+                        "or use a machine with more memory")

@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from runtime.utils.atomic import atomic_path
 from runtime.utils.errors import UserError
+from runtime.models.config_checks import check_llamagen_fields
 from runtime.models.configs import DrafterConfig, check_positive
 from runtime.models.loading.files import first_line, state_of, read_json, write_json, write_safetensors
 from runtime.models.loading.hf_llamagen import read_hf_weights
@@ -32,6 +33,7 @@ def drafter_config_from_json(cfg: Mapping[str, Any], source: str = "config.json"
     for field in required:
         if field not in cfg:
             raise UserError(f"{source}: missing field {field!r} for a drafter config")
+    check_llamagen_fields({"num_hidden_layers": 1, **cfg}, source, "drafter")
     try:
         if "block_size" in cfg and "cls_token_num" in cfg:
             block_size, cls_token_num = int(cfg["block_size"]), int(cfg["cls_token_num"])

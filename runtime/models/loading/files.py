@@ -12,6 +12,7 @@ import json
 import os
 import pickle
 import re
+import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -66,7 +67,11 @@ def read_safetensors(path: Path) -> dict[str, Tensor]:
 
 def _torch_load(path: Path, *, trust: bool) -> Any:
     def load(mmap: bool) -> Any:
-        return torch.load(path, map_location="cpu", weights_only=not trust, mmap=mmap)
+        with warnings.catch_warnings():
+            # the safe unpickler warns about a pickle protocol it was not written for, then refuses
+            # the file in its own words (reported below as one line)
+            warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
+            return torch.load(path, map_location="cpu", weights_only=not trust, mmap=mmap)
 
     try:
         try:
@@ -84,11 +89,18 @@ def _torch_load(path: Path, *, trust: bool) -> Any:
             raise UserError(
                 f"{path} contains pickled Python objects ({found.group(1)}) besides tensors and is "
                 f"refused by the safe loader; if you trust its source, pass {TRUST_FLAG}") from None
-        raise UserError(f"cannot read checkpoint {path}: not a PyTorch checkpoint "
-                        f"(UnpicklingError)") from None
+        raise UserError(f"cannot read checkpoint {path}: not a PyTorch checkpoint (a pickle the safe loader "
+                        f"refuses: {_unpickler_reason(err)})") from None
     except Exception as err:
         raise UserError(f"cannot read checkpoint {path}: not a PyTorch checkpoint "
                         f"({type(err).__name__}: {first_line(err)})") from None
+
+
+def _unpickler_reason(err: Exception) -> str:
+    """The safe unpickler's own reason ("Unsupported operand 149"), without its advice to load the
+    file unsafely."""
+    found = re.search(r"WeightsUnpickler error:\s*(.+)", str(err))
+    return found.group(1).strip().splitlines()[0] if found else "UnpicklingError"
 
 
 def _unwrap_state_dict(obj: Any, path: Path) -> dict[str, Tensor]:

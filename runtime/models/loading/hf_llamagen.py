@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from runtime.utils.errors import UserError
+from runtime.models.config_checks import check_llamagen_fields
 from runtime.models.configs import GPTConfig, check_positive, find_multiple
 from runtime.models.loading.files import first_line, read_safetensors, read_checkpoint, read_json
 from runtime.models.loading.strict import HARMLESS_EXTRA, shape_text
@@ -122,6 +123,7 @@ def gpt_config_from_hf(config_json: Mapping[str, Any] | str | os.PathLike[str]) 
     for field in required:
         if field not in cfg:
             raise UserError(f"{source}: missing field {field!r} for an HF LlamaGen model config")
+    check_llamagen_fields(cfg, source)
     model_type = cfg.get("input_type", "t2i")
     if model_type not in ("c2i", "t2i"):
         raise UserError(f"{source}: input_type {model_type!r} is not 'c2i' or 't2i'")
