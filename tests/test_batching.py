@@ -24,6 +24,8 @@ METHODS = {
     "eagle2": {"depth": 2, "top_k_draft": 3, "total_tokens": 8},
     "lantern": {"depth": 2, "top_k_draft": 3, "total_tokens": 8, "lantern_delta": 0.3},
     "lantern++": {"tree": "small_12", "lantern_lambda": 4.0},
+    "cool-sd": {"tree": "small_12", "cool_delta": 2.0},
+    "cool-eagle2": {"depth": 2, "top_k_draft": 3, "total_tokens": 8, "cool_delta": 2.0},
     "sjd": {"window": 4},
 }
 # sampling-only sjd options: position-keyed noise (gumbel) with a proactive tree, and maximal coupling
@@ -34,7 +36,7 @@ CONDITIONS = [0, 1, 2, 3, 1, 0, 3, 2]
 def _run(method: str, greedy: bool, batch: int, conditions=CONDITIONS, **extra):
     if method.startswith("sjd") and not greedy:
         extra = {**SJD_SAMPLING[method], **extra}
-    method = method.split("-")[0]
+    method = "sjd" if method.startswith("sjd") else method
     target, drafter = tiny_pair(vocab=8, grid=6, sharpness=1.0)
     nb = compute_neighbours(torch.randn(8, 2, generator=torch.Generator().manual_seed(0)), 3)
     spec = MethodSpec(method=method, sampling=SamplingParams(greedy=greedy, cfg=2.0), lantern_k=3,

@@ -338,7 +338,7 @@ def test_lantern_drafter_layout_loads_strictly_and_computes_what_transformers_do
         load_chameleon_drafter(tmp_path / "d", ours)
 
 
-@pytest.mark.parametrize("method", ["sd", "eagle2", "lantern++"])
+@pytest.mark.parametrize("method", ["sd", "eagle2", "lantern++", "cool-sd", "cool-eagle2"])
 def test_lantern_drafter_runs_every_method_exactly(pair, tmp_path, method) -> None:
     from runtime.models.chameleon_drafter import load_chameleon_drafter
 
@@ -348,7 +348,8 @@ def test_lantern_drafter_runs_every_method_exactly(pair, tmp_path, method) -> No
     ours.for_prompts(PROMPTS.size(1))
     params = SamplingParams(greedy=True, cfg=3.0)
     ar = generate(ours, None, MethodSpec(method="ar", sampling=params), PROMPTS, cond_masks=MASKS)
-    out = generate(ours, drafter, MethodSpec(method=method, sampling=params, **EXACT), PROMPTS, cond_masks=MASKS,
+    out = generate(ours, drafter, MethodSpec(method=method, sampling=params, **EXACT, cool_delta=0.5, cool_nu=0.3),
+                   PROMPTS, cond_masks=MASKS,
                    neighbours=torch.zeros(IMAGE_CODES, 4, dtype=torch.long))
     assert torch.equal(out.tokens, ar.tokens)
 

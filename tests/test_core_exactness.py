@@ -14,8 +14,11 @@ from tiny_models import caption, tiny_pair
 pytestmark = pytest.mark.fast  # the edit-test tier: python -m pytest -m fast
 
 EXACT = dict(tree="small_12", depth=3, top_k_draft=3, total_tokens=10, lantern_k=4,
-             lantern_delta=0.0, lantern_lambda=1.0)
-SPEC_METHODS = ["sd", "eagle2", "lantern", "lantern++"]
+             lantern_delta=0.0, lantern_lambda=1.0, cool_delta=1.0, cool_nu=0.0)
+SPEC_METHODS = ["sd", "eagle2", "lantern", "lantern++", "cool-sd", "cool-eagle2"]
+# COOL-SD with w_d < 1 at every depth: its rule is active (stricter than exact) and, with G*,
+# lossless in law (relaxation.py): the annealed stages themselves under test
+COOL_STRICT = dict(cool_delta=0.5, cool_nu=0.3, top_k_draft=2)  # 2 of 3 codes drafted: a rejection's residual matters
 
 
 def spec(method: str, params: SamplingParams, **kw) -> MethodSpec:
@@ -101,6 +104,29 @@ def test_sampling_exact_methods_match_ar_distribution(method):
         assert out.stats["mean_accepted_length"] > 1.3  # drafts were accepted
 
 
+@pytest.mark.parametrize("method", ["cool-sd", "cool-eagle2"])
+def test_cool_sd_below_one_is_lossless_in_law_and_greedy(method):
+    """w_d < 1 everywhere runs the annealed stages (their G* residual keeps what a rejection leaves
+    at the draft), and must still give AR's law, and AR's greedy tokens."""
+    strict = spec(method, SamplingParams(), **COOL_STRICT)
+    assert strict.relaxation_kind == "anneal"
+    target, drafter = tiny_pair(vocab=3, grid=2, sharpness=0.05, seed=4)
+    params = SamplingParams(temperature=1.0, cfg=1.5)
+    expected = _exact_sequence_distribution(target, 1, params)
+    n = 800
+    out = generate(target, drafter, spec(method, params, **COOL_STRICT), [1] * n, seed=11)
+    counts: dict = {}
+    for row in out.tokens.tolist():
+        counts[tuple(row)] = counts.get(tuple(row), 0) + 1
+    assert _chi_square_p_value(counts, expected, n) > 1e-3
+    assert out.stats["mean_accepted_length"] > 1.2
+    target, drafter = tiny_pair(vocab=8, sharpness=1.0)
+    greedy = SamplingParams(greedy=True, cfg=3.0)
+    ar = generate(target, None, spec("ar", greedy), [0, 1, 2, 3], seed=3)
+    out = generate(target, drafter, spec(method, greedy, **COOL_STRICT), [0, 1, 2, 3], seed=3)
+    assert torch.equal(out.tokens, ar.tokens)
+
+
 def test_relaxed_methods_change_tokens_when_relaxation_is_on():
     target, drafter = tiny_pair(vocab=8, sharpness=1.0)
     params = SamplingParams(greedy=True, cfg=1.0)
@@ -111,3 +137,15 @@ def test_relaxed_methods_change_tokens_when_relaxation_is_on():
     assert relaxed.stats["mean_relaxation_mass"] > 0
     assert relaxed.stats["mean_accepted_length"] > generate(
         target, drafter, spec("lantern++", params), [0, 1, 2, 3], seed=3).stats["mean_accepted_length"]
+
+
+@pytest.mark.parametrize("method", ["cool-sd", "cool-eagle2"])
+def test_cool_sd_relaxes_where_w_is_above_one(method):
+    target, drafter = tiny_pair(vocab=8, sharpness=1.0)
+    greedy = SamplingParams(greedy=True, cfg=1.0)
+    ar = generate(target, None, spec("ar", greedy), [0, 1, 2, 3], seed=3)
+    exact = generate(target, drafter, spec(method, greedy), [0, 1, 2, 3], seed=3)
+    relaxed = generate(target, drafter, spec(method, greedy, cool_delta=8.0, cool_nu=0.7), [0, 1, 2, 3], seed=3)
+    assert not torch.equal(relaxed.tokens, ar.tokens)
+    assert relaxed.stats["mean_relaxation_mass"] > 0
+    assert relaxed.stats["mean_accepted_length"] > exact.stats["mean_accepted_length"]

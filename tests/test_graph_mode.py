@@ -52,7 +52,7 @@ def test_sjd_steps_compile_whole_and_match_eager(variant):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["sd", "lantern", "lantern++"])
+@pytest.mark.parametrize("method", ["sd", "lantern", "lantern++", "cool-sd"])
 def test_sampled_acceptance_compiles_whole_and_matches_eager(method):
     """Sampling paths (sibling stages over all parents, relaxed and exact) compile fullgraph."""
     target, drafter = tiny_pair(vocab=8, sharpness=1.0)
@@ -67,7 +67,7 @@ def test_sampled_acceptance_compiles_whole_and_matches_eager(method):
     assert all(v == 1 for v in backend.capture_count.values())
 
 
-@pytest.mark.parametrize("method", ["eagle2", "lantern"])
+@pytest.mark.parametrize("method", ["eagle2", "lantern", "cool-eagle2"])
 def test_dynamic_tree_at_batch_two_compiles_whole_and_matches_eager(method):
     """The EAGLE-2 draft writes its top-k into column slices of per-batch buffers, contiguous only
     at batch 1: at batch 2 the capture must still be one graph (it failed: `out=` non-contiguous)."""

@@ -157,6 +157,8 @@ def test_emu3_ar_greedy_equals_transformers_generate_and_images_its_decoder(hub,
 
 EXACT = dict(tree="small_12", depth=3, top_k_draft=3, total_tokens=10, lantern_k=4, lantern_delta=0.0,
              lantern_lambda=1.0)
+# COOL-SD with every w_d < 1: its annealed rule runs, and is lossless (runtime.core.relaxation)
+COOL_STRICT = dict(cool_delta=0.5, cool_nu=0.3)
 
 
 def _random_drafter(target):
@@ -177,10 +179,10 @@ def test_every_method_reproduces_ar_greedy_batched(hub, family: str) -> None:
     drafter = _random_drafter(target)
     params = SamplingParams(greedy=True, cfg=3.0)
     ar = generate(target, None, MethodSpec(method="ar", sampling=params), ids, cond_masks=mask)
-    for method in ("sd", "eagle2", "lantern", "lantern++", "sjd", "pjd"):
+    for method in ("sd", "eagle2", "lantern", "lantern++", "cool-sd", "cool-eagle2", "sjd", "pjd"):
         out = generate(target, None if method in ("sjd", "pjd") else drafter,
-                       MethodSpec(method=method, sampling=params, **EXACT), ids, cond_masks=mask, vq=vq,
-                       batch_size=2)
+                       MethodSpec(method=method, sampling=params, **EXACT, **COOL_STRICT), ids, cond_masks=mask,
+                       vq=vq, batch_size=2)
         assert torch.equal(out.tokens, ar.tokens), (family, method)
     alone = generate(target, drafter, MethodSpec(method="lantern++", sampling=params, **EXACT), ids[1:],
                      cond_masks=mask[1:], vq=vq)
@@ -199,13 +201,13 @@ def test_sampling_keeps_ar_law_and_never_a_zero_probability_token(hub, family: s
     n = 400
     conds, masks = ids.expand(n, -1), mask.expand(n, -1)
     seen = {}
-    for method in ("ar", "lantern++", "sjd"):
+    for method in ("ar", "lantern++", "cool-sd", "sjd"):
         out = generate(target, None if method == "sjd" else drafter,
-                       MethodSpec(method=method, sampling=params, **EXACT), conds, cond_masks=masks, seed=0,
-                       batch_size=50)
+                       MethodSpec(method=method, sampling=params, **EXACT, **COOL_STRICT), conds, cond_masks=masks,
+                       seed=0, batch_size=50)
         seen[method] = out.tokens
     vocab = target.config.vocab_size
-    for method in ("lantern++", "sjd"):
+    for method in ("lantern++", "cool-sd", "sjd"):
         for position in (0, 5):
             a = torch.bincount(seen["ar"][:, position], minlength=vocab).float() / n
             b = torch.bincount(seen[method][:, position], minlength=vocab).float() / n

@@ -35,7 +35,8 @@ DYNAMIC = {"ddd": dict(ddd_min_depth=1, ddd_check_every=1, ddd_max_depth=3, ddd_
            "lantern++-dynamic": dict(dynamic_depth=0.3)}
 
 
-@pytest.mark.parametrize("method", ["ar", "sd", "eagle2", "lantern", "lantern++", *SJD, *DYNAMIC])
+@pytest.mark.parametrize("method", ["ar", "sd", "eagle2", "lantern", "lantern++", "cool-sd", "cool-eagle2", *SJD,
+                                    *DYNAMIC])
 @pytest.mark.parametrize("greedy", [True, False])
 def test_steps_never_read_the_device(method, greedy):
     target, drafter = tiny_pair(vocab=8)
@@ -44,7 +45,7 @@ def test_steps_never_read_the_device(method, greedy):
     if greedy and extra:
         pytest.skip("sampling-only sjd options")
     extra = {**extra, **DYNAMIC.get(method, {})}
-    spec = MethodSpec(method=method.split("-")[0], sampling=SamplingParams(greedy=greedy, cfg=2.0), tree="small_12",
+    spec = MethodSpec(method=method if method.startswith("cool") else method.split("-")[0], sampling=SamplingParams(greedy=greedy, cfg=2.0), tree="small_12",
                       depth=3, top_k_draft=3, total_tokens=10, lantern_k=4, lantern_lambda=3.0,
                       lantern_delta=0.2, **({"window": 5, **extra} if method in SJD else extra))
     dec = Decoder(target, drafter, spec, neighbours=nb)

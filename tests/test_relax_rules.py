@@ -7,6 +7,8 @@ scalars. Given the same uniforms both must take the same path and draw the bonus
 same residual.
 """
 
+import math
+
 import pytest
 import torch
 
@@ -48,7 +50,7 @@ def _relaxed_px(g: torch.Tensor, x: int, kind: str, delta: float, lam: float) ->
     return px + float(cum[inside[-1, 0]]), True
 
 
-def reference_walk(tokens, p, q, u, kind, delta=0.2, lam=3.0):
+def reference_walk(tokens, p, q, u, kind, delta=0.2, lam=3.0, clear=True):
     """Transcription of the reference sampler, one image: (path, bonus distribution).
 
     q None: dynamic-tree rule (drafts deterministic, accept with p(x) + c, clear x and its
@@ -69,7 +71,7 @@ def reference_walk(tokens, p, q, u, kind, delta=0.2, lam=3.0):
                     accepted = c
                     break
                 g[x] = 0
-                if used:
+                if used and clear:
                     g[TABLE[x, :K_NEAR + 1]] = 0
             else:
                 qq = q[node].clone().double()
@@ -82,7 +84,7 @@ def reference_walk(tokens, p, q, u, kind, delta=0.2, lam=3.0):
                 if float(u[c]) < min(1.0, px / qs):
                     accepted = c
                     break
-                if used:
+                if used and clear:
                     qq[TABLE[x, :K_NEAR + 1]] = 0
                 g = (g - qq).clamp(min=0)
             if g.sum() == 0:
@@ -234,3 +236,137 @@ def test_node_law_is_the_law_the_rule_samples(sampled, siblings, rule):
             assert tvd < 1e-5
         elif rule == "bounded":
             assert tvd <= nominal_bound(p0[None], drafts[None], relax, q)[0] + 0.005
+
+
+# -- COOL-SD (annealed acceptance, G* residual) and the TV-optimal residual for LANTERN -----------
+
+def cool(delta: float, nu: float = 0.7, levels: int = TREE.max_depth) -> Relaxation:
+    from runtime.core.relaxation import anneal_weights
+
+    return Relaxation("anneal", weights=torch.tensor(anneal_weights(delta, nu, None, levels, 34)))
+
+
+def cool_walk(tokens, p, q, u, weights):
+    """COOL-SD as the paper states it, one image: a child x at depth d is accepted with probability
+    min(1, w_d g(x) / q_s(x)) (q_s = q without the earlier siblings; a deterministic draft's q_s(x)
+    is 1), and a rejection leaves G* = norm([g - min(q_s, w_d g)]_+). (path, bonus distribution)."""
+    kids, depth = _children(TREE), TREE.depth.tolist()
+    node, path = 0, [0]
+    while True:
+        if not kids[node]:
+            return path, p[node]
+        g = p[node].clone().double()
+        accepted, earlier = None, []
+        for c in kids[node]:
+            x, w = int(tokens[c]), float(weights[depth[c]])
+            if q is None:
+                qq = torch.zeros(V, dtype=torch.float64)
+                qq[x] = 1.0
+            else:
+                qq = q[node].clone().double()
+                qq[earlier] = 0
+                qq = qq / qq.sum()
+            earlier.append(x)
+            if float(u[c]) < min(1.0, w * float(g[x]) / float(qq[x])):
+                accepted = c
+                break
+            g = (g - torch.minimum(qq, w * g)).clamp(min=0)
+            g = g / g.sum()
+        if accepted is None:
+            return path, g.float()
+        path.append(accepted)
+        node = accepted
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+@pytest.mark.parametrize("delta", [0.6, 1.1, 2.0])
+def test_cool_sd_matches_the_papers_rule_written_out(sampled, delta):
+    relax = cool(delta)
+    assert relax.anneal
+    for seed in range(3):
+        tokens, p, q, noise = _case(seed, sampled)
+        acc = accept_sampling(tokens, p, TREE, CounterRNG("cpu", 0), q=q, relax=relax, uniforms=noise)
+        for i in range(tokens.size(0)):
+            path, residual = cool_walk(tokens[i], p[i], None if q is None else q[i], noise[i], relax.weights)
+            n = int(acc.count[i])
+            assert acc.path[i, :n].tolist() == path, (seed, i)
+            expected = race(residual[None].float(), noise[i:i + 1, TREE.size:])
+            assert int(acc.bonus[i]) == int(expected), (seed, i)
+
+
+def test_cool_sd_weights_anneal_around_delta():
+    from runtime.core.relaxation import anneal_weights
+
+    w = anneal_weights(1.1, 0.7, None, 4, 34)
+    assert w[0] == 1.0 and all(v == 1.0 for v in w[5:])
+    assert w[1] > w[2] > w[3] > w[4] and sum(w[1:5]) / 4 == pytest.approx(1.1)
+    assert anneal_weights(1.0, 0.0, None, 4, 34) == [1.0] * 34  # exact
+    assert anneal_weights(2.0, 0.7, 0.0, 2, 34)[1:3] == pytest.approx([2 * math.exp(-0.7), 2 * math.exp(-1.4)])
+    assert not cool(1.0, 0.0).active and cool(1.0, 0.7).active  # delta 1 still anneals unless nu is 0
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+@pytest.mark.parametrize("siblings", [1, 3])
+@pytest.mark.parametrize("delta", [0.5, 1.5, 3.0])
+def test_cool_sd_node_law_is_sampled_and_keeps_its_bound(sampled, siblings, delta):
+    """The watcher's law is what the rule samples; its TV from p is within 1 - 1/w_1 (relaxation.py:
+    the output is at most w p pointwise), and 0 where every w <= 1 (G* makes such stages lossless)."""
+    from runtime.core.law import node_law, nominal_bound, step_tvd
+
+    relax = cool(delta, nu=0.0)  # w = delta at every depth
+    emp, p0, q0, drafts = _empirical_first_token(siblings, relax, sampled, seed=5)
+    q = q0[None] if sampled else None
+    law = node_law(p0[None], drafts[None], relax, q, samples=8192)[0]
+    assert 0.5 * (law.double() - emp).abs().sum() < 0.012
+    tvd = float(step_tvd(p0[None], drafts[None], relax, q)[0])
+    bound = float(nominal_bound(p0[None], drafts[None], relax, q)[0])
+    assert bound == pytest.approx(max(0.0, 1 - 1 / delta))
+    assert tvd <= bound + (0.015 if sampled else 1e-6)  # sampled: the estimate's noise (later siblings drawn)
+    if delta > 1:
+        assert tvd > 1e-3  # relaxed for real
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_cool_sd_never_returns_a_token_of_probability_zero(sampled):
+    tokens, p, q, noise = _case(11, sampled, b=2000)
+    p = p.clone()
+    p[..., :4] = 0.0
+    p = p / p.sum(-1, keepdim=True)
+    acc = accept_sampling(tokens, p, TREE, CounterRNG("cpu", 0), q=q, relax=cool(8.0), uniforms=noise)
+    rows = torch.arange(tokens.size(0))
+    for j in range(1, acc.path.size(1)):
+        took = j < acc.count
+        prob = p[rows, TREE.parent[acc.path[:, j]], tokens[rows, acc.path[:, j]]]
+        assert (prob[took] > 0).all()
+    assert (acc.bonus >= 4).all()
+    greedy = accept_greedy(tokens, p, TREE, cool(8.0))
+    for j in range(1, greedy.path.size(1)):
+        took = j < greedy.count
+        prob = p[rows, TREE.parent[greedy.path[:, j]], tokens[rows, greedy.path[:, j]]]
+        assert (prob[took] > 0).all()
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+@pytest.mark.parametrize("kind", ["delta", "lambda"])
+def test_the_tv_optimal_residual_is_the_paper_rule_without_clearing(sampled, kind):
+    """--residual tv-optimal: the same acceptance as the paper rule, and a rejection removes only
+    the draft (q_s from the residual, for sampled drafts): the reference loop with its clearing
+    taken out, and nearer the target in law at the same drafts."""
+    from dataclasses import replace
+
+    from runtime.core.law import step_tvd
+
+    for seed in range(2):
+        tokens, p, q, noise = _case(seed, sampled)
+        relax = replace(relaxation(kind), residual="tv-optimal")
+        acc = accept_sampling(tokens, p, TREE, CounterRNG("cpu", 0), q=q, relax=relax, uniforms=noise)
+        for i in range(tokens.size(0)):
+            path, residual = reference_walk(tokens[i], p[i], None if q is None else q[i], noise[i], kind,
+                                            clear=False)
+            n = int(acc.count[i])
+            assert acc.path[i, :n].tolist() == path, (seed, i)
+            assert int(acc.bonus[i]) == int(race(residual[None].float(), noise[i:i + 1, TREE.size:])), (seed, i)
+    if not sampled:
+        _, p0, q0, drafts = _empirical_first_token(3, Relaxation(), False, seed=3, b=10)
+        rule, optimal = relaxation(kind, lam=3.0), replace(relaxation(kind, lam=3.0), residual="tv-optimal")
+        assert step_tvd(p0[None], drafts[None], optimal)[0] <= step_tvd(p0[None], drafts[None], rule)[0] + 1e-6

@@ -234,6 +234,10 @@ class MethodParams(_Model):
     group_dist: NonNegative | None = None
     pjd_window: PositiveInt | None = None
     pjd_rows: PositiveInt | None = None
+    residual: Literal["rule", "tv-optimal"] | None = None
+    cool_delta: NonNegative | None = None
+    cool_nu: NonNegative | None = None
+    cool_mu: Number | None = None
     _code_defaults: ClassVar[dict[str, Any]] = {
         **dict.fromkeys(("tree", "lantern_k", "lantern_lambda", "lantern_delta", "depth", "top_k_draft",
                          "total_tokens")), "graph": False}

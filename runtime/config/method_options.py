@@ -36,11 +36,13 @@ class Drafting(StrEnum):
 
 
 class RelaxKind(StrEnum):
-    """A relaxation of acceptance: none (exact), delta (LANTERN, additive), lambda (LANTERN++)."""
+    """A relaxation of acceptance: none (exact), delta (LANTERN, additive), lambda (LANTERN++),
+    anneal (COOL-SD: min(1, w_d p/q) with w_d decaying with the node's depth d)."""
 
     NONE = "none"
     DELTA = "delta"
     LAMBDA = "lambda"
+    ANNEAL = "anneal"
 
 
 class AcceptKind(StrEnum):
@@ -52,6 +54,8 @@ class AcceptKind(StrEnum):
 
 
 RELAX_RULES: tuple[str, ...] = ("paper", "bounded")
+# a relaxed rule's residual on rejection: the rule's own, or the one minimising COOL-SD's TV bound
+RESIDUALS: tuple[str, ...] = ("rule", "tv-optimal")
 JACOBI_INITS: tuple[str, ...] = ("uniform", "repeat-h", "repeat-v")
 COUPLINGS: tuple[str, ...] = ("none", "maximal", "gumbel")
 ACCEPT_RULES: tuple[str, ...] = tuple(AcceptKind)
@@ -118,6 +122,10 @@ METHOD_DECLS: tuple[MethodDecl, ...] = (
                expansions="depth", records=(*_EAGLE, "lantern_k", "lantern_delta", "relax_rule")),
     MethodDecl("lantern++", Drafting.STATIC, RelaxKind.LAMBDA, "static tree, relaxed by a multiplicative bound lambda",
                tree="option", records=("tree", "lantern_k", "lantern_lambda", "relax_rule")),
+    MethodDecl("cool-sd", Drafting.STATIC, RelaxKind.ANNEAL, "static tree, COOL-SD's annealed acceptance "
+               "min(1, w_d p/q)", auto=False, tree="option", records=("tree", "cool_delta", "cool_nu", "cool_mu")),
+    MethodDecl("cool-eagle2", Drafting.DYNAMIC, RelaxKind.ANNEAL, "EAGLE-2 dynamic tree, COOL-SD's annealed "
+               "acceptance", auto=False, expansions="depth", records=(*_EAGLE, "cool_delta", "cool_nu", "cool_mu")),
     MethodDecl("sjd", Drafting.JACOBI, RelaxKind.NONE,
                "Jacobi window, no drafter; exact, relaxed (--relax) or grouped",
                accepts=(AcceptKind.EXACT, AcceptKind.GROUPED), chooses_relaxation=True,
@@ -230,7 +238,7 @@ METHOD_OPTIONS: tuple[MethodOption, ...] = (
                  "after decode step N (needs --cfg > 1).", SAMPLING_PANEL, default=-1, low=-1, per_entry=False),
     # -- drafting and relaxed acceptance -------------------------------------------------------
     MethodOption("tree", str, "Static tree: a preset (naive_extend_57, mc_sim_7b_63, chain, small_12), chainN, or "
-                 "a TOML file. Read by: {readers}.", DRAFTING_PANEL, _only("lantern++"), default="naive_extend_57",
+                 "a TOML file. Read by: {readers}.", DRAFTING_PANEL, _only("lantern++", "cool-sd"), default="naive_extend_57",
                  profile=False, short="tree"),
     MethodOption("lantern_k", int, "Nearest codebook neighbours considered for the proximity set. Read by: "
                  "{readers}.", RELAXED_PANEL, _only("lantern", "lantern++", "sjd"), default=1000, low=1, short="k"),
@@ -242,12 +250,27 @@ METHOD_OPTIONS: tuple[MethodOption, ...] = (
                  "step's output within the stated TVD bound). Read by: {readers} (sjd: with a relaxation).",
                  RELAXED_PANEL, _only("lantern", "lantern++", "sjd"), default="paper", choices=RELAX_RULES,
                  short="rule"),
+    MethodOption("residual", str, "What a rejection samples from: rule (the relax rule's own residual) or "
+                 "tv-optimal (COOL-SD's G* = norm([p - q f]_+), f the acceptance function: the exact rule's "
+                 "residual, no codes cleared; with --relax-rule paper). Read by: {readers}.", RELAXED_PANEL,
+                 _only("lantern", "lantern++"), default="rule", choices=RESIDUALS, short="residual"),
+    MethodOption("cool_delta", float, "COOL-SD's delta: the mean of w_d over the tree's depths (1 with --cool-nu 0 "
+                 "= exact). Read by: {readers}.", RELAXED_PANEL, _only("cool-sd", "cool-eagle2"), default=1.1,
+                 low=0.0, low_open=True, high=64.0, short="cdelta"),
+    MethodOption("cool_nu", float, "COOL-SD's decay: w_d = delta exp(-nu d - mu) at depth d (0 = uniform). "
+                 "Read by: {readers}.", RELAXED_PANEL, _only("cool-sd", "cool-eagle2"), default=0.7, low=0.0,
+                 high=16.0, short="nu"),
+    MethodOption("cool_mu", float, "COOL-SD's offset mu; unset: mu = log(mean over d = 1..L of exp(-nu d)) for "
+                 "the tree's L levels, so delta is the mean of w_d (our reading: the paper leaves mu undefined). "
+                 "Read by: {readers}.", RELAXED_PANEL, _only("cool-sd", "cool-eagle2"), low=-16.0, high=16.0,
+                 short="mu"),
     MethodOption("depth", int, "Chain length (sd) or EAGLE-2 tree depth. Read by: {readers}.", DRAFTING_PANEL,
-                 _only("sd", "eagle2", "lantern"), default=4, low=1, high=MAX_TREE_DEPTH, short="depth"),
+                 _only("sd", "eagle2", "lantern", "cool-eagle2"), default=4, low=1, high=MAX_TREE_DEPTH, short="depth"),
     MethodOption("top_k_draft", int, "EAGLE-2 children per expanded node. Read by: {readers}.", DRAFTING_PANEL,
-                 _only("eagle2", "ddd", "lantern"), default=10, low=1, high=MAX_TOP_K_DRAFT, short="topk"),
+                 _only("eagle2", "ddd", "lantern", "cool-eagle2"), default=10, low=1, high=MAX_TOP_K_DRAFT,
+                 short="topk"),
     MethodOption("total_tokens", int, "EAGLE-2 verified tokens per step (root included). Read by: {readers}.",
-                 DRAFTING_PANEL, _only("eagle2", "ddd", "lantern"), default=59, low=2, high=MAX_TREE_NODES + 1,
+                 DRAFTING_PANEL, _only("eagle2", "ddd", "lantern", "cool-eagle2"), default=59, low=2, high=MAX_TREE_NODES + 1,
                  short="total"),
     # -- sjd -------------------------------------------------------------------------------------
     MethodOption("window", int, "sjd: draft window length L.", SJD_PANEL, _only("sjd"), default=16, low=1,
@@ -286,9 +309,9 @@ METHOD_OPTIONS: tuple[MethodOption, ...] = (
                  _only("ddd"), default=4, low=1, high=MAX_TREE_DEPTH, short="min"),
     MethodOption("ddd_max_depth", int, "ddd: most expansions.", DDD_PANEL, _only("ddd"), default=10, low=1,
                  high=MAX_TREE_DEPTH),
-    MethodOption("dynamic_depth", float, "sd/lantern++: cut the static tree at the first depth whose best drafted "
+    MethodOption("dynamic_depth", float, "sd/lantern++/cool-sd: cut the static tree at the first depth whose best drafted "
                  "path probability is below this threshold (e.g. 0.2). Read by: {readers}.",
-                 DRAFTING_PANEL, _only("sd", "lantern++"), low=0.0, high=1.0, high_open=True, short="dyn"),
+                 DRAFTING_PANEL, _only("sd", "lantern++", "cool-sd"), low=0.0, high=1.0, high_open=True, short="dyn"),
 )
 
 OPTIONS_BY_NAME: dict[str, MethodOption] = {o.name: o for o in METHOD_OPTIONS}

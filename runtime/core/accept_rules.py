@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from runtime.core.acceptance import Accepted, GroupRule, accept_greedy, accept_grouped, accept_sampling
-from runtime.core.relaxation import Relaxation
+from runtime.core.relaxation import Relaxation, anneal_weights
 from runtime.core.rng import CounterRNG
 from runtime.core.tree import TreeBuffers
 from runtime.utils.errors import UserError
-from runtime.config.method_options import AcceptKind, RelaxKind
+from runtime.config.method_options import MAX_TREE_DEPTH, AcceptKind, RelaxKind
 
 if TYPE_CHECKING:
     from runtime.core.state import DecodeConfig
@@ -83,11 +83,16 @@ def acceptance_rule(greedy: bool, rng: CounterRNG, relax: Relaxation, group: Gro
     return GreedyAccept(relax) if greedy else SamplingAccept(rng, relax, rows)
 
 
-def acceptance_parts(config: DecodeConfig, neighbours: torch.Tensor | None) -> tuple[Relaxation, GroupRule | None]:
-    """The relaxation (over the (V, k) codebook neighbour table, where the method relaxes) and
-    the grouped rule (or None) of the method's acceptance."""
+def acceptance_parts(config: DecodeConfig, neighbours: torch.Tensor | None, levels: int = 1
+                     ) -> tuple[Relaxation, GroupRule | None]:
+    """The relaxation (over the (V, k) codebook neighbour table, where the method relaxes; COOL-SD's
+    weights for a tree of `levels` levels below its root) and the grouped rule (or None) of the
+    method's acceptance."""
     spec = config.spec
     kind = spec.relaxation_kind
+    if kind == RelaxKind.ANNEAL:
+        weights = anneal_weights(spec.cool_delta, spec.cool_nu, spec.cool_mu, levels, MAX_TREE_DEPTH + 2)
+        return Relaxation(kind, weights=torch.tensor(weights, dtype=torch.float32, device=config.device)), None
     if kind != RelaxKind.NONE and neighbours is None:
         raise UserError(f"method {spec.method} needs the codebook neighbour table (pass the VQ model)")
     zero_neighbours = None
@@ -96,7 +101,7 @@ def acceptance_parts(config: DecodeConfig, neighbours: torch.Tensor | None) -> t
         zero_neighbours = neighbours[:, : spec.lantern_k + 1].to(config.device)
         neighbours = zero_neighbours[:, : spec.lantern_k]
     relax = Relaxation(kind, spec.lantern_delta, spec.lantern_lambda, neighbours, rule=spec.relax_rule,
-                       zero_neighbours=zero_neighbours)
+                       zero_neighbours=zero_neighbours, residual=spec.residual)
     group = None
     if spec.accept == AcceptKind.GROUPED:
         group = GroupRule.for_target(config.target, spec.group_window, spec.group_gap, spec.group_dist)

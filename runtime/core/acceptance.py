@@ -132,7 +132,8 @@ def accept_greedy(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers,
     accepted path is the deepest node whose ancestors are all accepted (lowest index on
     ties), and the bonus is the argmax after it. With relaxation a node is also accepted if
     its relaxed probability r(x) + c is the maximum of the relaxed distribution, i.e.
-    >= max_y r(y) (neighbours' own probabilities are not lowered, as in the reference).
+    >= max_y r(y) (neighbours' own probabilities are not lowered, as in the reference);
+    COOL-SD's where w_d r(x) >= max_y r(y), d the node's depth, for w_d > 1 only.
     Guarantee (exact): the output equals AR greedy decoding token for token.
     Rule "paper" on a dynamic (batched) tree: among equally deep accepted paths the one the
     reference commits (`reference_row_order`); several siblings can pass only when relaxed.
@@ -147,7 +148,15 @@ def accept_greedy(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers,
     parent = (tree.parent if parent_row is None else parent_row).expand(b, n1)
     # per row of p first, then each node reads its parent's: no (B, N+1, V) copy of the parents' rows
     ok = tokens == p.argmax(-1).gather(1, parent)
-    if relax.active:
+    if relax.anneal:  # COOL-SD: within a factor w_d of the maximum, where w_d > 1
+        assert relax.weights is not None, "COOL-SD needs its weights"
+        wd = relax.weights[tree.depth.expand(b, n1)]
+        px = p.reshape(b, -1).gather(1, parent * v + tokens)
+        top = p.amax(-1).gather(1, parent)
+        relaxed_ok = (wd > 1.0) & (wd * px >= top)
+        mass_used = ((wd * px).minimum(top) - px).clamp(min=0.0).masked_fill(ok, 0.0)
+        ok = ok | relaxed_ok
+    elif relax.active:
         assert relax.neighbours is not None, "an active relaxation has its neighbour table"
         flat = p.reshape(b, -1)
         at = parent * v  # where each node's parent row starts in flat
@@ -234,7 +243,7 @@ def accept_sampling(tokens: torch.Tensor, p: torch.Tensor, tree: TreeBuffers, rn
         child = torch.remainder(t.children, n1 + 1)  # (B, N+1, K): a missing child (-1) -> n1
         xs = tokens_pad.gather(1, child.reshape(b, -1)).view(b, n1, k)
         stages = deterministic_stages(relax)
-        a_pk, shift_pk, bonus_rows = stages(xs, p, relax)
+        a_pk, shift_pk, bonus_rows = stages(xs, p, relax, depth=t.depth)
         slot = torch.add(t.rank, t.parent, alpha=k)  # parent * k + rank
         a, shift = a_pk.reshape(b, -1).gather(1, slot), shift_pk.reshape(b, -1).gather(1, slot)
     else:  # exact deterministic drafts: closed form

@@ -24,7 +24,6 @@ from runtime.core.methods import MethodSpec
 from runtime.core.pjd_published import PublishedPJD
 from runtime.core.proximity import neighbour_table
 from runtime.core.rng import derive_seed
-from runtime.config.method_options import RelaxKind
 
 if TYPE_CHECKING:
     from backends import Backend
@@ -54,7 +53,7 @@ def neighbours_for(vq: Codebook, spec: MethodSpec, vocab_size: int) -> torch.Ten
     vocabulary larger than the codebook (Lumina-mGPT's row-end token) gets rows of valid codes.
     The table has lantern_k + 1 columns (at most V - 1).
     """
-    if spec.relaxation_kind == RelaxKind.NONE:
+    if not spec.needs_neighbours:
         return None
     codebook = vq.codebook_vectors(normalized=False)[:vocab_size]
     # k + 1 columns: the paper rule clears a rejected draft's k+1 nearest codes

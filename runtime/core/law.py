@@ -17,7 +17,8 @@ computes it for one node of each image, with the same stage functions the decode
 
 `step_tvd` turns it into TV(L, p), and `nominal_bound` gives the bound the relaxation is
 stated with for the same drafts: delta (LANTERN), or (lambda - 1) times the drafts'
-target mass (sum of p(x_s) for deterministic drafts, E_q[p(x)] for sampled ones).
+target mass (sum of p(x_s) for deterministic drafts, E_q[p(x)] for sampled ones), or 1 - 1/w_1
+(COOL-SD, whose sampled drafts' law is estimated as the paper rule's).
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ def node_law(p: torch.Tensor, xs: torch.Tensor, relax: Relaxation, q: torch.Tens
             return _mix(a[:, 0], xs, residual, p)
         a, residual = _exact_deterministic(xs, p)
         return _mix(a, xs, residual, p)
-    if not estimate and not relax.paper:
+    if not estimate and not relax.paper and not relax.anneal:
         return relaxed_mixture(p, q, relax)[0] if relax.active else p.clone()
     siblings = int((xs < v).sum(-1).max())  # a static tree gives every image the same number
     tree = static_buffers(validate_paths("node", [(i,) for i in range(siblings)])).to(p.device)
@@ -128,9 +129,14 @@ def step_tvd(p: torch.Tensor, xs: torch.Tensor, relax: Relaxation, q: torch.Tens
 def nominal_bound(p: torch.Tensor, xs: torch.Tensor, relax: Relaxation, q: torch.Tensor | None = None
                   ) -> torch.Tensor:
     """(B,) the relaxation's stated bound at this node: delta, or (lambda - 1) times the drafts'
-    target mass (sum over the children of p(x), or E_q[p(x)] for sampled drafts); 0 when exact."""
+    target mass (sum over the children of p(x), or E_q[p(x)] for sampled drafts), or COOL-SD's
+    1 - 1/w at a depth-1 node (its output is at most w p pointwise; relaxation.py); 0 when exact."""
     if not relax.active:
         return torch.zeros(p.size(0), dtype=p.dtype, device=p.device)
+    if relax.anneal:
+        assert relax.weights is not None
+        w = float(relax.weights[1])
+        return torch.full((p.size(0),), max(0.0, 1.0 - 1.0 / w), dtype=p.dtype, device=p.device)
     if relax.kind == RelaxKind.DELTA:
         return torch.full((p.size(0),), relax.delta, dtype=p.dtype, device=p.device)
     if q is not None:
@@ -168,6 +174,10 @@ def bound_warning(spec: "MethodSpec", measured: float | None, bound: float | Non
     stated bound, else None."""
     if measured is None or bound is None or steps < MIN_STEPS or not exceeds_bound(measured, bound):
         return None
+    if spec.relaxation_kind == RelaxKind.ANNEAL:
+        return (f"{spec.method} (delta {spec.cool_delta:g}, nu {spec.cool_nu:g}) moved each step's output "
+                f"{measured:.3f} in total variation from the target's law (mean of {steps} measured steps), past "
+                f"its stated bound {bound:.3f}; a smaller --cool-delta keeps each step closer to it")
     if spec.relaxation_kind == RelaxKind.DELTA:
         setting, knob = f"delta {spec.lantern_delta:g}", "--lantern-delta"
     else:

@@ -13,7 +13,9 @@
                lookahead rows (pjd.py)           code's loop, every row committing ahead of the
                                                  raster frontier (pjd_published.py, lossy)
 
-With lantern_delta = 0 / lantern_lambda = 1 the relaxed methods are exact.
+With lantern_delta = 0 / lantern_lambda = 1 the relaxed methods are exact; COOL-SD (cool-sd on
+a static tree, cool-eagle2 on EAGLE-2's) is exact where w_d = 1 at every depth (cool_delta 1,
+cool_nu 0). Its rule and what was chosen where the paper is silent: relaxation.py.
 
 `relax_rule` (lantern, lantern++, relaxed sjd): "paper" (default) is the reference LANTERN
 code's acceptance, "bounded" the rule whose output stays within the stated TVD bound per
@@ -47,6 +49,7 @@ sampled, so sampling stays exact in law. None = off.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -80,6 +83,10 @@ class MethodSpec:
     # (lantern: delta, lantern++: lambda, the others none)
     relax: str | None = None
     relax_rule: str = default("relax_rule")
+    residual: str = default("residual")
+    cool_delta: float = default("cool_delta")
+    cool_nu: float = default("cool_nu")
+    cool_mu: float | None = None  # None: mean-normalised (`runtime.core.relaxation.anneal_weights`)
     window: int = default("window")
     init: str = default("init")
     coupling: str = default("coupling")
@@ -121,6 +128,13 @@ class MethodSpec:
             if self.total_tokens - 1 > limit:
                 raise UserError(f"--total-tokens {self.total_tokens} exceeds the {limit + 1} nodes a "
                                 f"depth-{least}, top-k-{self.top_k_draft} EAGLE-2 tree can hold")
+        if self.residual == "tv-optimal" and (self.sampling.greedy or self.relaxation_kind == RelaxKind.NONE):
+            why = "--greedy draws no residual" if self.sampling.greedy else "the relaxation is off (exact rule)"
+            raise UserError(f"--residual tv-optimal does nothing here: {why}; drop --residual")
+        if self.residual == "tv-optimal" and self.relax_rule == "bounded":
+            raise UserError("--residual tv-optimal is for --relax-rule paper: the bounded rule's stages are exact "
+                            "toward its relaxed target, so its residual is already the TV-optimal one there; drop "
+                            "--residual or use --relax-rule paper")
         if self.dynamic_depth is not None and self.drafting != Drafting.STATIC:
             raise UserError(f"--dynamic-depth cuts a static tree (sd, lantern++), not --method {self.method}")
 
@@ -210,7 +224,16 @@ class MethodSpec:
             return RelaxKind.DELTA
         if kind == RelaxKind.LAMBDA and self.lantern_lambda > 1:
             return RelaxKind.LAMBDA
+        uniform_one = self.cool_nu == 0 and self.cool_delta * math.exp(-(self.cool_mu or 0.0)) == 1
+        if kind == RelaxKind.ANNEAL and not uniform_one:
+            return RelaxKind.ANNEAL
         return RelaxKind.NONE
+
+    @property
+    def needs_neighbours(self) -> bool:
+        """Whether its acceptance reads the codebook neighbour table (LANTERN's relaxations in
+        effect; COOL-SD's needs none)."""
+        return self.relaxation_kind in (RelaxKind.DELTA, RelaxKind.LAMBDA)
 
     @property
     def tree_spec(self) -> str:
@@ -229,6 +252,8 @@ class MethodSpec:
             out[name] = list(value) if name == "proactive" and value else value
         if self.dynamic_depth is not None:
             out["dynamic_depth"] = self.dynamic_depth
+        if self.residual != default("residual"):
+            out["residual"] = self.residual
         if self.decl.chooses_relaxation and self.relaxation_kind != RelaxKind.NONE:
             bound = "lantern_delta" if self.relaxation_kind == RelaxKind.DELTA else "lantern_lambda"
             out.update({"lantern_k": self.lantern_k, bound: getattr(self, bound), "relax_rule": self.relax_rule})
@@ -256,6 +281,8 @@ class MethodSpec:
             names.append(self.decl.expansions or "depth")
         if self.dynamic_depth is not None:
             names.append("dynamic_depth")
+        if self.residual != default("residual"):
+            names.append("residual")
         if self.decl.chooses_relaxation and self.relaxation_kind != RelaxKind.NONE:
             bound = "lantern_delta" if self.relaxation_kind == RelaxKind.DELTA else "lantern_lambda"
             names += ["lantern_k", bound, "relax_rule"]

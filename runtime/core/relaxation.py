@@ -12,11 +12,25 @@ TVD(r, r~) = c_j exactly. A draft the target gives probability 0 is not relaxed 
 budget is 0 too; the multiplicative bound already is), so no rule ever moves mass onto, or
 returns, a token of target probability 0.
 
+COOL-SD (arXiv 2601.09212, "annealed relaxation"; no code released): a draft x at depth d
+(the root's children are depth 1) is accepted with probability min(1, w_d t(x) / q(x)), t the
+stage's target, and a rejection samples from G* = norm([t - min(q, w_d t)]_+), the residual that
+minimises the paper's TV bound (the exact residual norm([t - q]_+) wherever w_d >= 1). The
+schedule w_d = delta exp(-nu d - mu) relaxes early positions more than late ones. Read from the
+paper (through secondary notes: its body was not reachable here): the acceptance, G*, the
+schedule's form, nu = 0.7, delta 1.1 and 2. Chosen here, where it is silent: mu (unset: mu =
+log(mean over d = 1..L of exp(-nu d)), so delta is the mean of w_d over the tree's L levels;
+`anneal_weights`), the tree case (a node's depth is d; siblings are stages of recursive
+rejection sampling, each toward the previous stage's G*), and greedy decoding (a draft passes
+where w_d p(x) >= max p, only for w_d > 1). Any chain of such stages gives an output L <= w p
+pointwise, hence TV(L, p) <= 1 - 1/w at a node (`law.nominal_bound`); w <= 1 is lossless.
+
 Shapes as in acceptance.py: p (B, N+1, V), tokens (B, N+1), a tree's TreeBuffers.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
@@ -25,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from runtime.core.tree import TreeBuffers
-from runtime.config.method_options import RELAX_RULES, RelaxKind
+from runtime.config.method_options import RELAX_RULES, RESIDUALS, RelaxKind
 
 EPS = 1e-12  # guards divisions by a probability mass
 
@@ -41,13 +55,16 @@ class BonusRows(Protocol):
 
 @dataclass(frozen=True)
 class Relaxation:
-    """kind: "none" (exact), "delta" (LANTERN, additive) or "lambda" (LANTERN++).
+    """kind: "none" (exact), "delta" (LANTERN, additive), "lambda" (LANTERN++) or "anneal" (COOL-SD).
 
     neighbours: (V, k) long nearest-codebook table (see proximity.py); None when exact.
     rule: "paper" (what the reference LANTERN code does, see `accept_sampling`) or "bounded"
     (each node's output within the stated TVD bound of the target).
     zero_neighbours: (V, k+1) the table the paper rule clears on a relaxed rejection (the
     reference clears x's k+1 nearest codes); None: `neighbours` itself.
+    residual: "rule" (the rule's own) or "tv-optimal" (the paper rule clears nothing: G*).
+    weights: COOL-SD's (MAX_TREE_DEPTH + 2,) w_d by depth d (`anneal_weights`; 1 at depth 0 and
+    past the tree), on the decoder's device; None for the other kinds.
     """
 
     kind: RelaxKind = RelaxKind.NONE
@@ -56,15 +73,29 @@ class Relaxation:
     neighbours: torch.Tensor | None = None
     rule: str = "paper"
     zero_neighbours: torch.Tensor | None = None
+    residual: str = "rule"
+    weights: torch.Tensor | None = None
 
     @property
     def active(self) -> bool:
+        if self.kind == RelaxKind.ANNEAL:
+            return self.weights_differ
         return (self.kind == RelaxKind.DELTA and self.delta > 0) or (self.kind == RelaxKind.LAMBDA and self.lam > 1)
 
     @property
     def paper(self) -> bool:
-        """The reference code's rule is in effect (relaxation on and rule "paper")."""
-        return self.active and self.rule == "paper"
+        """The reference LANTERN code's rule is in effect (LANTERN's relaxation on, rule "paper")."""
+        return self.active and self.rule == "paper" and self.kind != RelaxKind.ANNEAL
+
+    @property
+    def anneal(self) -> bool:
+        """COOL-SD's annealed acceptance is in effect."""
+        return self.active and self.kind == RelaxKind.ANNEAL
+
+    @property
+    def clears(self) -> bool:
+        """The paper rule clears a relaxed rejection's nearest codes (not with the TV-optimal residual)."""
+        return self.residual == "rule"
 
     # (V+1, k): `neighbours` plus a row for the padding token V whose neighbours are all V
     # (a missing child); built with the Relaxation, so a captured step reads a fixed buffer.
@@ -75,12 +106,18 @@ class Relaxation:
     # 0-d constants on the table's device: the padding token V, 0.0 and +inf, for `torch.where` in
     # the paper rule's stage loops (a Python scalar there costs a scalar_tensor kernel per call)
     no_code: torch.Tensor | None = field(init=False, default=None, repr=False)
+    # COOL-SD: some w_d is not 1 (read once here: a captured step may not read a tensor's value)
+    weights_differ: bool = field(init=False, default=False, repr=False)
     zero: torch.Tensor | None = field(init=False, default=None, repr=False)
     inf: torch.Tensor | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.rule not in RELAX_RULES:
             raise ValueError(f"relaxation rule must be one of {', '.join(RELAX_RULES)}, got {self.rule!r}")
+        if self.residual not in RESIDUALS:
+            raise ValueError(f"residual must be one of {', '.join(RESIDUALS)}, got {self.residual!r}")
+        if self.weights is not None:
+            object.__setattr__(self, "weights_differ", bool((self.weights != 1.0).any()))
         nb = self.neighbours
         if nb is not None:
 
@@ -96,6 +133,16 @@ class Relaxation:
             object.__setattr__(self, "zero", torch.zeros((), device=nb.device))
             object.__setattr__(self, "inf", torch.full((), torch.inf, device=nb.device))
 
+
+
+def anneal_weights(delta: float, nu: float, mu: float | None, levels: int, size: int) -> list[float]:
+    """COOL-SD's w_d = delta exp(-nu d - mu) for d = 0 .. size - 1, 1 outside 1..`levels` (the
+    tree's depth L: no node is judged there). mu None: log(mean over d = 1..L of exp(-nu d)), so
+    the mean of w_1..w_L is delta (our reading of the paper's undefined mu)."""
+    levels = max(1, min(levels, size - 1))
+    if mu is None:
+        mu = math.log(sum(math.exp(-nu * d) for d in range(1, levels + 1)) / levels)
+    return [delta * math.exp(-nu * d - mu) if 1 <= d <= levels else 1.0 for d in range(size)]
 
 
 def relaxed_target(r: torch.Tensor, x: torch.Tensor, relax: Relaxation) -> tuple[torch.Tensor, torch.Tensor]:
@@ -348,8 +395,10 @@ def _paper_deterministic_stages(xs: torch.Tensor, p: torch.Tensor, relax: Relaxa
         masses.append(m[..., 0])
         gains.append(c)
         totals.append(z)
-        # cleared: x_s alone, or x_s and its k+1 nearest codes (a clear row starts with x_s)
-        res = res.scatter(-1, torch.where(used[..., None], clear[..., s, :], clear[..., s, :1]), 0.0)
+        # cleared: x_s alone, or x_s and its k+1 nearest codes (a clear row starts with x_s); the
+        # TV-optimal residual clears x_s alone
+        gone = torch.where(used[..., None], clear[..., s, :], clear[..., s, :1]) if relax.clears else clear[..., s, :1]
+        res = res.scatter(-1, gone, 0.0)
         z = res.sum(-1)
     rx, c, z_all = torch.stack(masses, -1), torch.stack(gains, -1), torch.stack(totals, -1).clamp(min=EPS)
     return (rx + c) / z_all, c / z_all, _parent_bonus_rows(res, v)
@@ -397,8 +446,10 @@ def _paper_sampled_stages(tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor
         gains.append(c)
         totals.append(z)
         # q' = q / W_s without x_s's k+1 nearest codes when relaxed (V, a zero column, if not)
-        cleared = torch.where(used[..., None], clear[:, :n, s, 1:], relax.no_code)
-        res = torch.addcmul(res, q_stage[:, :n, s].scatter(2, cleared, 0.0), z[..., None], value=-1.0).clamp(min=0.0)
+        q_s = q_stage[:, :n, s]
+        if relax.clears:
+            q_s = q_s.scatter(2, torch.where(used[..., None], clear[:, :n, s, 1:], relax.no_code), 0.0)
+        res = torch.addcmul(res, q_s, z[..., None], value=-1.0).clamp(min=0.0)
         z = res.sum(-1)
         last.append(res[:, stages.rows[s + 1] if s + 1 < len(stages.rows) else 0:, :v])
     # every stage's R(x_s), c_s, z_s and q_s(x_s) side by side in one tensor (one kernel, not four)
@@ -414,13 +465,95 @@ def _paper_sampled_stages(tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor
     return a[:, stages.node_slot], frac[:, 1, stages.node_slot], _stage_bonus_rows(bonus_table, stages.position)
 
 
+def _annealed_deterministic_stages(xs: torch.Tensor, p: torch.Tensor, relax: Relaxation,
+                                   depth: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, BonusRows]:
+    """COOL-SD for deterministic drafts, every parent at once (closed form, no loop over ranks).
+
+    xs: (B, P, K) child tokens per parent in rank order (V = no child); p: (B, P, V); depth:
+    (B, P) each parent's depth (None: 0), its children judged with w = w_{depth + 1}. Siblings
+    are distinct, so stage s sees R(x_s) = p(x_s) on the residual's mass z_s: it accepts with
+    min(1, w p(x_s) / z_s), and G* leaves (1 - min(w, 1)) p(x_s) at x_s on a rejection (none
+    where w >= 1), so z_{s+1} = z_s - min(w, 1) p(x_s). The shift of a stage is its excess
+    [min(1, w t) - t]_+, t = p(x_s) / z_s. Returns (a, shift) (B, P, K) and the bonus rows.
+    """
+    assert relax.weights is not None, "COOL-SD's stages need its weights"
+    v = p.size(-1)
+    at = depth + 1 if depth is not None else torch.ones(p.shape[:2], dtype=torch.long, device=p.device)
+    w = relax.weights[at.clamp(max=relax.weights.numel() - 1)][..., None]  # (B, P, 1)
+    p_pad = F.pad(p, (0, 1))
+    px = p_pad.gather(-1, xs)
+    removed = px * w.clamp(max=1.0)
+    z = (1.0 - (removed.cumsum(-1) - removed)).clamp(min=EPS)
+    t = px / z
+    accept = (w * t).clamp(max=1.0)
+    rest = p_pad.scatter(-1, xs, px - removed)
+    return accept, (accept - t).clamp(min=0.0), _parent_bonus_rows(rest, v)
+
+
+def _annealed_sampled_stages(tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor, tree: TreeBuffers,
+                             relax: Relaxation) -> tuple[torch.Tensor, torch.Tensor, BonusRows]:
+    """COOL-SD for sampled drafts on a static tree, parents in `tree.stages` order as in
+    `_sampled_stages`. R (unnormalised residual, mass Z) starts at p; stage s proposes from
+    q_s = q without the earlier siblings, divided by W_s, and accepts x_s with probability
+    min(1, w t_s(x_s) / q_s(x_s)), t_s = R_s / Z_s, w = w_d of the parent's children; a rejection
+    leaves G*: R_{s+1} = [R_s - min(Z_s q_s, w R_s)]_+. Unlike the exact rule, q is masked at the
+    earlier siblings: with w < 1 a rejected draft keeps mass in R. Returns per-node acceptance
+    probabilities and shifts (the stage's excess sum [min(q_s, w t_s) - t_s]_+) (B, N+1) and the
+    bonus-row function.
+    """
+    stages = tree.stages
+    assert stages is not None and relax.weights is not None, "COOL-SD's sampled stages need a static tree"
+    rows0 = stages.rows[0]
+    p_sorted = p[:, stages.order]
+    r, qm = p_sorted[:, :rows0], q[:, stages.order[:rows0]]
+    xs = tokens[:, stages.child[:rows0]]  # (B, rows0, K)
+    q_x = qm.gather(2, xs)
+    left = (1.0 - (q_x.cumsum(-1) - q_x)).clamp(min=EPS)  # W_s
+    qs_x = q_x / left
+    w = relax.weights[(tree.depth[stages.order[:rows0]] + 1).clamp(max=relax.weights.numel() - 1)][None, :, None]
+    z = r.sum(-1, keepdim=True)
+    target_x, totals, excess, last = [], [], [], []
+    for s, n in enumerate(stages.rows):
+        r, qm, z, x = r[:, :n], qm[:, :n], z[:, :n], xs[:, :n, s, None]
+        target_x.append(r.gather(2, x).squeeze(2))
+        totals.append(z[..., 0])
+        taken = torch.minimum(qm * (z / left[:, :n, s, None]), w[:, :n] * r)  # Z_s min(q_s, w t_s)
+        excess.append((taken - r).clamp(min=0.0).sum(-1))
+        r = (r - taken).clamp(min=0.0)
+        qm = qm.scatter(2, x, 0.0)
+        z = r.sum(-1, keepdim=True)
+        last.append(r[:, stages.rows[s + 1] if s + 1 < len(stages.rows) else 0:])
+    z_all = torch.cat(totals, 1).clamp(min=EPS)
+    t_all = torch.cat(target_x, 1) / z_all
+    w_all = torch.cat([w[0, :n, 0].expand(p.size(0), n) for n in stages.rows], 1)
+    q_all = torch.cat([qs_x[:, :n, s] for s, n in enumerate(stages.rows)], 1)
+    # min(1, w t / q); a sample outside the proposal's support (q exhausted) is never accepted
+    a = (w_all * t_all).minimum(q_all) / q_all.clamp(min=torch.finfo(q_all.dtype).tiny)
+    shift = torch.cat(excess, 1) / z_all
+    bonus_table = torch.cat(last[::-1] + [p_sorted[:, rows0:]], 1)
+    return a[:, stages.node_slot], shift[:, stages.node_slot], _stage_bonus_rows(bonus_table, stages.position)
+
+
 def deterministic_stages(relax: Relaxation) -> Callable[..., tuple[torch.Tensor, torch.Tensor, BonusRows]]:
     """The relaxed stage rule of deterministic drafts (top-k / EAGLE-2) under `relax`'s rule:
-    `_paper_deterministic_stages` or `_deterministic_stages` (xs, p, relax) -> (a, shift, bonus rows)."""
-    return _paper_deterministic_stages if relax.paper else _deterministic_stages
+    `_annealed_deterministic_stages` (COOL-SD), `_paper_deterministic_stages` or
+    `_deterministic_stages` (xs, p, relax, depth=None) -> (a, shift, bonus rows); `depth` (B, P),
+    each parent's, is read by COOL-SD's only."""
+    if relax.anneal:
+        return _annealed_deterministic_stages
+    rule = _paper_deterministic_stages if relax.paper else _deterministic_stages
+
+    def stages(xs: torch.Tensor, p: torch.Tensor, relax: Relaxation, depth: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor, BonusRows]:
+        return rule(xs, p, relax)
+
+    return stages
 
 
 def sampled_stages(relax: Relaxation) -> Callable[..., tuple[torch.Tensor, torch.Tensor, BonusRows]]:
     """The stage rule of sampled drafts on a static tree under `relax`'s rule:
-    `_paper_sampled_stages` or `_sampled_stages` (tokens, p, q, tree, relax) -> (a, shift, bonus rows)."""
+    `_annealed_sampled_stages` (COOL-SD), `_paper_sampled_stages` or `_sampled_stages`
+    (tokens, p, q, tree, relax) -> (a, shift, bonus rows)."""
+    if relax.anneal:
+        return _annealed_sampled_stages
     return _paper_sampled_stages if relax.paper else _sampled_stages

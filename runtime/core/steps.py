@@ -102,7 +102,7 @@ class DecodeSteps:
         self.policy = make_policy(config)
         tree = self.policy.tree
         check_tree(tree, config)
-        self.relax, self.group = acceptance_parts(config, neighbours)
+        self.relax, self.group = acceptance_parts(config, neighbours, tree.max_depth)
 
         # -- state (fixed shapes; identities never change) -----------------------------------
         # Target: committed tokens (+ a longest block) + one verified tree (+ the policy's extra nodes)

@@ -16,7 +16,6 @@ import numpy as np
 import torch
 
 from runtime.core.opcount import PHASES
-from runtime.config.method_options import RelaxKind
 
 if TYPE_CHECKING:
     from backends import Backend
@@ -42,7 +41,7 @@ def random_models(cfg: Any, backend: Backend, seed: int = 0) -> tuple[Any, Any]:
 def random_neighbours(vocab_size: int, spec: Any, seed: int = 0) -> torch.Tensor | None:
     """The proximity table of a random 8-dimensional codebook, for relaxed methods (its values
     change which drafts are accepted, never the cost of an iteration)."""
-    if spec.relaxation_kind == RelaxKind.NONE:
+    if not spec.needs_neighbours:
         return None
     from runtime.core.proximity import neighbour_table
 
