@@ -71,7 +71,8 @@ ARG_FIELDS = {"--tree": ("tree", str), "--lantern-lambda": ("lantern_lambda", fl
               "--depth": ("depth", int), "--top-k-draft": ("top_k_draft", int),
               "--total-tokens": ("total_tokens", int), "--coupling": ("coupling", str),
               "--proactive": ("proactive", lambda v: v.replace(",", "x")), "--accept": ("accept", str),
-              "--pjd-rows": ("pjd_rows", int), "--pjd-window": ("pjd_window", int), "--init": ("init", str)}
+              "--pjd-rows": ("pjd_rows", int), "--pjd-window": ("pjd_window", int), "--init": ("init", str),
+              "--cool-delta": ("cool_delta", float), "--cool-nu": ("cool_nu", float), "--residual": ("residual", str)}
 
 
 def setting_params(args: list[str]) -> tuple[str, dict]:

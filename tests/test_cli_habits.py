@@ -72,7 +72,7 @@ def test_help_names_the_methods_that_read_each_flag(run_cli, command: str) -> No
         assert panel in text
     for key in ("tree", "depth", "lantern_delta", "lantern_lambda", "dynamic_depth"):
         assert f"Read by: {readers(key)}." in text
-    assert readers("depth") == "sd, eagle2, lantern" and FLAG_METHODS["tree"] == {"lantern++"}
+    assert readers("depth") == "sd, eagle2, lantern, cool-eagle2" and FLAG_METHODS["tree"] == {"lantern++", "cool-sd"}
 
 
 def test_top_level_help_imports_no_torch() -> None:

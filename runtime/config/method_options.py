@@ -309,7 +309,7 @@ METHOD_OPTIONS: tuple[MethodOption, ...] = (
                  _only("ddd"), default=4, low=1, high=MAX_TREE_DEPTH, short="min"),
     MethodOption("ddd_max_depth", int, "ddd: most expansions.", DDD_PANEL, _only("ddd"), default=10, low=1,
                  high=MAX_TREE_DEPTH),
-    MethodOption("dynamic_depth", float, "sd/lantern++/cool-sd: cut the static tree at the first depth whose best drafted "
+    MethodOption("dynamic_depth", float, "Cut the static tree at the first depth whose best drafted "
                  "path probability is below this threshold (e.g. 0.2). Read by: {readers}.",
                  DRAFTING_PANEL, _only("sd", "lantern++", "cool-sd"), low=0.0, high=1.0, high_open=True, short="dyn"),
 )
