@@ -147,7 +147,8 @@ def check_greedy_exact(bundle: Any, backend: Backend) -> Check:
     ar, _ = _decode(bundle, _spec("ar", True), None)
     bad = []
     for method in CHECKED:
-        spec = _spec(method, True, tree="naive_extend_57", lantern_lambda=1.0, lantern_delta=0.0)
+        spec = _spec(method, True, tree="naive_extend_57", lantern_lambda=1.0, lantern_delta=0.0, cool_delta=1.0,
+                     cool_nu=0.0)
         tokens, _ = _decode(bundle, spec, None)
         if not torch.equal(tokens, ar):
             bad.append(f"{method} differs from token {int((tokens != ar).nonzero()[0, 0])}")
