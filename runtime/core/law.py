@@ -135,8 +135,9 @@ def nominal_bound(p: torch.Tensor, xs: torch.Tensor, relax: Relaxation, q: torch
         return torch.zeros(p.size(0), dtype=p.dtype, device=p.device)
     if relax.anneal:
         assert relax.weights is not None
-        w = float(relax.weights[1])
-        return torch.full((p.size(0),), max(0.0, 1.0 - 1.0 / w), dtype=p.dtype, device=p.device)
+        # on the device: no host read while a run measures its law
+        bound = (1.0 - 1.0 / relax.weights[1]).clamp(min=0.0).to(device=p.device, dtype=p.dtype)
+        return bound.expand(p.size(0)).clone()
     if relax.kind == RelaxKind.DELTA:
         return torch.full((p.size(0),), relax.delta, dtype=p.dtype, device=p.device)
     if q is not None:
