@@ -1,11 +1,13 @@
-"""Prepacked weights for the CPU backend's linear layers (oneDNN's blocked layout).
+"""Prepacked weights for the CPU backend's linear layers.
 
-Why: a verify or draft step multiplies a few rows (M = rows x tree tokens, 2-120) by every
+Why: a verify or draft step multiplies a few rows (M = rows x tree tokens, 1-120) by every
 weight. PyTorch's `F.linear` hands an fp32 matmul to MKL, whose GEMM for 2 <= M <= 16 streams
 the weights at a third to a half the rate its M = 1 GEMV does (measured on the XL shape's
 matrices, one thread, AMD EPYC: 1280 x 3840 at M = 4 took 2.05 ms against 0.84 ms at M = 1).
-oneDNN's matmul over a weight reordered once into its blocked layout reads them at the GEMV's
-rate up to M ~ 8 and halves the time at M = 16-58 (0.66 ms at M = 4). bf16 gains as much.
+A weight reordered once into a blocked layout reads at the memory's rate instead: fp32 weights
+into the panels of `backends.cpu_rowgemm` (its own kernel: the full read rate at 1-8 rows, and
+ahead of the libraries' kernels up to 116), bf16 weights (and fp32 where that kernel cannot be
+built) into oneDNN's layout, whose matmul reads them at the GEMV's rate up to M ~ 8.
 
 How: `pack_linears(module)` reorders the weight of every `nn.Linear` large enough to gain
 (`MIN_PACKED_ELEMENTS`) and swaps the layer's class for a subclass whose matmul is
@@ -13,10 +15,9 @@ How: `pack_linears(module)` reorders the weight of every `nn.Linear` large enoug
 The packed copy sits in a table keyed by the weight's storage, checked against the weight's
 version counter on every call, so a weight changed in place (training) silently falls back to
 `F.linear` until packed again. Under `torch.compile` the matmul is the custom op
-`lantern_cpu::packed_linear` (inductor calls it as an extern kernel; a packed oneDNN tensor
-cannot be a graph input). Costs: a second copy of the packed weights in memory, so a model is
-packed only where the host has room. The layers below the threshold are
-`backends.cpu_small_linear`'s.
+`lantern_cpu::packed_linear` (inductor calls it as an extern kernel; a packed tensor cannot be a
+graph input). Costs: a second copy of the packed weights in memory, so a model is packed only
+where the host has room. The layers below the threshold are `backends.cpu_small_linear`'s.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from __future__ import annotations
 import logging
 import weakref
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -47,7 +48,8 @@ PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 class _Packed:
     weight: weakref.ref[Tensor]
     version: int
-    packed: Tensor  # oneDNN layout (torch._mkldnn)
+    packed: Tensor  # oneDNN layout (torch._mkldnn), or the row kernel's panels (`rows`)
+    rows: bool = False  # packed for `backends.cpu_rowgemm` (fp32 where it builds)
 
 
 # storage address -> packed copy; an entry dies with its weight (`weakref.finalize`)
@@ -58,26 +60,34 @@ def _key(weight: Tensor) -> tuple[int, torch.dtype, tuple[int, ...]]:
     return weight.data_ptr(), weight.dtype, tuple(weight.shape)
 
 
-def _lookup(weight: Tensor) -> Tensor | None:
+def _lookup(weight: Tensor) -> _Packed | None:
     entry = _TABLE.get(_key(weight))
     if entry is None or entry.version != weight._version or entry.weight() is None:
         return None
-    return entry.packed
+    return entry
+
+
+def _row_kernel() -> Any:
+    from backends.cpu_rowgemm import load
+
+    return load()
 
 
 def _linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    entry = _lookup(weight)
+    if entry is not None and entry.rows:
+        return cast(Tensor, _row_kernel().matmul(x, entry.packed, weight.size(0), bias))
     rows = x.numel() // max(x.size(-1), 1)
-    packed = None if rows == 1 and x.dtype == torch.float32 else _lookup(weight)
-    if packed is None:
+    if entry is None or (rows == 1 and x.dtype == torch.float32):
         return F.linear(x, weight, bias)
     if rows == 2:
         # oneDNN's 2-row kernel streams the weights at ~60 % of its 3-4-row one (13.5 against
         # 22 GB/s on a 4096 x 16384 fp32 weight); two zero rows cost less than that
         flat = x.reshape(2, x.size(-1))
-        out: Tensor = torch.ops.mkldnn._linear_pointwise(torch.cat([flat, torch.zeros_like(flat)]), packed, bias,
-                                                         "none", [], "")
+        out: Tensor = torch.ops.mkldnn._linear_pointwise(torch.cat([flat, torch.zeros_like(flat)]), entry.packed,
+                                                         bias, "none", [], "")
         return out[:2].view(*x.shape[:-1], -1)
-    out = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    out = torch.ops.mkldnn._linear_pointwise(x, entry.packed, bias, "none", [], "")
     return out
 
 
@@ -109,10 +119,12 @@ def addmm_linear(x: Tensor, inp: Tensor, weight: Tensor) -> Tensor:
 
 
 def _add_linear(x: Tensor, inp: Tensor, weight: Tensor) -> Tensor:
-    packed = _lookup(weight)
-    if packed is None:
+    entry = _lookup(weight)
+    if entry is None:
         return addmm_linear(x, inp, weight)
-    summed: Tensor = torch.ops.mkldnn._linear_pointwise.binary(inp, x, packed, None, "add")
+    if entry.rows:
+        return cast(Tensor, _row_kernel().matmul(inp, entry.packed, weight.size(0), x))
+    summed: Tensor = torch.ops.mkldnn._linear_pointwise.binary(inp, x, entry.packed, None, "add")
     return summed
 
 
@@ -176,11 +188,13 @@ def pack_linears(module: nn.Module) -> int:
         log.warning("linear layers not packed: their packed copies need %.1f GB and %.1f GB is free; "
                     "steps run on the unpacked weights (slower at 2-16 rows)", need / 1e9, room / 1e9)
         return 0
+    kernel = _row_kernel() if any(m.weight.dtype == torch.float32 for m in todo) else None
     for layer in todo:
         weight = layer.weight.detach()
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS_HINT)
+        rows = kernel is not None and weight.dtype == torch.float32
+        packed = kernel.pack(weight) if rows else torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS_HINT)
         key = _key(weight)
-        _TABLE[key] = _Packed(weakref.ref(layer.weight), layer.weight._version, packed)
+        _TABLE[key] = _Packed(weakref.ref(layer.weight), layer.weight._version, packed, rows)
         weakref.finalize(layer.weight, _TABLE.pop, key, None)
     for layer in layers:
         swap_class(layer, PackedLinear)

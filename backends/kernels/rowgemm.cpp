@@ -1,0 +1,91 @@
+// A few rows times every weight, at the speed the weights stream from memory (fp32, CPU).
+//
+// out (M, N) = x (M, K) @ W^T (+ add): W (N, K) is packed once into column blocks of NB = 32
+// outputs, each a (K, NB) panel read front to back, so a block's weights arrive as one
+// sequential stream. Eight rows at a time keep 8 x 2 vector accumulators in registers, so every
+// weight loaded feeds up to 16 multiply-adds and, on a few rows, the loop is bound by memory
+// bandwidth, not by the FMA units (the reason oneDNN's and MKL's kernels are not: theirs block
+// 64 outputs or more, which does not fit 8 rows' accumulators in the 32 vector registers).
+// More rows run in chunks of 8 over a block while it sits in L1/L2, so it leaves DRAM once.
+//
+// Built at first use with the host's C++ compiler and -march=native (backends/cpu_rowgemm.py);
+// GCC's vector extensions compile to AVX-512, AVX2 or NEON, whatever the host has. OpenMP
+// runs in the runtime PyTorch already loaded (same libgomp soname), on `threads` threads.
+
+#define NB 32
+typedef float v16 __attribute__((vector_size(64), aligned(4)));
+
+extern "C" {
+
+// W (n, k) row-major -> out (ceil(n / NB), k, NB), rows past n zero.
+void rowgemm_pack(const float *w, float *out, long n, long k, int threads) {
+    long blocks = (n + NB - 1) / NB;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (long b = 0; b < blocks; b++) {
+        float *dst = out + b * k * NB;
+        for (long kk = 0; kk < k; kk++)
+            for (long j = 0; j < NB; j++) {
+                long row = b * NB + j;
+                dst[kk * NB + j] = row < n ? w[row * k + kk] : 0.0f;
+            }
+    }
+}
+
+}  // extern "C"
+
+// One (MR, NB) output tile: rows x (MR, ldx) times panel (k, NB), plus add (MR rows of lda,
+// lda 0: one row broadcast), into out (MR rows of ldo), its first `cols` columns.
+template <int MR>
+static void tile(const float *x, long ldx, const float *panel, long k, float *out, long ldo, long cols,
+                 const float *add, long lda) {
+    v16 lo[MR], hi[MR];
+    for (int m = 0; m < MR; m++) {
+        lo[m] = v16{};
+        hi[m] = v16{};
+    }
+    for (long kk = 0; kk < k; kk++) {
+        v16 w0 = *(const v16 *)(panel + kk * NB);
+        v16 w1 = *(const v16 *)(panel + kk * NB + 16);
+        for (int m = 0; m < MR; m++) {
+            float xv = x[m * ldx + kk];
+            lo[m] += xv * w0;
+            hi[m] += xv * w1;
+        }
+    }
+    for (int m = 0; m < MR; m++) {
+        float row[NB];
+        *(v16 *)row = lo[m];
+        *(v16 *)(row + 16) = hi[m];
+        float *o = out + m * ldo;
+        if (add) {
+            const float *a = add + m * lda;
+            for (long j = 0; j < cols; j++) o[j] = row[j] + a[j];
+        } else {
+            for (long j = 0; j < cols; j++) o[j] = row[j];
+        }
+    }
+}
+
+typedef void (*tile_fn)(const float *, long, const float *, long, float *, long, long, const float *, long);
+static const tile_fn TILES[9] = {nullptr, tile<1>, tile<2>, tile<3>, tile<4>, tile<5>, tile<6>, tile<7>, tile<8>};
+
+extern "C" {
+
+// out (m, n) = x (m, k) @ W^T + add; packed from rowgemm_pack; add null, (m, n) with lda n,
+// or one (n,) row with lda 0 (a bias). Every pointer contiguous fp32.
+void rowgemm(const float *x, const float *packed, float *out, const float *add, long lda, long m, long n, long k,
+             int threads) {
+    long blocks = (n + NB - 1) / NB;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (long b = 0; b < blocks; b++) {
+        long cols = n - b * NB < NB ? n - b * NB : NB;
+        const float *panel = packed + b * k * NB;
+        for (long r = 0; r < m; r += 8) {
+            long rows = m - r < 8 ? m - r : 8;
+            TILES[rows](x + r * k, k, panel, k, out + r * n + b * NB, n, cols,
+                        add ? add + r * lda + b * NB : nullptr, lda);
+        }
+    }
+}
+
+}  // extern "C"
