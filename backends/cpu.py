@@ -9,6 +9,7 @@ import platform
 import resource
 import sys
 import sysconfig
+from pathlib import Path
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -51,6 +52,28 @@ def _read_proc_status_kib(field: str) -> int | None:
     return None
 
 
+# a model is memory-bound where its weights exceed this many times the last-level cache
+MEMORY_BOUND_CACHES = 2
+_LLC_FALLBACK = 32 << 20
+
+
+def last_level_cache_bytes() -> int:
+    """The largest cache of CPU 0 in bytes (Linux sysfs: L3 on most hosts), else 32 MiB."""
+    best = 0
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            size = (index / "size").read_text().strip().upper()
+            best = max(best, int(size.rstrip("KMG")) * {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1:], 1))
+        except (OSError, ValueError):
+            continue
+    return best or _LLC_FALLBACK
+
+
+# PyTorch's own thread count as this module is first imported, before any backend lowers it:
+# one per physical core the process may use
+_TORCH_THREADS = max(torch.get_num_threads(), 1)
+
+
 def _cpu_model_name() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
@@ -79,9 +102,12 @@ class CpuBackend(Backend):
         # One host device; `index` is accepted so every backend takes the same arguments.
         del index
         self._peak_resettable = True
-        # Decoding steps are chains of small ops; waking a second OpenMP thread for each costs
-        # more than it saves (measured on the 2-core CI machine: the demo's steps ran 25-35x
-        # slower with 2 threads than with 1). A user's OMP_NUM_THREADS still wins.
+        # A model in the caches decodes in chains of small ops, and waking a second OpenMP thread
+        # for each costs more than it saves (the demo's steps ran 25-35x slower with 2 threads
+        # than with 1 on the 2-core CI machine); a model larger than the caches is bound by the
+        # weights' read rate, which more cores raise (`prepare_inference`: all of them). A
+        # user's OMP_NUM_THREADS wins over both.
+        self._all_threads = torch.get_num_threads() if "OMP_NUM_THREADS" in os.environ else _TORCH_THREADS
         if "OMP_NUM_THREADS" not in os.environ:
             torch.set_num_threads(1)
         missing = graph_toolchain_missing() if graph_mode else None
@@ -153,7 +179,20 @@ class CpuBackend(Backend):
         from backends.cpu_packing import pack_linears
         from backends.cpu_small_linear import reduce_small_linears
 
+        self._fit_threads(module)
         return pack_linears(module) + (reduce_small_linears(module) if self.graph_mode else 0)
+
+    def _fit_threads(self, module: torch.nn.Module) -> None:
+        """Decode on every core once a model's weights exceed MEMORY_BOUND_CACHES x the last-level
+        cache (each step then streams them from memory); never fewer threads again, and never
+        where the user set OMP_NUM_THREADS."""
+        if "OMP_NUM_THREADS" in os.environ or torch.get_num_threads() >= self._all_threads:
+            return
+        weights = sum(p.numel() * p.element_size() for p in module.parameters())
+        if weights > MEMORY_BOUND_CACHES * last_level_cache_bytes():
+            log.info("%s: %.2f GB of weights, beyond the caches: decoding on all %d cores",
+                     type(module).__name__, weights / 1e9, self._all_threads)
+            torch.set_num_threads(self._all_threads)
 
     def release_inference(self, module: torch.nn.Module) -> int:
         """Undo `prepare_inference`: packed copies dropped, every layer back in its own class."""

@@ -88,3 +88,25 @@ def test_built_once_into_the_cache_and_reused(tmp_path):
 def test_no_compiler_keeps_onednn(monkeypatch):
     monkeypatch.setattr("backends.cpu.cxx_compiler", lambda: None)
     assert rowgemm._build_and_load() is None
+
+
+def test_threads_rise_to_every_core_only_for_a_model_beyond_the_caches(monkeypatch):
+    """A model in the caches decodes on one thread; one whose weights exceed
+    MEMORY_BOUND_CACHES x the last-level cache on every core; a user's OMP_NUM_THREADS wins."""
+    import backends.cpu as cpu
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(cpu, "_TORCH_THREADS", 3)
+    monkeypatch.setattr(cpu, "last_level_cache_bytes", lambda: 64 * 1024)
+    backend = cpu.CpuBackend(graph_mode=False)
+    assert torch.get_num_threads() == 1
+    backend.prepare_inference(torch.nn.Linear(64, 64))  # 16 KiB: in the cache
+    assert torch.get_num_threads() == 1
+    backend.prepare_inference(torch.nn.Linear(256, 256))  # 256 KiB > 2 x 64 KiB
+    assert torch.get_num_threads() == 3
+    backend.prepare_inference(torch.nn.Linear(8, 8))  # never fewer again
+    assert torch.get_num_threads() == 3
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    cpu.CpuBackend(graph_mode=False).prepare_inference(torch.nn.Linear(256, 256))
+    assert torch.get_num_threads() == 1

@@ -34,7 +34,7 @@ def test_projection_interval_brackets_the_point_and_shrinks_with_samples():
 
 def test_every_named_shape_builds_its_config():
     assert set(SHAPES) == {"demo", "llamagen-b", "llamagen-l", "llamagen-xl", "llamagen-xxl", "chameleon-7b",
-                           "janus-pro-1b", "janus-pro-7b", "emu3-8b"}
+                           "janus-pro-1b", "janus-pro-7b", "emu3-8b", "emu3-8b-6l"}
     from runtime.demo.bundle import load_demo_bundle
 
     demo, packaged = model_shape("demo").config(), load_demo_bundle().gpt.config
@@ -42,10 +42,10 @@ def test_every_named_shape_builds_its_config():
                                        "num_classes", "cls_token_num")] == \
         [getattr(packaged, k) for k in ("n_layer", "n_head", "dim", "ffn_hidden", "block_size", "vocab_size",
                                         "num_classes", "cls_token_num")]
-    shapes = {name: model_shape(name).config() for name in ("janus-pro-1b", "janus-pro-7b", "emu3-8b")}
+    shapes = {name: model_shape(name).config() for name in ("janus-pro-1b", "janus-pro-7b", "emu3-8b", "emu3-8b-6l")}
     assert [(c.n_layer, c.n_head, c.kv_heads, c.dim, c.ffn_hidden, c.block_size, c.vocab_size)
             for c in shapes.values()] == [(24, 16, 16, 2048, 5632, 576, 16384), (30, 32, 32, 4096, 11008, 576, 16384),
-                                          (32, 32, 8, 4096, 14336, 8100, 32768)]
+                                          (32, 32, 8, 4096, 14336, 8100, 32768), (6, 32, 8, 4096, 14336, 8100, 32768)]
     xl = model_shape("llamagen-xl").config()
     assert (xl.n_layer, xl.dim, xl.block_size, xl.vocab_size) == (36, 1280, 256, 16384)
     cham = model_shape("chameleon-7b").config()
@@ -221,3 +221,14 @@ def test_random_checkpoints_of_a_shape_load_like_official_files_and_decode(tmp_p
     ar = MethodSpec("ar", SamplingParams(greedy=True))
     tokens = generate(loaded.target, loaded.drafter, spec, [1], vq=loaded.vq).tokens
     assert torch.equal(tokens, generate(loaded.target, None, ar, [1]).tokens)  # exact: lambda 1 is AR greedy
+
+
+def test_paired_rounds_keep_a_drift_both_saw_out_of_the_interval():
+    """Timed in turn, a drift of the machine moves AR and the iteration together: resampling the
+    rounds together keeps the ratio's interval narrow where independent resampling widens it."""
+    drift = np.linspace(1.0, 2.0, 30)  # the host slows by 2x over the run
+    ar, it = 0.010 * drift, 0.015 * drift
+    point, low, high = projection_interval(3.0, ar, it, paired=True)
+    assert point == pytest.approx(2.0) and high - low < 1e-9
+    _, low_free, high_free = projection_interval(3.0, ar, it)
+    assert high_free - low_free > 0.3

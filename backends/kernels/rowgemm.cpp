@@ -38,24 +38,44 @@ void rowgemm_pack(const float *w, float *out, long n, long k, int threads) {
 template <int MR>
 static void tile(const float *x, long ldx, const float *panel, long k, float *out, long ldo, long cols,
                  const float *add, long lda) {
-    v16 lo[MR], hi[MR];
-    for (int m = 0; m < MR; m++) {
-        lo[m] = v16{};
-        hi[m] = v16{};
-    }
-    for (long kk = 0; kk < k; kk++) {
+    // Up to 4 rows, even and odd k add into separate accumulators: a row's adds are a chain
+    // of dependent FMAs, and 2 x 2 chains per row do not cover the FMA's latency.
+    constexpr int SETS = MR <= 4 ? 2 : 1;
+    v16 lo[SETS][MR], hi[SETS][MR];
+    for (int s = 0; s < SETS; s++)
+        for (int m = 0; m < MR; m++) {
+            lo[s][m] = v16{};
+            hi[s][m] = v16{};
+        }
+    long kk = 0;
+    for (; kk + SETS <= k; kk += SETS)
+        for (int s = 0; s < SETS; s++) {
+            v16 w0 = *(const v16 *)(panel + (kk + s) * NB);
+            v16 w1 = *(const v16 *)(panel + (kk + s) * NB + 16);
+            for (int m = 0; m < MR; m++) {
+                float xv = x[m * ldx + kk + s];
+                lo[s][m] += xv * w0;
+                hi[s][m] += xv * w1;
+            }
+        }
+    for (; kk < k; kk++) {
         v16 w0 = *(const v16 *)(panel + kk * NB);
         v16 w1 = *(const v16 *)(panel + kk * NB + 16);
         for (int m = 0; m < MR; m++) {
             float xv = x[m * ldx + kk];
-            lo[m] += xv * w0;
-            hi[m] += xv * w1;
+            lo[0][m] += xv * w0;
+            hi[0][m] += xv * w1;
         }
     }
+    for (int s = 1; s < SETS; s++)
+        for (int m = 0; m < MR; m++) {
+            lo[0][m] += lo[s][m];
+            hi[0][m] += hi[s][m];
+        }
     for (int m = 0; m < MR; m++) {
         float row[NB];
-        *(v16 *)row = lo[m];
-        *(v16 *)(row + 16) = hi[m];
+        *(v16 *)row = lo[0][m];
+        *(v16 *)(row + 16) = hi[0][m];
         float *o = out + m * ldo;
         if (add) {
             const float *a = add + m * lda;

@@ -26,7 +26,7 @@ from runtime.core import Decoder, MethodSpec
 from runtime.utils.errors import UserError, did_you_mean
 from runtime.config.method_options import METHOD_TABLE
 from runtime.models.configs import GPTConfig, gpt_config
-from runtime.tools.step_timing import StepTimes, random_models, random_neighbours, time_steps
+from runtime.tools.step_timing import StepTimes, random_models, random_neighbours, time_interleaved
 
 if TYPE_CHECKING:
     from backends import Backend
@@ -88,6 +88,13 @@ SHAPES: dict[str, ModelShape] = {s.name: s for s in (
                "Emu3-Gen-shaped: 32 Llama layers, width 4096, 8 KV heads, 90x90 image tokens (row ends left out), "
                "32,768 codes; LlamaGen blocks", (("cfg", 3.0), ("top_k", 2048), ("temperature", 1.0), ("top_p", 1.0)),
                overrides=(("n_kv_head", 8), ("ffn_dim_multiplier", 1.3125)), downsample=8),
+    # the same with 6 of its 32 layers: its fp32 weights (32 GB) and their packed copy do not fit
+    # a 24 GB host, and every layer costs the same, so the layers' share of a step is measured on
+    # 6 (the head and embedding weigh more in its total than in the full model's)
+    ModelShape("emu3-8b-6l", "GPT-7B", 720, 32768,
+               "Emu3-Gen-shaped with 6 of its 32 layers (width 4096, 8 KV heads, 90x90 image tokens, 32,768 "
+               "codes); LlamaGen blocks", (("cfg", 3.0), ("top_k", 2048), ("temperature", 1.0), ("top_p", 1.0)),
+               overrides=(("n_layer", 6), ("n_kv_head", 8), ("ffn_dim_multiplier", 1.3125)), downsample=8),
 )}
 
 
@@ -112,16 +119,22 @@ def projected_speedup(tau: float, ar_step_s: float, iteration_s: float) -> float
 
 
 def projection_interval(tau: float, ar_steps: Sequence[float], iterations: Sequence[float], *,
-                        draws: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+                        draws: int = 2000, seed: int = 0, paired: bool = False) -> tuple[float, float, float]:
     """(point, low, high): the projected speedup from the median AR step and median iteration,
-    with a 95 % bootstrap interval over the timing samples (tau taken as given)."""
+    with a 95 % bootstrap interval over the timing samples (tau taken as given). `paired`: the
+    samples were taken in turn (sample i of each in the same round), so rounds are resampled
+    together, keeping what the machine's drift did to both."""
     ar, it = np.asarray(ar_steps, dtype=float), np.asarray(iterations, dtype=float)
     point = projected_speedup(tau, float(np.median(ar)), float(np.median(it)))
     rng = np.random.default_rng(seed)
-    ar_med = np.median(rng.choice(ar, size=(draws, ar.size)), axis=1)
-    it_med = np.median(rng.choice(it, size=(draws, it.size)), axis=1)
+    if paired and ar.size == it.size:
+        rounds = rng.integers(0, ar.size, size=(draws, ar.size))
+        ar_med, it_med = np.median(ar[rounds], axis=1), np.median(it[rounds], axis=1)
+    else:
+        ar_med = np.median(rng.choice(ar, size=(draws, ar.size)), axis=1)
+        it_med = np.median(rng.choice(it, size=(draws, it.size)), axis=1)
     low, high = np.quantile(tau * ar_med / it_med, [0.025, 0.975])
-    return point, float(low), float(high)
+    return point, float(min(low, point)), float(max(high, point))
 
 
 # -- whole projections --------------------------------------------------------------------------
@@ -161,11 +174,12 @@ def spec_from_run(run: Any, sampling: Any) -> MethodSpec:
 
 def project(shape: ModelShape, backend: Backend, targets: Sequence[Target], *, warmup: int = 3, iterations: int = 20,
             batch_size: int = 1, progress: Callable[[str], None] | None = None,
-            roof: Any = None) -> dict[str, Any]:
+            roof: Callable[[], Any] | None = None) -> dict[str, Any]:
     """Measure the AR step and each target's iteration on `shape` (random weights) and project
     each target's speedup. Returns the JSON-ready body of a projection file: the shape, the
     per-phase samples, and per target tau (with its source), the medians and the projected
-    speedup with its interval; with a `roof` (`runtime.tools.roofline`), each phase's floor and
+    speedup with its interval; with `roof` (returning a `runtime.tools.roofline.Roof`, asked once
+    the models are prepared: on a CPU that sets the threads it is measured on), each phase's floor and
     its measured time over it."""
     from runtime.tools.roofline import decoder_phases, floors
 
@@ -173,24 +187,29 @@ def project(shape: ModelShape, backend: Backend, targets: Sequence[Target], *, w
     for t in targets:
         check_projectable(t.spec)
     target_model, drafter = random_models(shape.config(), backend)
+    for model in (target_model, drafter):
+        backend.prepare_inference(model)
+    peaks = None if roof is None else roof()
     sampling = targets[0].spec.sampling if targets else None
     ar_spec = MethodSpec(method="ar", sampling=sampling) if sampling is not None else MethodSpec(method="ar")
     cfg = shape.config()
     context = cfg.cls_token_num + cfg.block_size // 2  # the mean committed length over an image
 
-    def measure(spec: MethodSpec, label: str) -> tuple[StepTimes, dict[str, Any] | None]:
-        say(f"{shape.name}: {label}")
-        decoder = Decoder(target_model, drafter, spec, neighbours=random_neighbours(shape.vocab_size, spec),
-                          backend=backend, batch_size=batch_size)
-        times = time_steps(decoder, backend, warmup=warmup, iterations=iterations)
-        return times, (None if roof is None else floors(decoder_phases(decoder, context), times.medians(), roof, backend.dtype))
+    specs = [(ar_spec, "ar")] + [(t.spec, t.label) for t in targets]
+    say(f"{shape.name}: {', '.join(label for _, label in specs)} (iterations taken in turn)")
+    decoders = [Decoder(target_model, drafter, spec, neighbours=random_neighbours(shape.vocab_size, spec),
+                        backend=backend, batch_size=batch_size) for spec, _ in specs]
+    measured = time_interleaved(decoders, backend, warmup=warmup, iterations=iterations)
 
-    ar, ar_floor = measure(ar_spec, "ar")
+    def floor_of(decoder: Decoder, times: StepTimes) -> dict[str, Any] | None:
+        return None if peaks is None else floors(decoder_phases(decoder, context), times.medians(), peaks, backend.dtype)
+
+    ar, ar_floor = measured[0], floor_of(decoders[0], measured[0])
     ar_steps = ar.iterations()
     runs = []
-    for t in targets:
-        times, floor = measure(t.spec, t.label)
-        point, low, high = projection_interval(t.tau, ar_steps, times.iterations())
+    for t, decoder, times in zip(targets, decoders[1:], measured[1:]):
+        floor = floor_of(decoder, times)
+        point, low, high = projection_interval(t.tau, ar_steps, times.iterations(), paired=True)
         runs.append({"label": t.label, "method": t.spec.method, "params": t.spec.describe(), "tau": t.tau,
                      "tau_source": t.tau_source, "seconds": times.to_dict(),
                      "iteration_s": float(np.median(times.iterations())),
@@ -204,8 +223,8 @@ def project(shape: ModelShape, backend: Backend, targets: Sequence[Target], *, w
             "ar_step": {"seconds": ar.to_dict(), "median_s": float(np.median(ar_steps)),
                         **({"floor": ar_floor} if ar_floor is not None else {})},
             "runs": runs}
-    if roof is not None:
-        body["roof"] = {**roof.to_dict(), "context": context}
+    if peaks is not None:
+        body["roof"] = {**peaks.to_dict(), "context": context}
     return body
 
 

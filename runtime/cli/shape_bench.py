@@ -39,14 +39,13 @@ def bench_shape(args: dict[str, Any]) -> None:
     targets = _targets(args, args["flags"].as_dict(), prof, shape)
     warmup = max(prof.bench.warmup if args["warmup"] is None else args["warmup"], 1)
     console = Console(stderr=True)
-    roof = device_roof(backend, prof)
     body = project(shape, backend, targets, warmup=warmup, iterations=args["iterations"],
                    batch_size=batch_of(args["batch_size"], prof),
-                   progress=lambda text: console.print(f"[dim]{text}[/dim]"), roof=roof)
+                   progress=lambda text: console.print(f"[dim]{text}[/dim]"), roof=lambda: device_roof(backend, prof))
     data, device = _projection_file(body, backend, prof, warmup, args["iterations"])
     with writing(f"--out {out}"):
         atomic_write_text(out, json.dumps(data, indent=2))
-    _print_projection(data, device, shape, out, roof)
+    _print_projection(data, device, shape, out)
 
 
 def _check_shape_flags(args: dict[str, Any]) -> Path:
@@ -98,6 +97,7 @@ def _projection_file(body: Any, backend: Any, prof: Any, warmup: int, iterations
 
     info = backend.info()
     device = {"backend": backend.name, "name": str(info.get("name", backend.name)), "count": 1,
+              **({"threads": int(info["threads"])} if "threads" in info else {}),
               "versions": {k: str(info[k]) for k in ("torch", "cuda", "driver", "synapseai") if info.get(k)}}
     values = prof.to_dict()  # as resolved: the graph mode and dtype the steps really ran with
     values.setdefault("device", {}).update(graph=bool(backend.graph_mode), dtype=info.get("dtype"))
@@ -108,7 +108,7 @@ def _projection_file(body: Any, backend: Any, prof: Any, warmup: int, iterations
     return projection_file(body, device, schema.to_env_dict(env)), device
 
 
-def _print_projection(data: Any, device: dict[str, Any], shape: Any, out: Path, roof: Any) -> None:
+def _print_projection(data: Any, device: dict[str, Any], shape: Any, out: Path) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -121,12 +121,13 @@ def _print_projection(data: Any, device: dict[str, Any], shape: Any, out: Path, 
         table.add_row(run["label"], f"{run['tau']:.2f} ({run['tau_source']})", f"{run['iteration_over_ar_step']:.2f}",
                       _over_floor(run), f"{s['point']:.2f}x [{s['low']:.2f}, {s['high']:.2f}]")
     Console().print(table)
+    roof = data.get("roof")
     if roof is None:
         Console().print(f"floor: no peak figures for {device['name']} (runtime.tools.roofline.ROOFS); not shown")
     else:
         Console().print(f"floor: max(bytes / bandwidth, FLOPs / matmul rate) per phase at the mean context "
-                        f"({data['roof']['context']} positions); {roof.name}: {roof.bandwidth / 1e9:,.0f} GB/s, "
-                        f"{max(roof.matmul.values()) / 1e12:,.1f} TFLOP/s ({roof.source})")
+                        f"({roof['context']} positions); {roof['name']}: {roof['bandwidth_bytes_per_s'] / 1e9:,.0f} "
+                        f"GB/s, {max(roof['matmul_flops_per_s'].values()) / 1e12:,.1f} TFLOP/s ({roof['source']})")
 
 
 def _over_floor(entry: dict[str, Any]) -> str:

@@ -122,20 +122,24 @@ def device_roof(backend: Backend, profile: Any = None) -> Roof | None:
 
 def measure_cpu_roof(dtype: torch.dtype = torch.float32, *, copy_mb: int = 256, size: int = 1024,
                      repeats: int = 5) -> Roof:
-    """This CPU's peaks, measured: the best of `repeats` copies of a `copy_mb` MB tensor (bytes
-    read + written per second) and of `size`^3 matmuls in `dtype` (2 size^3 FLOPs each), on the
-    threads torch uses now. About a second."""
+    """This CPU's peaks, measured on the threads torch uses now (about a second): the memory's
+    rate as the better of `repeats` copies of a `copy_mb` MB tensor (bytes read + written per
+    second) and `repeats` sums over it (bytes read per second: a decoding step mostly reads
+    weights, and a core can read faster than it copies), and the best of `size`^3 matmuls in
+    `dtype` (2 size^3 FLOPs each)."""
     src = torch.empty(copy_mb * 2**20 // 4, dtype=torch.float32)
     src.fill_(1.0)
     dst = torch.empty_like(src)
     best_copy = min(_timed(lambda: dst.copy_(src)) for _ in range(repeats))
+    best_read = min(_timed(lambda: src.sum()) for _ in range(repeats))
+    bandwidth = max(2 * src.numel() * 4 / best_copy, src.numel() * 4 / best_read)
     a = torch.randn(size, size).to(dtype)
     b = torch.randn(size, size).to(dtype)
     a @ b  # warm-up: the BLAS picks its kernel
     best_mm = min(_timed(lambda: a @ b) for _ in range(repeats))
     name = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
-    return Roof("this CPU", 2 * src.numel() * 4 / best_copy, {name: 2 * size**3 / best_mm},
-                f"measured: best of {repeats} {copy_mb} MB copies and {size}^3 {name} matmuls, "
+    return Roof("this CPU", bandwidth, {name: 2 * size**3 / best_mm},
+                f"measured: best of {repeats} {copy_mb} MB copies and reads and {size}^3 {name} matmuls, "
                 f"{torch.get_num_threads()} threads")
 
 

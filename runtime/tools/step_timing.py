@@ -73,36 +73,60 @@ class StepTimes:
         return {p: list(getattr(self, p)) for p in PHASES}
 
 
-def time_steps(decoder: Decoder, backend: Backend, *, warmup: int, iterations: int) -> StepTimes:
-    """Time `iterations` decoding iterations, phase by phase, after `warmup` untimed ones.
+class _Stepper:
+    """One decoder's timed iterations: captured (graph mode) and prefilled on construction, then
+    one full iteration, phase by phase, per `step()` call."""
 
-    The steps run as the runtime runs them: captured replays in graph mode, eager otherwise.
-    Each phase is bracketed by device synchronisations, so its time is the device's. An image
-    that completes is restarted (untimed) so every timed iteration is a full one.
-    """
-    cond = torch.zeros(decoder.config.batch, dtype=torch.long, device=decoder.config.device)
-    if backend.graph_mode and not decoder.captured:
-        decoder.capture_steps(cond, None)
-    decoder.prefill(cond, None, 0)
-    times = StepTimes()
-    steps: list[tuple[str, Callable[[], Any]]] = []
-    if decoder.draft_segments:
-        steps.append(("draft", decoder.run_draft))
-    with torch.no_grad():
-        for i in range(warmup + iterations):
+    def __init__(self, decoder: Decoder, backend: Backend) -> None:
+        self.decoder, self.backend = decoder, backend
+        self.cond = torch.zeros(decoder.config.batch, dtype=torch.long, device=decoder.config.device)
+        if backend.graph_mode and not decoder.captured:
+            decoder.capture_steps(self.cond, None)
+        decoder.prefill(self.cond, None, 0)
+        self.count = 0
+
+    def step(self, times: StepTimes | None) -> None:
+        """One iteration; its phases' seconds appended to `times` (None: untimed). An image that
+        completes is restarted first (untimed), so every iteration is a full one."""
+        decoder, backend = self.decoder, self.backend
+        with torch.no_grad():
             if bool((decoder.buffers.count >= decoder.config.num_tokens - decoder.policy.tree.max_depth - 1).any()):
-                decoder.prefill(cond, None, i)
+                decoder.prefill(self.cond, None, self.count)
+            self.count += 1
             depth = decoder.policy.tree.max_depth
-            for phase, step in steps + [("verify", None), ("accept", None)]:
+            phases: list[tuple[str, Callable[[], Any] | None]] = [("draft", decoder.run_draft)] if decoder.draft_segments else []
+            for phase, run in phases + [("verify", None), ("accept", None)]:
                 backend.synchronize()
                 began = time.perf_counter()
-                if phase == "draft":
-                    depth = step().depth
+                if run is not None:
+                    depth = run().depth
                 elif phase == "verify":
                     decoder.verify_at[depth]()
                 else:
                     decoder.accept_at[depth]()
                 backend.synchronize()
-                if i >= warmup:
+                if times is not None:
                     getattr(times, phase).append(time.perf_counter() - began)
+
+
+def time_steps(decoder: Decoder, backend: Backend, *, warmup: int, iterations: int) -> StepTimes:
+    """Time `iterations` decoding iterations, phase by phase, after `warmup` untimed ones.
+
+    The steps run as the runtime runs them: captured replays in graph mode, eager otherwise.
+    Each phase is bracketed by device synchronisations, so its time is the device's. An image that
+    completes is restarted (untimed) so every timed iteration is a full one.
+    """
+    return time_interleaved([decoder], backend, warmup=warmup, iterations=iterations)[0]
+
+
+def time_interleaved(decoders: list[Decoder], backend: Backend, *, warmup: int, iterations: int) -> list[StepTimes]:
+    """`time_steps` for several decoders at once, their iterations taken in turn (one of each,
+    then the next round), so every decoder sees the same machine: on a host whose memory
+    bandwidth drifts with its neighbours' load, the ratios of their times stay comparable
+    where timing one after the other would not."""
+    steppers = [_Stepper(d, backend) for d in decoders]
+    times = [StepTimes() for _ in decoders]
+    for i in range(warmup + iterations):
+        for stepper, own in zip(steppers, times):
+            stepper.step(own if i >= warmup else None)
     return times
