@@ -246,6 +246,19 @@ class Backend(abc.ABC):
         del module
         return 0
 
+    def cached_attention(self) -> Callable[..., Tensor | None] | None:
+        """The backend's own attention over a static KV cache, (q, k, v, mask) -> output or None
+        where it does not serve those inputs (then SDPA runs); None: SDPA always. The CPU's reads
+        only the open slots (`backends.cpu_attention`)."""
+        return None
+
+    def memory_bound(self, module: nn.Module) -> bool:
+        """Whether a step of `module` is bound by reading its weights from memory rather than by
+        its arithmetic (`--method auto` then reads a profile's [auto] memory_bound table). No
+        here: an accelerator's profile measures its own table; the CPU's says by cache size."""
+        del module
+        return False
+
     def release_inference(self, module: nn.Module) -> int:
         """Undo `prepare_inference` on a model (a plain baseline in the same process); returns how
         many layers it restored."""

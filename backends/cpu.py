@@ -69,6 +69,10 @@ def last_level_cache_bytes() -> int:
     return best or _LLC_FALLBACK
 
 
+def _weight_bytes(module: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
 # PyTorch's own thread count as this module is first imported, before any backend lowers it:
 # one per physical core the process may use
 _TORCH_THREADS = max(torch.get_num_threads(), 1)
@@ -188,11 +192,21 @@ class CpuBackend(Backend):
         where the user set OMP_NUM_THREADS."""
         if "OMP_NUM_THREADS" in os.environ or torch.get_num_threads() >= self._all_threads:
             return
-        weights = sum(p.numel() * p.element_size() for p in module.parameters())
-        if weights > MEMORY_BOUND_CACHES * last_level_cache_bytes():
+        if self.memory_bound(module):
             log.info("%s: %.2f GB of weights, beyond the caches: decoding on all %d cores",
-                     type(module).__name__, weights / 1e9, self._all_threads)
+                     type(module).__name__, _weight_bytes(module) / 1e9, self._all_threads)
             torch.set_num_threads(self._all_threads)
+
+    def memory_bound(self, module: torch.nn.Module) -> bool:
+        """Its weights exceed MEMORY_BOUND_CACHES x the last-level cache: a step streams them."""
+        return _weight_bytes(module) > MEMORY_BOUND_CACHES * last_level_cache_bytes()
+
+    def cached_attention(self) -> Callable[..., Tensor | None] | None:
+        """`backends.cpu_attention.cached_attention` where the CPU kernels build, else None."""
+        from backends import cpu_attention
+        from backends.cpu_kernels import load
+
+        return cpu_attention.cached_attention if load() is not None else None
 
     def release_inference(self, module: torch.nn.Module) -> int:
         """Undo `prepare_inference`: packed copies dropped, every layer back in its own class."""

@@ -5,7 +5,7 @@ weight. PyTorch's `F.linear` hands an fp32 matmul to MKL, whose GEMM for 2 <= M 
 the weights at a third to a half the rate its M = 1 GEMV does (measured on the XL shape's
 matrices, one thread, AMD EPYC: 1280 x 3840 at M = 4 took 2.05 ms against 0.84 ms at M = 1).
 A weight reordered once into a blocked layout reads at the memory's rate instead: fp32 weights
-into the panels of `backends.cpu_rowgemm` (its own kernel: the full read rate at 1-8 rows, and
+into the panels of `backends.cpu_kernels` (its own kernel: the full read rate at 1-8 rows, and
 ahead of the libraries' kernels up to 116), bf16 weights (and fp32 where that kernel cannot be
 built) into oneDNN's layout, whose matmul reads them at the GEMV's rate up to M ~ 8.
 
@@ -49,7 +49,7 @@ class _Packed:
     weight: weakref.ref[Tensor]
     version: int
     packed: Tensor  # oneDNN layout (torch._mkldnn), or the row kernel's panels (`rows`)
-    rows: bool = False  # packed for `backends.cpu_rowgemm` (fp32 where it builds)
+    rows: bool = False  # packed for `backends.cpu_kernels` (fp32 where it builds)
 
 
 # storage address -> packed copy; an entry dies with its weight (`weakref.finalize`)
@@ -68,7 +68,7 @@ def _lookup(weight: Tensor) -> _Packed | None:
 
 
 def _row_kernel() -> Any:
-    from backends.cpu_rowgemm import load
+    from backends.cpu_kernels import load
 
     return load()
 
@@ -76,6 +76,8 @@ def _row_kernel() -> Any:
 def _linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     entry = _lookup(weight)
     if entry is not None and entry.rows:
+        if x.dtype != weight.dtype:  # the kernel multiplies in the weight's dtype only
+            return F.linear(x, weight, bias)
         return cast(Tensor, _row_kernel().matmul(x, entry.packed, weight.size(0), bias))
     rows = x.numel() // max(x.size(-1), 1)
     if entry is None or (rows == 1 and x.dtype == torch.float32):
@@ -123,6 +125,8 @@ def _add_linear(x: Tensor, inp: Tensor, weight: Tensor) -> Tensor:
     if entry is None:
         return addmm_linear(x, inp, weight)
     if entry.rows:
+        if inp.dtype != weight.dtype:
+            return addmm_linear(x, inp, weight)
         return cast(Tensor, _row_kernel().matmul(inp, entry.packed, weight.size(0), x))
     summed: Tensor = torch.ops.mkldnn._linear_pointwise.binary(inp, x, entry.packed, None, "add")
     return summed
@@ -188,10 +192,10 @@ def pack_linears(module: nn.Module) -> int:
         log.warning("linear layers not packed: their packed copies need %.1f GB and %.1f GB is free; "
                     "steps run on the unpacked weights (slower at 2-16 rows)", need / 1e9, room / 1e9)
         return 0
-    kernel = _row_kernel() if any(m.weight.dtype == torch.float32 for m in todo) else None
+    kernel = _row_kernel() if todo else None
     for layer in todo:
         weight = layer.weight.detach()
-        rows = kernel is not None and weight.dtype == torch.float32
+        rows = kernel is not None and kernel.packs(weight.dtype)
         packed = kernel.pack(weight) if rows else torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS_HINT)
         key = _key(weight)
         _TABLE[key] = _Packed(weakref.ref(layer.weight), layer.weight._version, packed, rows)

@@ -181,7 +181,7 @@ def project(shape: ModelShape, backend: Backend, targets: Sequence[Target], *, w
     speedup with its interval; with `roof` (returning a `runtime.tools.roofline.Roof`, asked once
     the models are prepared: on a CPU that sets the threads it is measured on), each phase's floor and
     its measured time over it."""
-    from runtime.tools.roofline import decoder_phases, floors
+    from runtime.tools.roofline import ReadProbe, decoder_phases, floors
 
     say = progress or (lambda _: None)
     for t in targets:
@@ -199,7 +199,10 @@ def project(shape: ModelShape, backend: Backend, targets: Sequence[Target], *, w
     say(f"{shape.name}: {', '.join(label for _, label in specs)} (iterations taken in turn)")
     decoders = [Decoder(target_model, drafter, spec, neighbours=random_neighbours(shape.vocab_size, spec),
                         backend=backend, batch_size=batch_size) for spec, _ in specs]
-    measured = time_interleaved(decoders, backend, warmup=warmup, iterations=iterations)
+    probe = ReadProbe() if peaks is not None and backend.name == "cpu" else None
+    measured = time_interleaved(decoders, backend, warmup=warmup, iterations=iterations, between=probe)
+    if probe is not None:
+        peaks = probe.applied(peaks)
 
     def floor_of(decoder: Decoder, times: StepTimes) -> dict[str, Any] | None:
         return None if peaks is None else floors(decoder_phases(decoder, context), times.medians(), peaks, backend.dtype)

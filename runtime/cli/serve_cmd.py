@@ -125,7 +125,7 @@ def _build(gen: Any, prompt_length: int | None, max_queue: int, timeout: float, 
     from runtime.serve import AutoMethods, build_server
 
     batch = gen.default_batch
-    auto = AutoMethods(gen.auto_specs(), gen.profile.auto) if gen.auto else None
+    auto = AutoMethods(gen.auto_specs(), gen.auto_table) if gen.auto else None
     spec = next(iter(auto.specs.values())) if auto is not None else gen.spec_for(batch)
     return build_server(gen.loaded, spec, gen.backend, batch_size=batch, max_queue=max_queue, timeout_s=timeout,
                         auto=auto, names=names or None, http=http, conditioner=_conditioner(gen, prompt_length))

@@ -181,6 +181,17 @@ class AutoSettings(_Section):
     by_occupancy: Annotated[dict[Annotated[str, StringConstraints(pattern=r"^[1-9][0-9]*$")], _choice(AUTO_METHODS)],
                             Field(min_length=1, description="a table of occupancy (1, 2, ...) -> one of "
                                   + ", ".join(f"'{m}'" for m in AUTO_METHODS))]
+    # the same for a model the backend calls memory-bound (`Backend.memory_bound`: on a CPU, weights
+    # beyond twice its last-level cache), where a verify of a few tokens costs about one step
+    memory_bound: Annotated[dict[Annotated[str, StringConstraints(pattern=r"^[1-9][0-9]*$")], _choice(AUTO_METHODS)],
+                            Field(min_length=1, description="a table of occupancy (1, 2, ...) -> one of "
+                                  + ", ".join(f"'{m}'" for m in AUTO_METHODS))] | None = None
+
+    def for_model(self, memory_bound: bool) -> "AutoSettings":
+        """The table for a model: `memory_bound`'s where the model is and the profile has one."""
+        if memory_bound and self.memory_bound is not None:
+            return AutoSettings(by_occupancy=self.memory_bound)
+        return self
 
     def method_for(self, occupancy: int) -> str:
         """The method for `occupancy` images decoding together."""

@@ -40,6 +40,7 @@ from runtime.core.slots import NullTimer, compile_key, phase_timer, prefill_slot
 from runtime.core.state import (NO_POSITION, DecodeBuffers, DecodeConfig, DraftProposal, DraftView, check_tree,
                                 lazy_head_mode)
 from runtime.core.tree import TreeBuffers
+from runtime.models.layers import register_cached_attention
 from runtime.utils.errors import UserError
 from runtime.config.method_options import Drafting
 
@@ -95,6 +96,8 @@ class DecodeSteps:
         for model in (target, drafter):
             if backend is not None and isinstance(model, torch.nn.Module):
                 backend.prepare_inference(model)
+        if backend is not None:
+            register_cached_attention(backend.device.type, backend.cached_attention())
         self.timer: PhaseTimer | None = None
         b, dev = config.batch, config.device
 

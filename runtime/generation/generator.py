@@ -179,9 +179,14 @@ class ImageGenerator:
         self.backend, self.profile, self.loaded = open_model(source, device, profile, graph, dtype, index=device_index)
         self.default_batch = wl.batch_size(batch_size, self.profile)
         self.auto = method == AUTO
+        import torch
+
+        target = self.loaded.target
+        self.memory_bound = isinstance(target, torch.nn.Module) and self.backend.memory_bound(target)
         self._spec = None if self.auto else self._resolve(method)
         if self.auto:
-            auto_method(self.profile, self.default_batch, self.flags)  # a profile without [auto], relaxation flags
+            # a profile without [auto], relaxation flags
+            auto_method(self.profile, self.default_batch, self.flags, self.memory_bound)
         self.prompt_length = wl.resolve_prompt_length(prompt_length, self.loaded.config.model_type)
         wl.check_t5_path(self.loaded, t5_path)
         self._t5_path, self._captions = t5_path, None
@@ -201,7 +206,12 @@ class ImageGenerator:
 
         if self._spec is not None:
             return self._spec
-        return self._resolve(auto_method(self.profile, occupancy, self.flags), lossless=True)
+        return self._resolve(auto_method(self.profile, occupancy, self.flags, self.memory_bound), lossless=True)
+
+    @property
+    def auto_table(self) -> Any:
+        """Method "auto": the profile's [auto] table for this model (`AutoSettings.for_model`)."""
+        return self.profile.auto.for_model(self.memory_bound)
 
     @property
     def captions(self) -> Any:
@@ -215,7 +225,7 @@ class ImageGenerator:
         server keeps a decoder of each and picks by occupancy), in the table's order."""
         from runtime.generation.settings import resolve_spec
 
-        methods = self.profile.auto.methods
+        methods = self.auto_table.methods
         return {m: resolve_spec(m, self.flags, self.profile, self.loaded.recommended, run_methods=methods,
                                 lossless=True) for m in methods}
 
@@ -225,7 +235,8 @@ class ImageGenerator:
 
         sources = sampling_sources(self.flags, self.profile, self.loaded, spec)
         if self.auto:
-            sources["method"] = f"--method auto: profile {self.profile.name} [auto] at occupancy {occupancy}"
+            table = "[auto] memory_bound" if self.auto_table is not self.profile.auto else "[auto]"
+            sources["method"] = f"--method auto: profile {self.profile.name} {table} at occupancy {occupancy}"
         return sources
 
     def decoder(self, spec: MethodSpec, batch: int) -> SlotDecoder:

@@ -50,9 +50,10 @@ def _source_of(key: str, layers: list[tuple[str, dict[str, Any]]]) -> str:
 AUTO = "auto"
 
 
-def auto_method(profile: Any, occupancy: int, flags: dict[str, Any]) -> str:
+def auto_method(profile: Any, occupancy: int, flags: dict[str, Any], memory_bound: bool = False) -> str:
     """`--method auto`: the lossless method the profile's `[auto]` table names for `occupancy`
-    images decoding together (what `runtime tune` measured fastest there)."""
+    images decoding together (what `runtime tune` measured fastest there); for a `memory_bound`
+    model, its `memory_bound` table where it has one."""
     table = getattr(profile, "auto", None)
     if table is None:
         raise UserError(f"--method auto needs a profile with an [auto] table (profile {getattr(profile, 'name', '?')} "
@@ -61,7 +62,7 @@ def auto_method(profile: Any, occupancy: int, flags: dict[str, Any]) -> str:
         if flags.get(key) is not None:
             raise UserError(f"--{key.replace('_', '-')} relaxes acceptance, and --method auto picks lossless methods "
                             "only; drop it or name the method")
-    return table.method_for(occupancy)
+    return table.for_model(memory_bound).method_for(occupancy)
 
 
 def resolve_spec(method: str | None, flags: dict[str, Any], profile: Any, recommended: dict[str, Any],

@@ -143,6 +143,28 @@ def measure_cpu_roof(dtype: torch.dtype = torch.float32, *, copy_mb: int = 256, 
                 f"{torch.get_num_threads()} threads")
 
 
+class ReadProbe:
+    """The memory's read rate sampled while steps are timed: one sum over a `mb` MB buffer per
+    call, its bytes per second kept. A host whose bandwidth drifts with its neighbours' load
+    (the shared 2-core CI machine: 34 to 60 GB/s between runs) gets a floor from the rate its
+    steps met rather than from a moment before them."""
+
+    def __init__(self, mb: int = 256) -> None:
+        self.buffer = torch.ones(mb * 2**20 // 4, dtype=torch.float32)
+        self.rates: list[float] = []
+
+    def __call__(self) -> None:
+        self.rates.append(self.buffer.numel() * 4 / _timed(lambda: self.buffer.sum()))
+
+    def applied(self, roof: Roof) -> Roof:
+        """`roof` with the median sampled read rate as its bandwidth (unchanged without samples)."""
+        if not self.rates:
+            return roof
+        rate = float(sorted(self.rates)[len(self.rates) // 2])
+        return replace(roof, bandwidth=rate, source=f"{roof.source}; bandwidth: the median of {len(self.rates)} "
+                       f"reads of {self.buffer.numel() * 4 >> 20} MB taken between the timed rounds")
+
+
 def _timed(fn: Any) -> float:
     began = time.perf_counter()
     fn()

@@ -119,14 +119,18 @@ def time_steps(decoder: Decoder, backend: Backend, *, warmup: int, iterations: i
     return time_interleaved([decoder], backend, warmup=warmup, iterations=iterations)[0]
 
 
-def time_interleaved(decoders: list[Decoder], backend: Backend, *, warmup: int, iterations: int) -> list[StepTimes]:
+def time_interleaved(decoders: list[Decoder], backend: Backend, *, warmup: int, iterations: int,
+                     between: Callable[[], None] | None = None) -> list[StepTimes]:
     """`time_steps` for several decoders at once, their iterations taken in turn (one of each,
     then the next round), so every decoder sees the same machine: on a host whose memory
     bandwidth drifts with its neighbours' load, the ratios of their times stay comparable
-    where timing one after the other would not."""
+    where timing one after the other would not. `between`: called once after each timed round
+    (a probe of the machine, e.g. `roofline.ReadProbe`)."""
     steppers = [_Stepper(d, backend) for d in decoders]
     times = [StepTimes() for _ in decoders]
     for i in range(warmup + iterations):
         for stepper, own in zip(steppers, times):
             stepper.step(own if i >= warmup else None)
+        if between is not None and i >= warmup:
+            between()
     return times
