@@ -5,7 +5,7 @@ Why: a step's queries attend over a cache allocated for the whole image, and PyT
 kernels read every slot of it, masked or not, copying a grouped-query model's keys once per
 query head first; on the Emu3 shape (8,100 slots, 8 KV heads for 32 query heads) that is most of
 a step. The kernel reads only the slots some query sees, each KV head in place. It serves fp32
-steps of up to MAX_QUERIES queries with an additive mask; anything else is PyTorch's
+and bf16 steps (computed in fp32) of up to MAX_QUERIES queries with an additive mask; anything else is PyTorch's
 (`cached_attention` returns None).
 
 Under `torch.compile` it is the custom op `lantern_cpu::cached_attention` (inductor calls it as an
@@ -42,10 +42,10 @@ def _(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
 
 
 def serves(q: Tensor, k: Tensor, mask: Tensor | None) -> bool:
-    """Whether the kernel takes this attention: fp32 on the CPU, an additive mask, at most
+    """Whether the kernel takes this attention: fp32 or bf16 on the CPU, an additive mask, at most
     MAX_QUERIES queries, query heads a multiple of the KV heads."""
-    return (mask is not None and q.device.type == "cpu" and q.dtype == k.dtype == mask.dtype == torch.float32
-            and q.size(-2) <= MAX_QUERIES and q.size(1) % k.size(1) == 0 and _kernel() is not None)
+    return (mask is not None and q.device.type == "cpu" and q.dtype == k.dtype == mask.dtype
+            and q.dtype in (torch.float32, torch.bfloat16) and q.size(-2) <= MAX_QUERIES and q.size(1) % k.size(1) == 0 and _kernel() is not None)
 
 
 def cached_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor | None:

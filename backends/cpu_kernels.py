@@ -90,17 +90,18 @@ class Kernel:
         return out.view(*lead, n)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
-        """softmax(q k^T / sqrt(D) + mask) v over a cache, fp32: q (B, H, T, D) (any strides with
-        a contiguous last dim), k, v (B, KV, S, D) with H a multiple of KV, mask (B or 1, 1, T, S)
-        additive. Returns (B, H, T, D)."""
+        """softmax(q k^T / sqrt(D) + mask) v over a cache, fp32 or bf16 (all four alike; computed
+        in fp32): q (B, H, T, D) (any strides with a contiguous last dim), k, v (B, KV, S, D) with
+        H a multiple of KV, mask (B or 1, 1, T, S) additive. Returns (B, H, T, D) in q's dtype."""
         b, h, t, d = q.shape
         kv, slots = k.size(1), k.size(2)
         if q.stride(-1) != 1:
             q = q.contiguous()
         k, v = k.contiguous(), v.contiguous()
         mask = mask.expand(b, 1, t, slots).reshape(b, t, slots).contiguous()
-        out = torch.empty(b, h, t, d, dtype=torch.float32)
-        self.lib.cached_attention(q.data_ptr(), q.stride(0), q.stride(1), q.stride(2), k.data_ptr(), v.data_ptr(),
+        out = torch.empty(b, h, t, d, dtype=q.dtype)
+        call = self.lib.cached_attention_bf16 if q.dtype == torch.bfloat16 else self.lib.cached_attention
+        call(q.data_ptr(), q.stride(0), q.stride(1), q.stride(2), k.data_ptr(), v.data_ptr(),
                                   mask.data_ptr(), out.data_ptr(), b, h, kv, t, slots, d, d ** -0.5,
                                   torch.get_num_threads())
         return out
@@ -150,8 +151,9 @@ def _build_and_load() -> Kernel | None:
     lib.rowgemm_pack_bf16.argtypes = [p, p, i64, i64, i32]
     lib.rowgemm_pack_bf16.restype = None
     lib.rowgemm_has_bf16.restype = ctypes.c_int
-    lib.cached_attention.argtypes = [p, i64, i64, i64, p, p, p, p, i64, i64, i64, i64, i64, i64, ctypes.c_float, i32]
-    lib.cached_attention.restype = None
+    for name in ("cached_attention", "cached_attention_bf16"):
+        getattr(lib, name).argtypes = [p, i64, i64, i64, p, p, p, p, i64, i64, i64, i64, i64, i64, ctypes.c_float, i32]
+        getattr(lib, name).restype = None
     return Kernel(lib, path, bool(lib.rowgemm_has_bf16()))
 
 

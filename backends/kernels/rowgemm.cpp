@@ -164,36 +164,55 @@ void rowgemm_pack_bf16(const uint16_t *w, uint16_t *out, long n, long k, int thr
 template <int MR>
 static void tile_bf16(const uint16_t *x, long ldx, const uint16_t *panel, long k, uint16_t *out, long ldo,
                       long cols, const uint16_t *add, long lda) {
-    __m512 lo[MR], hi[MR];
-    for (int m = 0; m < MR; m++) {
-        lo[m] = _mm512_setzero_ps();
-        hi[m] = _mm512_setzero_ps();
-    }
-    long full = k / 2;
-    for (long p = 0; p < full; p++) {
+    constexpr int SETS = MR <= 4 ? 2 : 1;  // as the fp32 tile: more chains than FMA latency needs
+    __m512 lo[SETS][MR], hi[SETS][MR];
+    for (int s = 0; s < SETS; s++)
+        for (int m = 0; m < MR; m++) {
+            lo[s][m] = _mm512_setzero_ps();
+            hi[s][m] = _mm512_setzero_ps();
+        }
+    long full = k / 2, p = 0;
+    for (; p + SETS <= full; p += SETS)
+        for (int s = 0; s < SETS; s++) {
+            __m512bh w0 = (__m512bh)_mm512_loadu_si512(panel + (p + s) * NB * 2);
+            __m512bh w1 = (__m512bh)_mm512_loadu_si512(panel + (p + s) * NB * 2 + 32);
+            for (int m = 0; m < MR; m++) {
+                uint32_t pair;
+                __builtin_memcpy(&pair, x + m * ldx + 2 * (p + s), 4);
+                __m512bh xv = (__m512bh)_mm512_set1_epi32((int)pair);
+                lo[s][m] = _mm512_dpbf16_ps(lo[s][m], xv, w0);
+                hi[s][m] = _mm512_dpbf16_ps(hi[s][m], xv, w1);
+            }
+        }
+    for (; p < full; p++) {
         __m512bh w0 = (__m512bh)_mm512_loadu_si512(panel + p * NB * 2);
         __m512bh w1 = (__m512bh)_mm512_loadu_si512(panel + p * NB * 2 + 32);
         for (int m = 0; m < MR; m++) {
             uint32_t pair;
             __builtin_memcpy(&pair, x + m * ldx + 2 * p, 4);
             __m512bh xv = (__m512bh)_mm512_set1_epi32((int)pair);
-            lo[m] = _mm512_dpbf16_ps(lo[m], xv, w0);
-            hi[m] = _mm512_dpbf16_ps(hi[m], xv, w1);
+            lo[0][m] = _mm512_dpbf16_ps(lo[0][m], xv, w0);
+            hi[0][m] = _mm512_dpbf16_ps(hi[0][m], xv, w1);
         }
     }
+    for (int s = 1; s < SETS; s++)
+        for (int m = 0; m < MR; m++) {
+            lo[0][m] = _mm512_add_ps(lo[0][m], lo[s][m]);
+            hi[0][m] = _mm512_add_ps(hi[0][m], hi[s][m]);
+        }
     if (k % 2) {  // the last k alone: its pair's second half is zero in the panel and here
         __m512bh w0 = (__m512bh)_mm512_loadu_si512(panel + full * NB * 2);
         __m512bh w1 = (__m512bh)_mm512_loadu_si512(panel + full * NB * 2 + 32);
         for (int m = 0; m < MR; m++) {
             __m512bh xv = (__m512bh)_mm512_set1_epi32((int)x[m * ldx + k - 1]);
-            lo[m] = _mm512_dpbf16_ps(lo[m], xv, w0);
-            hi[m] = _mm512_dpbf16_ps(hi[m], xv, w1);
+            lo[0][m] = _mm512_dpbf16_ps(lo[0][m], xv, w0);
+            hi[0][m] = _mm512_dpbf16_ps(hi[0][m], xv, w1);
         }
     }
     for (int m = 0; m < MR; m++) {
         float row[NB];
-        _mm512_storeu_ps(row, lo[m]);
-        _mm512_storeu_ps(row + 16, hi[m]);
+        _mm512_storeu_ps(row, lo[0][m]);
+        _mm512_storeu_ps(row + 16, hi[0][m]);
         uint16_t *o = out + m * ldo;
         const uint16_t *a = add ? add + m * lda : nullptr;
         for (long j = 0; j < cols; j++) o[j] = float_to_bf16(a ? row[j] + bf16_to_float(a[j]) : row[j]);

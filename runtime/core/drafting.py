@@ -252,9 +252,9 @@ class DrafterPolicy(DraftPolicy):
         cfg = self.config
         dev, rows, m = cfg.device, cfg.rows, self.tree.max_depth + 1
         drafter = self.drafter
-        self.dcache = drafter.new_cache(rows, committed + self.draft_slots(), dev)
+        self.dcache = cfg.new_cache(drafter, rows, committed + self.draft_slots())
         # condition positions 0..cls-2 of one image, run before its slot takes them
-        self.start_dcache = drafter.new_cache(rows // cfg.batch, cfg.cls - 1, dev) if cfg.cls > 1 else None
+        self.start_dcache = cfg.new_cache(drafter, rows // cfg.batch, cfg.cls - 1) if cfg.cls > 1 else None
         self.draft_hidden = torch.zeros(rows, self.tree.size, drafter.config.hidden_size, device=dev, dtype=cfg.dtype)
         self.pend_hidden = torch.zeros(rows, m, cfg.target.config.dim, device=dev, dtype=cfg.dtype)
         # the pending block's causal mask, additive once (not per draft)

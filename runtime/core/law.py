@@ -201,7 +201,7 @@ def tv_from_ar(config: DecodeConfig, cond: torch.Tensor, mask: torch.Tensor | No
     is TV's own, 1 per token: the released rule states none."""
     cond, mask = config.guided(cond, mask)
     s = config.num_tokens
-    cache = config.target.new_cache(cond.size(0), config.cls + s, config.device)
+    cache = config.new_cache(config.target, cond.size(0), config.cls + s)
     hidden = config.target.prefill(cond, cache, mask)
     ids = torch.from_numpy(tokens).to(config.device)
     x = config.target.tok_embeddings(ids[None, :-1].expand(cond.size(0), -1))

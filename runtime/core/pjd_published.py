@@ -124,7 +124,9 @@ class PublishedPJD(SlotDecoder):
 
     def __init__(self, target: Target, spec: MethodSpec, *, backend: Backend | None = None,
                  batch_size: int = 1) -> None:
-        self.config = config = DecodeConfig.for_models(target, None, spec, batch_size, lean_head=False)
+        self.config = config = DecodeConfig.for_models(
+            target, None, spec, batch_size, lean_head=False,
+            attention=None if backend is None else backend.cached_attention())
         self.backend = backend
         self.timer: PhaseTimer | None = None
         self.measure_law = False  # record each token's p and its TV from AR's at the end (`_law`)
@@ -139,8 +141,8 @@ class PublishedPJD(SlotDecoder):
         self.nodes = self.rows * self.window + self.rows  # T: R windows and R KV-only nodes
         t, v = self.nodes, config.vocab
         self.scratch = config.cls + s  # first scratch slot: cls + S + node
-        self.cache = target.new_cache(config.rows, self.scratch + t, dev)
-        self.start_cache = target.new_cache(config.rows // b, config.cls, dev)
+        self.cache = config.new_cache(target, config.rows, self.scratch + t)
+        self.start_cache = config.new_cache(target, config.rows // b, config.cls)
         self.slot_ids = torch.arange(self.cache.capacity, device=dev)
 
         def longs(*shape: int) -> torch.Tensor:

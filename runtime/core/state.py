@@ -59,10 +59,13 @@ class DecodeConfig:
     # small matmuls: on the CPU, where a matmul costs its multiply-adds. On a GPU or Gaudi the
     # head costs its weight reads whatever the rows, so the plain form stays (`lazy_head_mode`).
     lean_head: bool = False
+    # the backend's own attention over a static cache (`Backend.cached_attention`); None: SDPA
+    attention: Callable[..., torch.Tensor | None] | None = None
 
     @classmethod
     def for_models(cls, target: Target, drafter: DrafterModel | None, spec: MethodSpec, batch: int,
-                   lean_head: bool | None = None) -> DecodeConfig:
+                   lean_head: bool | None = None, attention: Callable[..., torch.Tensor | None] | None = None
+                   ) -> DecodeConfig:
         """The settings of `spec` on `target` (its device and dtype) at batch size `batch`; refuses
         a batch below 1 and a drafted method without its drafter. lean_head: None = the device's
         (the CPU's)."""
@@ -75,7 +78,13 @@ class DecodeConfig:
                    batch=batch, rows=(2 if spec.sampling.uses_cfg else 1) * batch,
                    cls=target.config.cls_token_num, vocab=target.config.vocab_size,
                    num_tokens=target.config.block_size, constrain=target.constrain,
-                   lean_head=weight.device.type == "cpu" if lean_head is None else lean_head)
+                   lean_head=weight.device.type == "cpu" if lean_head is None else lean_head, attention=attention)
+
+    def new_cache(self, model: Any, rows: int, capacity: int) -> Any:
+        """`model.new_cache(rows, capacity, device)` whose attention is this decoding's (the backend's)."""
+        cache = model.new_cache(rows, capacity, self.device)
+        cache.attention = self.attention
+        return cache
 
     @property
     def params(self) -> SamplingParams:

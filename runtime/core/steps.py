@@ -40,7 +40,6 @@ from runtime.core.slots import NullTimer, compile_key, phase_timer, prefill_slot
 from runtime.core.state import (NO_POSITION, DecodeBuffers, DecodeConfig, DraftProposal, DraftView, check_tree,
                                 lazy_head_mode)
 from runtime.core.tree import TreeBuffers
-from runtime.models.layers import register_cached_attention
 from runtime.utils.errors import UserError
 from runtime.config.method_options import Drafting
 
@@ -91,13 +90,13 @@ class DecodeSteps:
             raise UserError("--method pjd --accept published commits tokens out of raster order in its own loop, "
                             "which this tool does not drive; runtime run, bench, sample and serve do "
                             "(or use --accept exact)")
-        self.config = config = DecodeConfig.for_models(target, drafter, spec, batch_size, lean_head=lazy_head)
+        self.config = config = DecodeConfig.for_models(
+            target, drafter, spec, batch_size, lean_head=lazy_head,
+            attention=None if backend is None else backend.cached_attention())
         self.backend = backend
         for model in (target, drafter):
             if backend is not None and isinstance(model, torch.nn.Module):
                 backend.prepare_inference(model)
-        if backend is not None:
-            register_cached_attention(backend.device.type, backend.cached_attention())
         self.timer: PhaseTimer | None = None
         b, dev = config.batch, config.device
 
@@ -110,7 +109,7 @@ class DecodeSteps:
         # -- state (fixed shapes; identities never change) -----------------------------------
         # Target: committed tokens (+ a longest block) + one verified tree (+ the policy's extra nodes)
         committed = config.cls + config.num_tokens + tree.max_depth + 1
-        self.cache = target.new_cache(config.rows, committed + tree.size + self.policy.extra, dev)
+        self.cache = config.new_cache(target, config.rows, committed + tree.size + self.policy.extra)
         self.buffers = DecodeBuffers.allocate(config, tree, target.config.dim, sampled_q=self.policy.needs_q,
                                               track_nodes=track_nodes)
         self.rng = CounterRNG(dev, streams=b)  # one counter-based stream per image
@@ -121,7 +120,7 @@ class DecodeSteps:
         per_image = config.rows // b
         # model rows of each image, and a condition-sized cache to prefill one image in
         self.image_rows = [i + b * torch.arange(per_image, device=dev) for i in range(b)]
-        self.start_cache = target.new_cache(per_image, config.cls, dev)
+        self.start_cache = config.new_cache(target, per_image, config.cls)
         # what the draft hands to verify and accept, per tree prefix the policy may verify; a
         # draft whose depth is decided per iteration (ddd, --dynamic-depth) counts, per image,
         # the levels drafted and the depths its accepted path could reach (drafted that deep)

@@ -17,6 +17,8 @@ depth of the model, instead of two per layer and tensor.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 
@@ -65,6 +67,9 @@ class StaticKVCache:
         self.row_ids = torch.arange(batch, device=device)[:, None]
         self.capacity = capacity
         self.batch = batch
+        # a backend's own attention over this cache, (q, k, v, mask) -> out or None where it does
+        # not serve those inputs (`layers.attend` then runs SDPA); set by the decoding core
+        self.attention: Callable[..., torch.Tensor | None] | None = None
 
     def reset(self) -> None:
         """Empty the cache in place (keeps buffers, so captured graphs stay valid)."""

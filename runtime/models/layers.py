@@ -26,21 +26,6 @@ ATTENTION_KERNELS: tuple[str, ...] = ("auto", "math")
 _attention_kernel = "auto"
 
 
-# A backend's own attention over the static cache, by device type (`register_cached_attention`):
-# called with (q, k, v, mask) where `attend` reads a cache under the "auto" kernel setting, it
-# returns the output or None (then SDPA runs). Filled by the decoding core from the backend.
-_CACHED_ATTENTION: dict[str, Callable[..., torch.Tensor | None]] = {}
-
-
-def register_cached_attention(device_type: str, fn: Callable[..., torch.Tensor | None] | None) -> None:
-    """Make `fn` the cached attention of `device_type`'s steps (None: SDPA's again). Like the
-    kernel setting, a captured graph keeps what it was captured with."""
-    if fn is None:
-        _CACHED_ATTENTION.pop(device_type, None)
-    else:
-        _CACHED_ATTENTION[device_type] = fn
-
-
 def check_attention_kernel(name: str) -> None:
     """Refuse a kernel setting other than ATTENTION_KERNELS, in one line."""
     if name not in ATTENTION_KERNELS:
@@ -188,8 +173,9 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layer: int,
     if cache is not None:
         cache.write(layer, slots, k, v)
         k, v = cache.k[layer], cache.v[layer]
-        own = _CACHED_ATTENTION.get(q.device.type) if _attention_kernel == "auto" else None
-        out = None if own is None else own(q, k, v, mask)
+        # the decoding backend's own attention over its cache (`StaticKVCache.attention`), which
+        # returns None for inputs it does not serve; the "math" setting always takes SDPA's
+        out = cache.attention(q, k, v, mask) if cache.attention is not None and _attention_kernel == "auto" else None
         if out is not None:
             return out
     if k.size(1) != q.size(1):
