@@ -15,7 +15,7 @@ rounding against SDPA's.
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -25,7 +25,8 @@ from torch import Tensor
 MAX_QUERIES = 16
 
 
-def _kernel():  # type: ignore[no-untyped-def]
+def _kernel() -> Any:
+    """The loaded `backends.cpu_kernels.Kernel`, or None."""
     from backends.cpu_kernels import load
 
     return load()

@@ -195,8 +195,10 @@ def pack_linears(module: nn.Module) -> int:
     kernel = _row_kernel() if todo else None
     for layer in todo:
         weight = layer.weight.detach()
-        rows = kernel is not None and kernel.packs(weight.dtype)
-        packed = kernel.pack(weight) if rows else torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS_HINT)
+        if kernel is not None and kernel.packs(weight.dtype):
+            rows, packed = True, kernel.pack(weight)
+        else:
+            rows, packed = False, torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS_HINT)
         key = _key(weight)
         _TABLE[key] = _Packed(weakref.ref(layer.weight), layer.weight._version, packed, rows)
         weakref.finalize(layer.weight, _TABLE.pop, key, None)
