@@ -4,10 +4,11 @@ Why: a verify or draft step multiplies a few rows (M = rows x tree tokens, 1-120
 weight. PyTorch's `F.linear` hands an fp32 matmul to MKL, whose GEMM for 2 <= M <= 16 streams
 the weights at a third to a half the rate its M = 1 GEMV does (measured on the XL shape's
 matrices, one thread, AMD EPYC: 1280 x 3840 at M = 4 took 2.05 ms against 0.84 ms at M = 1).
-A weight reordered once into a blocked layout reads at the memory's rate instead: fp32 weights
-into the panels of `backends.cpu_kernels` (its own kernel: the full read rate at 1-8 rows, and
-ahead of the libraries' kernels up to 116), bf16 weights (and fp32 where that kernel cannot be
-built) into oneDNN's layout, whose matmul reads them at the GEMV's rate up to M ~ 8.
+A weight reordered once into a blocked layout reads at the memory's rate instead: fp32 weights,
+and bf16 ones where the CPU has AVX512-BF16, into the panels of `backends.cpu_kernels` (its own
+kernel: the full read rate at 1-8 rows, and ahead of the libraries' kernels up to 116); the rest,
+and everything where that kernel cannot be built, into oneDNN's layout, whose matmul reads them
+at the GEMV's rate up to M ~ 8.
 
 How: `pack_linears(module)` reorders the weight of every `nn.Linear` large enough to gain
 (`MIN_PACKED_ELEMENTS`) and swaps the layer's class for a subclass whose matmul is
@@ -49,7 +50,7 @@ class _Packed:
     weight: weakref.ref[Tensor]
     version: int
     packed: Tensor  # oneDNN layout (torch._mkldnn), or the row kernel's panels (`rows`)
-    rows: bool = False  # packed for `backends.cpu_kernels` (fp32 where it builds)
+    rows: bool = False  # packed for `backends.cpu_kernels` (`Kernel.packs` its dtype)
 
 
 # storage address -> packed copy; an entry dies with its weight (`weakref.finalize`)
