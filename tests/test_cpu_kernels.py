@@ -15,7 +15,7 @@ import backends.cpu_kernels as kernels
 from backends.cpu_packing import _lookup, pack_linears, unpack_linears
 
 kernel = kernels.load()
-pytestmark = pytest.mark.skipif(kernel is None, reason="the row kernel does not build here (no C++ compiler)")
+pytestmark = pytest.mark.skipif(kernel is None, reason="the CPU kernels do not build here (no C++ compiler)")
 
 
 @pytest.mark.parametrize("threads", [1, 2])
