@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import platform
 import resource
 import sys
-import sysconfig
 from pathlib import Path
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -17,27 +15,9 @@ import torch
 from torch import Tensor
 
 from backends.base import Backend
+from backends.toolchain import cxx_compiler, graph_toolchain_missing
 
 log = logging.getLogger(__name__)
-
-
-def cxx_compiler() -> str | None:
-    """The C++ compiler inductor would build graph-mode kernels with ($CXX, else g++, c++ or
-    clang++ on PATH), or None."""
-    for name in (os.environ.get("CXX"), "g++", "c++", "clang++"):
-        if name and shutil.which(name):
-            return name
-    return None
-
-
-def graph_toolchain_missing() -> str | None:
-    """What inductor lacks here to build CPU kernels (a C++ compiler, Python's C headers), or None."""
-    if cxx_compiler() is None:
-        return "a C++ compiler (g++ or clang++, or $CXX)"
-    include = sysconfig.get_path("include")
-    if not include or not os.path.isfile(os.path.join(include, "Python.h")):
-        return f"Python's C headers (Python.h in {include}: the python3-dev package)"
-    return None
 
 
 def _read_proc_status_kib(field: str) -> int | None:

@@ -130,9 +130,9 @@ def load() -> Kernel | None:
 
 
 def _build_and_load() -> Kernel | None:
-    from backends.cpu import cxx_compiler
+    from backends import toolchain
 
-    compiler = cxx_compiler()
+    compiler = toolchain.cxx_compiler()
     if compiler is None:
         log.info("the CPU kernels need a C++ compiler (g++ or clang++); steps use PyTorch's")
         return None

@@ -449,14 +449,15 @@ def test_cpu_graph_mode_without_a_compiler_runs_eager_and_says_so(monkeypatch, c
     import logging
 
     import backends.cpu as cpu
+    import backends.toolchain as toolchain
 
-    monkeypatch.setattr(cpu.shutil, "which", lambda name: None)
+    monkeypatch.setattr(toolchain.shutil, "which", lambda name: None)
     with caplog.at_level(logging.WARNING, logger="backends.cpu"):
         backend = get_backend("cpu", graph_mode=True)
     assert backend.graph_mode is False
     assert any("needs a C++ compiler" in r.getMessage() for r in caplog.records)
     monkeypatch.undo()
-    monkeypatch.setattr(cpu.sysconfig, "get_path", lambda name: "/nonexistent/include")
+    monkeypatch.setattr(toolchain.sysconfig, "get_path", lambda name: "/nonexistent/include")
     with caplog.at_level(logging.WARNING, logger="backends.cpu"):
         assert get_backend("cpu", graph_mode=True).graph_mode is False
     assert any("Python.h" in r.getMessage() for r in caplog.records)

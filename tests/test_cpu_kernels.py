@@ -108,7 +108,7 @@ def test_built_once_into_the_cache_and_reused(tmp_path):
 
 
 def test_no_compiler_keeps_onednn(monkeypatch):
-    monkeypatch.setattr("backends.cpu.cxx_compiler", lambda: None)
+    monkeypatch.setattr("backends.toolchain.cxx_compiler", lambda: None)
     assert kernels._build_and_load() is None
 
 

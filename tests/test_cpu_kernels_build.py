@@ -4,7 +4,7 @@ build that broke: a host with the toolchain graph mode needs must build them."""
 from __future__ import annotations
 
 import backends.cpu_kernels as kernels
-from backends.cpu import graph_toolchain_missing
+from backends.toolchain import graph_toolchain_missing
 
 
 def test_they_build_wherever_graph_mode_can_compile():
