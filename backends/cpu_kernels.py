@@ -138,10 +138,14 @@ def _build_and_load() -> Kernel | None:
         return None
     try:
         path = _built(compiler)
+        try:
+            lib = ctypes.CDLL(str(path))
+        except OSError:  # a cache on a noexec mount (a container's volume): build where it loads
+            path = _built(compiler, Path(tempfile.mkdtemp(prefix="lantern-cpu-kernels-")))
+            lib = ctypes.CDLL(str(path))
     except (OSError, subprocess.SubprocessError, RuntimeError) as err:
-        log.warning("the CPU kernels could not be built (%s); steps use PyTorch's", err)
+        log.warning("the CPU kernels could not be built or loaded (%s); steps use PyTorch's", err)
         return None
-    lib = ctypes.CDLL(str(path))
     p, i64, i32 = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
     lib.rowgemm_pack.argtypes = [p, p, i64, i64, i32]
     lib.rowgemm_pack.restype = None
@@ -168,24 +172,27 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
-def _built(compiler: str) -> Path:
-    """The library's path, compiled now unless a build of the same source, compiler and CPU is
-    cached. An unwritable cache builds into a temporary folder."""
+def _built(compiler: str, folder: Path | None = None) -> Path:
+    """The library's path, compiled now unless a build of the same sources, compiler and CPU is
+    cached (in `folder`, default the runtime cache's). An unwritable cache builds into a
+    temporary folder."""
     from runtime.utils.cache_dirs import cache_root
 
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256(b"\0".join([*(f.read_bytes() for f in SOURCES), compiler.encode(), version.encode(), platform.machine().encode(),
-                                     _cpu_flags().encode(), torch.__version__.encode()])).hexdigest()[:16]
-    folder = cache_root() / "kernels" / f"cpu-{key}"
+    key = hashlib.sha256(b"\0".join([*(f.read_bytes() for f in SOURCES), compiler.encode(), version.encode(),
+                                     platform.machine().encode(), _cpu_flags().encode(),
+                                     torch.__version__.encode()])).hexdigest()[:16]
+    folder = cache_root() / "kernels" / f"cpu-{key}" if folder is None else folder
     target = folder / "lantern_cpu.so"
     if target.is_file():
         return target
     try:
         folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".so")
     except OSError:
         folder = Path(tempfile.mkdtemp(prefix="lantern-cpu-kernels-"))
         target = folder / "lantern_cpu.so"
-    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".so")
+        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".so")
     os.close(fd)
     done = subprocess.run([compiler, *FLAGS, *map(str, SOURCES), "-o", tmp], capture_output=True, text=True, timeout=300)
     if done.returncode != 0:

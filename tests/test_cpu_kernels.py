@@ -107,6 +107,29 @@ def test_built_once_into_the_cache_and_reused(tmp_path):
     assert off.returncode == 0 and off.stdout.split() == ["None", "False"], off.stderr
 
 
+def test_a_cache_it_cannot_load_from_builds_in_a_temporary_folder_else_keeps_pytorch(monkeypatch, tmp_path, caplog):
+    """A container's cache volume may be mounted noexec: dlopen refuses the cached library. The
+    kernels are built again where they load; where nothing loads, one warning and PyTorch's paths."""
+    import ctypes
+    import logging
+
+    monkeypatch.setenv("LANTERN_RUNTIME_CACHE", str(tmp_path))
+    real = ctypes.CDLL
+
+    def noexec_cache(path, *args, **kwargs):
+        if str(path).startswith(str(tmp_path)):
+            raise OSError(f"{path}: cannot open shared object file: Permission denied")
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(kernels.ctypes, "CDLL", noexec_cache)
+    loaded = kernels._build_and_load()
+    assert loaded is not None and not str(loaded.path).startswith(str(tmp_path))
+    monkeypatch.setattr(kernels.ctypes, "CDLL", lambda *a, **k: (_ for _ in ()).throw(OSError("noexec")))
+    with caplog.at_level(logging.WARNING, logger="backends.cpu_kernels"):
+        assert kernels._build_and_load() is None
+    assert any("could not be built or loaded" in r.getMessage() for r in caplog.records)
+
+
 def test_no_compiler_keeps_onednn(monkeypatch):
     monkeypatch.setattr("backends.toolchain.cxx_compiler", lambda: None)
     assert kernels._build_and_load() is None
