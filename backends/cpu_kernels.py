@@ -19,7 +19,7 @@ How: the sources are compiled once per host with its C++ compiler and `-march=na
 second) into `<cache>/kernels/<key>/`, keyed by the sources, the compiler and the CPU, and loaded
 with ctypes (which releases the GIL for a call). Their OpenMP threads are PyTorch's own (the same
 libgomp runtime, already loaded), as many as `torch.get_num_threads()`. Where they cannot be
-built (no compiler, a failed build), `load()` says why once and returns None, and the callers keep
+built (no compiler, a failed build), `load()` says why once (at info level) and returns None, and the callers keep
 PyTorch's paths (oneDNN's packed matmul, SDPA). `LANTERN_CPU_KERNELS=0` turns them off (to
 compare against them).
 """
@@ -144,7 +144,9 @@ def _build_and_load() -> Kernel | None:
             path = _built(compiler, Path(tempfile.mkdtemp(prefix="lantern-cpu-kernels-")))
             lib = ctypes.CDLL(str(path))
     except (OSError, subprocess.SubprocessError, RuntimeError) as err:
-        log.warning("the CPU kernels could not be built or loaded (%s); steps use PyTorch's", err)
+        # info, not a warning: the steps run on PyTorch's paths all the same, and where the
+        # toolchain is broken graph mode's own one-line refusal names the fix
+        log.info("the CPU kernels could not be built or loaded (%s); steps use PyTorch's", err)
         return None
     p, i64, i32 = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
     lib.rowgemm_pack.argtypes = [p, p, i64, i64, i32]
